@@ -1,0 +1,1 @@
+"""Diskless: a Kafka-compatible broker whose diskless topics keep record data in object storage."""

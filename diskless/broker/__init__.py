@@ -1,0 +1,1 @@
+"""The broker process: Kafka listener, API handlers, hosted partition logs."""

@@ -1,0 +1,660 @@
+"""Kafka API handlers: one method per API, version-agnostic, returning response dicts.
+
+Requests arrive as kio entities of whatever version the client sent; fields that an older
+version lacks are read with defaults. Responses are plain dicts that the codec fits to the
+client's version. Errors are returned as Kafka error codes per topic/partition, as Kafka does.
+
+Ordering note: the connection layer starts handlers in request order, and ``produce`` appends
+before its first ``await``, so pipelined produce requests on one connection append in order.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from kio.schema.errors import ErrorCode
+
+from diskless.cluster.metadata import MetadataError, PartitionState, TopicMetadata, validate_topic_name
+from diskless.log.config import TOPIC_CONFIGS, canonical_name, effective_values
+from diskless.log.partition_log import OffsetOutOfRange, PartitionLog
+from diskless.protocol import messages as m
+from diskless.protocol import records
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = structlog.get_logger(__name__)
+
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+SOURCE_TOPIC = 1
+SOURCE_STATIC_BROKER = 4
+SOURCE_DEFAULT = 5
+CONFIG_TYPES = {"boolean": 1, "string": 2, "int": 3, "long": 5, "list": 7}
+EARLIEST = -2
+LATEST = -1
+MAX_TIMESTAMP = -3
+READ_COMMITTED = 1
+NO_AUTHORIZED_OPERATIONS = -(2**31)
+OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
+
+
+def _ms(value: Any) -> int:
+    """kio decodes millisecond durations as timedelta; accept ints too."""
+    return int(value.total_seconds() * 1000) if hasattr(value, "total_seconds") else int(value)
+
+
+class KafkaApis:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._handlers: dict[int, Callable[[m.RequestHeader, Any], Any]] = {
+            m.API_PRODUCE: self.produce,
+            m.API_FETCH: self.fetch,
+            m.API_LIST_OFFSETS: self.list_offsets,
+            m.API_METADATA: self.metadata,
+            m.API_API_VERSIONS: self.api_versions,
+            m.API_CREATE_TOPICS: self.create_topics,
+            m.API_DELETE_TOPICS: self.delete_topics,
+            m.API_DELETE_RECORDS: self.delete_records,
+            m.API_INIT_PRODUCER_ID: self.init_producer_id,
+            m.API_OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
+            m.API_DESCRIBE_CONFIGS: self.describe_configs,
+            m.API_ALTER_CONFIGS: self.alter_configs,
+            m.API_CREATE_PARTITIONS: self.create_partitions,
+            m.API_INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
+            m.API_DESCRIBE_CLUSTER: self.describe_cluster,
+        }
+
+    async def handle(self, header: m.RequestHeader, request: Any) -> dict[str, Any] | None:
+        result = self._handlers[header.api_key](header, request)
+        if hasattr(result, "__await__"):
+            result = await result
+        return result
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    @property
+    def _meta(self) -> Any:
+        return self.broker.metadata
+
+    def _leader_log(
+        self, topic: str, partition: int, current_leader_epoch: int = -1
+    ) -> tuple[ErrorCode, PartitionLog | None, PartitionState | None]:
+        state = self._meta.partition(topic, partition)
+        if state is None:
+            return ErrorCode.unknown_topic_or_partition, None, None
+        if state.leader != self.broker.node_id:
+            return ErrorCode.not_leader_or_follower, None, state
+        if current_leader_epoch >= 0 and current_leader_epoch != state.leader_epoch:
+            code = (
+                ErrorCode.fenced_leader_epoch
+                if current_leader_epoch < state.leader_epoch
+                else ErrorCode.unknown_leader_epoch
+            )
+            return code, None, state
+        plog = self.broker.replicas.logs.get((topic, partition))
+        if plog is None:
+            return ErrorCode.not_leader_or_follower, None, state
+        return ErrorCode.none, plog, state
+
+    # --- ApiVersions / Metadata / DescribeCluster -----------------------------------------------
+
+    def api_versions(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        return {"error_code": ErrorCode.none, "api_keys": api_version_entries(), "throttle_time": 0}
+
+    def _broker_entries(self, key: str) -> list[dict[str, Any]]:
+        return [
+            {key: b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
+            for b in sorted(self._meta.brokers.values(), key=lambda b: b.node_id)
+        ]
+
+    def _topic_entry(self, topic: TopicMetadata) -> dict[str, Any]:
+        return {
+            "error_code": ErrorCode.none,
+            "name": topic.name,
+            "topic_id": uuid.UUID(topic.topic_id),
+            "is_internal": topic.internal,
+            "partitions": [
+                {
+                    "error_code": ErrorCode.none,
+                    "partition_index": i,
+                    "leader_id": p.leader,
+                    "leader_epoch": p.leader_epoch,
+                    "replica_nodes": p.replicas,
+                    "isr_nodes": p.isr,
+                    "offline_replicas": [],
+                }
+                for i, p in enumerate(topic.partitions)
+            ],
+            "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+        }
+
+    async def metadata(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        requested = request.topics
+        if requested is None or (header.api_version == 0 and not requested):
+            entries = [self._topic_entry(t) for t in self._meta.topics.values()]
+        else:
+            allow_auto = getattr(request, "allow_auto_topic_creation", True)
+            entries = []
+            for item in requested:
+                entries.append(await self._metadata_topic(item, allow_auto))
+        return {
+            "throttle_time": 0,
+            "brokers": self._broker_entries("node_id"),
+            "cluster_id": self._meta.cluster_id,
+            "controller_id": self._meta.controller_id,
+            "topics": entries,
+            "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+        }
+
+    async def _metadata_topic(self, item: Any, allow_auto: bool) -> dict[str, Any]:
+        name = getattr(item, "name", None)
+        topic_id = getattr(item, "topic_id", None)
+        if name is None and topic_id is not None and topic_id.int != 0:
+            topic = self._meta.topic_by_id(str(topic_id))
+            if topic is None:
+                return {"error_code": ErrorCode.unknown_topic_id, "name": None, "topic_id": topic_id}
+            return self._topic_entry(topic)
+        topic = self._meta.topics.get(name)
+        if topic is not None:
+            return self._topic_entry(topic)
+        try:
+            validate_topic_name(name)
+        except MetadataError as exc:
+            return {"error_code": exc.code, "name": name}
+        if allow_auto and self.broker.config.auto_create_topics_enable:
+            try:
+                topic = await self.broker.create_topic(
+                    name, self.broker.config.num_partitions, self.broker.config.default_replication_factor, {}
+                )
+                return self._topic_entry(topic)
+            except MetadataError as exc:
+                if exc.code == ErrorCode.topic_already_exists and name in self._meta.topics:
+                    return self._topic_entry(self._meta.topics[name])
+                return {"error_code": exc.code, "name": name}
+        return {"error_code": ErrorCode.unknown_topic_or_partition, "name": name}
+
+    def describe_cluster(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        endpoint_type = getattr(request, "endpoint_type", 1)
+        if endpoint_type != 1:
+            return {
+                "error_code": ErrorCode.unsupported_endpoint_type,
+                "error_message": "only broker endpoints are served",
+                "endpoint_type": endpoint_type,
+            }
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.none,
+            "endpoint_type": 1,
+            "cluster_id": self._meta.cluster_id,
+            "controller_id": self._meta.controller_id,
+            "brokers": self._broker_entries("broker_id"),
+            "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
+        }
+
+    # --- Produce ---------------------------------------------------------------------------------
+
+    def produce(self, header: m.RequestHeader, request: Any) -> dict[str, Any] | None:
+        now = self.broker.now_ms()
+        acks = request.acks
+        responses = []
+        appended = False
+        for topic_data in request.topic_data:
+            parts = []
+            for pdata in topic_data.partition_data:
+                result = self._produce_partition(topic_data.name, pdata.index, pdata.records, acks, now)
+                appended = appended or result["error_code"] == ErrorCode.none
+                parts.append(result)
+            responses.append({"name": topic_data.name, "partition_responses": parts})
+        if appended:
+            self.broker.replicas.notify_append()
+        if acks == 0:
+            return None
+        return {"responses": responses, "throttle_time": 0}
+
+    def _produce_partition(self, topic: str, partition: int, data: bytes | None, acks: int, now: int) -> dict[str, Any]:
+        def failed(code: ErrorCode, message: str | None = None) -> dict[str, Any]:
+            return {
+                "index": partition,
+                "error_code": code,
+                "base_offset": -1,
+                "log_append_time": None,
+                "log_start_offset": -1,
+                "record_errors": [],
+                "error_message": message,
+            }
+
+        if acks not in (0, 1, -1):
+            return failed(ErrorCode.invalid_required_acks)
+        code, plog, state = self._leader_log(topic, partition)
+        if plog is None or state is None:
+            return failed(code)
+        if not data:
+            return failed(ErrorCode.invalid_record, "produce request carries no records")
+        try:
+            batches = records.split_batches(data)
+            if len(batches) != 1:
+                raise records.InvalidBatch("invalid_record", "produce v3+ must carry exactly one record batch")
+            if acks == -1 and len(state.isr) < plog.config.min_insync_replicas:
+                return failed(ErrorCode.not_enough_replicas)
+            result = plog.append_as_leader(batches, state.leader_epoch, now)
+        except records.InvalidBatch as exc:
+            return failed(ErrorCode[exc.error], str(exc))
+        # A single replica is its own ISR: the high watermark follows the log end.
+        self.broker.on_leader_append(topic, partition, plog)
+        return {
+            "index": partition,
+            "error_code": ErrorCode.none,
+            "base_offset": result.base_offset,
+            "log_append_time": result.log_append_time if result.log_append_time >= 0 else None,
+            "log_start_offset": result.log_start_offset,
+            "record_errors": [],
+            "error_message": None,
+        }
+
+    def init_producer_id(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        if request.transactional_id is not None:
+            # Transactions arrive with the transaction coordinator (issue 6); refuse clearly.
+            return {
+                "throttle_time": 0,
+                "error_code": ErrorCode.transactional_id_authorization_failed,
+                "producer_id": -1,
+                "producer_epoch": -1,
+            }
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.none,
+            "producer_id": self.broker.allocate_producer_id(),
+            "producer_epoch": 0,
+        }
+
+    # --- Fetch -----------------------------------------------------------------------------------
+
+    async def fetch(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        session_id = getattr(request, "session_id", 0)
+        session_epoch = getattr(request, "session_epoch", -1)
+        if session_id != 0:
+            return {
+                "throttle_time": 0,
+                "error_code": ErrorCode.fetch_session_id_not_found,
+                "session_id": 0,
+                "responses": [],
+            }
+        if session_epoch not in (0, -1):
+            return {
+                "throttle_time": 0,
+                "error_code": ErrorCode.invalid_fetch_session_epoch,
+                "session_id": 0,
+                "responses": [],
+            }
+        max_wait_ms = _ms(request.max_wait)
+        deadline = time.monotonic() + max_wait_ms / 1000
+        while True:
+            responses, total, has_error = self._fetch_once(request)
+            remaining = deadline - time.monotonic()
+            if total >= request.min_bytes or has_error or remaining <= 0 or (total > 0 and request.min_bytes <= 1):
+                return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": responses}
+            await self.broker.replicas.wait_for_append(remaining)
+
+    def _fetch_once(self, request: Any) -> tuple[list[dict[str, Any]], int, bool]:
+        max_bytes = getattr(request, "max_bytes", 2**31 - 1)
+        committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
+        total = 0
+        has_error = False
+        responses = []
+        for topic in request.topics:
+            parts = []
+            for p in topic.partitions:
+                code, plog, _ = self._leader_log(topic.topic, p.partition, getattr(p, "current_leader_epoch", -1))
+                entry: dict[str, Any] = {
+                    "partition_index": p.partition,
+                    "error_code": code,
+                    "high_watermark": -1,
+                    "last_stable_offset": -1,
+                    "log_start_offset": -1,
+                    "aborted_transactions": [] if committed else None,
+                    "preferred_read_replica": -1,
+                    "records": b"",
+                }
+                if plog is not None:
+                    limit = min(p.partition_max_bytes, max(max_bytes - total, 0))
+                    try:
+                        result = plog.read(p.fetch_offset, limit, min_one=total == 0)
+                        entry["records"] = result.records
+                        total += len(result.records)
+                    except OffsetOutOfRange:
+                        entry["error_code"] = ErrorCode.offset_out_of_range
+                    entry["high_watermark"] = plog.high_watermark
+                    entry["last_stable_offset"] = plog.high_watermark
+                    entry["log_start_offset"] = plog.log_start_offset
+                has_error = has_error or entry["error_code"] != ErrorCode.none
+                parts.append(entry)
+            responses.append({"topic": topic.topic, "partitions": parts})
+        return responses, total, has_error
+
+    # --- ListOffsets / OffsetForLeaderEpoch ---------------------------------------------------
+
+    def list_offsets(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        topics = []
+        for topic in request.topics:
+            parts = []
+            for p in topic.partitions:
+                code, plog, _ = self._leader_log(topic.name, p.partition_index, getattr(p, "current_leader_epoch", -1))
+                entry = {
+                    "partition_index": p.partition_index,
+                    "error_code": code,
+                    "timestamp": -1,
+                    "offset": -1,
+                    "leader_epoch": -1,
+                }
+                if plog is not None:
+                    found = self._offset_for(plog, p.timestamp)
+                    if found is not None:
+                        entry["offset"], entry["timestamp"] = found
+                        entry["leader_epoch"] = plog.epochs.epoch_for_offset(found[0])
+                parts.append(entry)
+            topics.append({"name": topic.name, "partitions": parts})
+        return {"throttle_time": 0, "topics": topics}
+
+    @staticmethod
+    def _offset_for(plog: PartitionLog, timestamp: int) -> tuple[int, int] | None:
+        if timestamp == LATEST:
+            return plog.high_watermark, -1
+        if timestamp == EARLIEST:
+            return plog.log_start_offset, -1
+        if timestamp == MAX_TIMESTAMP:
+            return plog.offset_of_max_timestamp()
+        return plog.offset_for_timestamp(timestamp)
+
+    def offset_for_leader_epoch(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        topics = []
+        for topic in request.topics:
+            parts = []
+            for p in topic.partitions:
+                code, plog, _ = self._leader_log(topic.topic, p.partition, getattr(p, "current_leader_epoch", -1))
+                epoch, end = -1, -1
+                if plog is not None:
+                    epoch, end = plog.epochs.end_offset_for(p.leader_epoch, plog.log_end_offset)
+                parts.append({"error_code": code, "partition": p.partition, "leader_epoch": epoch, "end_offset": end})
+            topics.append({"topic": topic.topic, "partitions": parts})
+        return {"throttle_time": 0, "topics": topics}
+
+    # --- topic administration -----------------------------------------------------------------
+
+    async def create_topics(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        names = [t.name for t in request.topics]
+        results = []
+        for item in request.topics:
+            entry: dict[str, Any] = {
+                "name": item.name,
+                "topic_id": None,
+                "num_partitions": -1,
+                "replication_factor": -1,
+                "configs": None,
+            }
+            if names.count(item.name) > 1:
+                entry.update(error_code=ErrorCode.invalid_request, error_message=f"Duplicate topic name {item.name}")
+                results.append(entry)
+                continue
+            partitions = item.num_partitions
+            rf = item.replication_factor
+            assignments = [list(a.broker_ids) for a in sorted(item.assignments, key=lambda a: a.partition_index)]
+            if not assignments:
+                partitions = self.broker.config.num_partitions if partitions == -1 else partitions
+                rf = self.broker.config.default_replication_factor if rf == -1 else rf
+            configs = {c.name: c.value for c in item.configs}
+            try:
+                topic = await self.broker.create_topic(
+                    item.name,
+                    partitions,
+                    rf,
+                    configs,
+                    assignments,
+                    validate_only=getattr(request, "validate_only", False),
+                )
+            except MetadataError as exc:
+                entry.update(error_code=exc.code, error_message=str(exc))
+                results.append(entry)
+                continue
+            entry.update(
+                error_code=ErrorCode.none,
+                error_message=None,
+                topic_id=uuid.UUID(topic.topic_id),
+                num_partitions=len(topic.partitions),
+                replication_factor=len(topic.partitions[0].replicas),
+                configs=[
+                    {
+                        "name": c["name"],
+                        "value": c["value"],
+                        "read_only": False,
+                        "config_source": c["config_source"],
+                        "is_sensitive": False,
+                    }
+                    for c in self._topic_config_entries(topic, None, False, False)
+                ],
+            )
+            results.append(entry)
+        return {"throttle_time": 0, "topics": results}
+
+    async def delete_topics(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        items: list[tuple[str | None, uuid.UUID | None]] = [(n, None) for n in getattr(request, "topic_names", ())]
+        items += [(t.name, t.topic_id) for t in getattr(request, "topics", ())]
+        responses = []
+        for name, topic_id in items:
+            entry: dict[str, Any] = {
+                "name": name,
+                "topic_id": topic_id,
+                "error_code": ErrorCode.none,
+                "error_message": None,
+            }
+            if name is None and topic_id is not None:
+                found = self._meta.topic_by_id(str(topic_id))
+                if found is None:
+                    entry["error_code"] = ErrorCode.unknown_topic_id
+                    responses.append(entry)
+                    continue
+                name = entry["name"] = found.name
+            try:
+                deleted = await self.broker.delete_topic(name or "")
+                entry["topic_id"] = uuid.UUID(deleted.topic_id)
+            except MetadataError as exc:
+                entry.update(error_code=exc.code, error_message=str(exc))
+            responses.append(entry)
+        return {"throttle_time": 0, "responses": responses}
+
+    async def create_partitions(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        results = []
+        for item in request.topics:
+            entry: dict[str, Any] = {"name": item.name, "error_code": ErrorCode.none, "error_message": None}
+            if item.assignments:
+                entry.update(
+                    error_code=ErrorCode.invalid_replica_assignment,
+                    error_message="manual assignments are not supported",
+                )
+            else:
+                try:
+                    await self.broker.add_partitions(item.name, item.count, request.validate_only)
+                except MetadataError as exc:
+                    entry.update(error_code=exc.code, error_message=str(exc))
+            results.append(entry)
+        return {"throttle_time": 0, "results": results}
+
+    def delete_records(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        topics = []
+        for topic in request.topics:
+            parts = []
+            for p in topic.partitions:
+                code, plog, _ = self._leader_log(topic.name, p.partition_index)
+                low = -1
+                if plog is not None:
+                    target = plog.high_watermark if p.offset == -1 else p.offset
+                    try:
+                        if target < 0:
+                            raise OffsetOutOfRange("negative offset")
+                        low = plog.delete_records_before(target)
+                    except OffsetOutOfRange:
+                        code = ErrorCode.offset_out_of_range
+                parts.append({"partition_index": p.partition_index, "low_watermark": low, "error_code": code})
+            topics.append({"name": topic.name, "partitions": parts})
+        return {"throttle_time": 0, "topics": topics}
+
+    # --- configs --------------------------------------------------------------------------------
+
+    def _topic_config_entries(
+        self, topic: TopicMetadata, keys: Iterable[str] | None, synonyms: bool, documentation: bool
+    ) -> list[dict[str, Any]]:
+        wanted = None if keys is None else {canonical_name(k) for k in keys}
+        out = []
+        broker_value = self.broker.config.broker_value
+        for name, (value, source) in effective_values(topic.configs, broker_value).items():
+            if wanted is not None and name not in wanted:
+                continue
+            definition = TOPIC_CONFIGS[name]
+            code = {"topic": SOURCE_TOPIC, "broker": SOURCE_STATIC_BROKER, "default": SOURCE_DEFAULT}[source]
+            entry: dict[str, Any] = {
+                "name": name,
+                "value": definition.render(value),
+                "read_only": False,
+                "config_source": code,
+                "is_default": source == "default",
+                "is_sensitive": False,
+                "config_type": CONFIG_TYPES[definition.kind],
+                "documentation": definition.doc if documentation else None,
+                "synonyms": [],
+            }
+            if synonyms:
+                chain = []
+                if name in topic.configs:
+                    chain.append({"name": name, "value": topic.configs[name], "source": SOURCE_TOPIC})
+                synonym = definition.broker_synonym
+                if synonym and broker_value(synonym) is not None:
+                    chain.append({"name": synonym, "value": broker_value(synonym), "source": SOURCE_STATIC_BROKER})
+                chain.append(
+                    {"name": synonym or name, "value": definition.render(definition.default), "source": SOURCE_DEFAULT}
+                )
+                entry["synonyms"] = chain
+            out.append(entry)
+        return out
+
+    def _broker_config_entries(self, keys: Iterable[str] | None) -> list[dict[str, Any]]:
+        wanted = None if keys is None else set(keys)
+        out = []
+        for name, value, explicit in self.broker.describe_broker_config():
+            if wanted is not None and name not in wanted:
+                continue
+            out.append(
+                {
+                    "name": name,
+                    "value": value,
+                    "read_only": True,
+                    "config_source": SOURCE_STATIC_BROKER if explicit else SOURCE_DEFAULT,
+                    "is_default": not explicit,
+                    "is_sensitive": False,
+                    "config_type": 2,
+                    "synonyms": [],
+                }
+            )
+        return out
+
+    def describe_configs(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        results = []
+        synonyms = getattr(request, "include_synonyms", False)
+        documentation = getattr(request, "include_documentation", False)
+        for res in request.resources:
+            entry: dict[str, Any] = {
+                "error_code": ErrorCode.none,
+                "error_message": None,
+                "resource_type": res.resource_type,
+                "resource_name": res.resource_name,
+                "configs": [],
+            }
+            if res.resource_type == RESOURCE_TOPIC:
+                topic = self._meta.topics.get(res.resource_name)
+                if topic is None:
+                    entry.update(
+                        error_code=ErrorCode.unknown_topic_or_partition,
+                        error_message=f"Topic {res.resource_name} does not exist",
+                    )
+                else:
+                    entry["configs"] = self._topic_config_entries(
+                        topic, res.configuration_keys, synonyms, documentation
+                    )
+            elif res.resource_type == RESOURCE_BROKER and res.resource_name in ("", str(self.broker.node_id)):
+                entry["configs"] = self._broker_config_entries(res.configuration_keys)
+            else:
+                entry.update(
+                    error_code=ErrorCode.invalid_request, error_message=f"Unsupported resource {res.resource_name}"
+                )
+            results.append(entry)
+        return {"throttle_time": 0, "results": results}
+
+    async def alter_configs(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        """Legacy AlterConfigs: the given set replaces all of a topic's overrides."""
+
+        def updates(res: Any) -> dict[str, str | None]:
+            topic = self._meta.topics.get(res.resource_name)
+            current = topic.configs if topic else {}
+            new = {canonical_name(c.name): c.value for c in res.configs}
+            return {**{k: None for k in current if k not in new}, **new}
+
+        return await self._alter(request, updates)
+
+    async def incremental_alter_configs(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        def updates(res: Any) -> dict[str, str | None]:
+            topic = self._meta.topics.get(res.resource_name)
+            current = topic.configs if topic else {}
+            out: dict[str, str | None] = {}
+            for c in res.configs:
+                name = canonical_name(c.name)
+                if c.config_operation == OP_SET:
+                    out[name] = c.value
+                elif c.config_operation == OP_DELETE:
+                    out[name] = None
+                elif c.config_operation in (OP_APPEND, OP_SUBTRACT):
+                    definition = TOPIC_CONFIGS.get(name)
+                    if definition is None or definition.kind != "list":
+                        raise MetadataError(ErrorCode.invalid_config, f"{name} is not a list config")
+                    existing = [v for v in (current.get(name) or definition.default).split(",") if v]
+                    values = [v.strip() for v in (c.value or "").split(",") if v.strip()]
+                    if c.config_operation == OP_APPEND:
+                        existing += [v for v in values if v not in existing]
+                    else:
+                        existing = [v for v in existing if v not in values]
+                    out[name] = ",".join(existing)
+                else:
+                    raise MetadataError(ErrorCode.invalid_request, f"unknown config operation {c.config_operation}")
+            return out
+
+        return await self._alter(request, updates)
+
+    async def _alter(self, request: Any, updates_for: Callable[[Any], dict[str, str | None]]) -> dict[str, Any]:
+        responses = []
+        for res in request.resources:
+            entry: dict[str, Any] = {
+                "error_code": ErrorCode.none,
+                "error_message": None,
+                "resource_type": res.resource_type,
+                "resource_name": res.resource_name,
+            }
+            try:
+                if res.resource_type != RESOURCE_TOPIC:
+                    raise MetadataError(ErrorCode.invalid_request, "only topic configs can be altered at runtime")
+                if res.resource_name not in self._meta.topics:
+                    raise MetadataError(
+                        ErrorCode.unknown_topic_or_partition, f"Topic {res.resource_name} does not exist"
+                    )
+                await self.broker.alter_topic_configs(res.resource_name, updates_for(res), request.validate_only)
+            except MetadataError as exc:
+                entry.update(error_code=exc.code, error_message=str(exc))
+            responses.append(entry)
+        return {"throttle_time": 0, "responses": responses}
+
+
+def api_version_entries() -> list[dict[str, int]]:
+    return [
+        {"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(m.SUPPORTED_VERSIONS.items())
+    ]

@@ -1,0 +1,158 @@
+"""Kafka protocol connections over asyncio.
+
+One task reads frames and starts a handler per request (so a long-polling fetch never blocks a
+produce pipelined behind it); another writes responses strictly in request order, as Kafka
+clients require. Anything undecodable, an oversized frame, or an unsupported version of any API
+other than ApiVersions closes that connection only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import Any
+
+import structlog
+from kio.schema.errors import ErrorCode
+
+from diskless.metrics import CONNECTIONS, REQUEST_ERRORS, REQUESTS, bytes_counter
+from diskless.protocol import messages as m
+from diskless.protocol.framing import FrameDecoder, FrameError
+
+from .apis import KafkaApis, api_version_entries
+
+log = structlog.get_logger(__name__)
+
+MAX_IN_FLIGHT = 64  # per connection; reading pauses beyond this (backpressure)
+
+
+class KafkaServer:
+    def __init__(self, apis: KafkaApis, max_frame_bytes: int) -> None:
+        self.apis = apis
+        self.max_frame_bytes = max_frame_bytes
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
+
+    async def start(self, host: str, port: int) -> int:
+        self._server = await asyncio.start_server(self._on_connection, host, port, reuse_address=True)
+        return self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        for task in list(self._connections):
+            with contextlib.suppress(BaseException):
+                await task
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._connections.add(task)
+        peer = writer.get_extra_info("peername")
+        CONNECTIONS.inc()
+        try:
+            await Connection(self, reader, writer, str(peer)).run()
+        finally:
+            CONNECTIONS.dec()
+            self._connections.discard(task)
+
+
+class Connection:
+    def __init__(
+        self, server: KafkaServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+    ) -> None:
+        self.server = server
+        self.reader = reader
+        self.writer = writer
+        self.peer = peer
+        self.decoder = FrameDecoder(server.max_frame_bytes)
+        self.pending: asyncio.Queue[tuple[m.RequestHeader, Awaitable[bytes | None]] | None] = asyncio.Queue(
+            MAX_IN_FLIGHT
+        )
+        self.bytes_in = bytes_counter("in")
+        self.bytes_out = bytes_counter("out")
+
+    async def run(self) -> None:
+        writer_task = asyncio.create_task(self._write_loop())
+        try:
+            await self._read_loop()
+        except (FrameError, m.MalformedRequest) as exc:
+            REQUEST_ERRORS.labels(reason=type(exc).__name__).inc()
+            log.warning("closing connection on bad frame", peer=self.peer, error=str(exc))
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer_task.cancel()
+            with contextlib.suppress(BaseException):
+                await writer_task
+            self._abandon_pending()
+            self.writer.close()
+            with contextlib.suppress(Exception):
+                await self.writer.wait_closed()
+
+    def _abandon_pending(self) -> None:
+        while not self.pending.empty():
+            item = self.pending.get_nowait()
+            if item is not None and isinstance(item[1], asyncio.Future):
+                item[1].cancel()
+
+    async def _read_loop(self) -> None:
+        while True:
+            data = await self.reader.read(262144)
+            if not data:
+                return
+            self.bytes_in.inc(len(data))
+            self.decoder.feed(data)
+            for frame in self.decoder.frames():
+                await self._dispatch(frame)
+            if self.writer.is_closing():
+                return
+
+    async def _dispatch(self, frame: bytes) -> None:
+        header, body_pos = m.parse_header(frame)
+        if header.api_key == m.API_API_VERSIONS and not m.is_supported(header.api_key, header.api_version):
+            # KIP-511: answer at v0 with the supported ranges so the client can downgrade.
+            body = {"error_code": ErrorCode.unsupported_version, "api_keys": api_version_entries()}
+            await self.pending.put((header, _ready(m.encode_response(header, body, version=0))))
+            return
+        if not m.is_supported(header.api_key, header.api_version):
+            raise m.MalformedRequest(f"unsupported api {header.api_key} version {header.api_version}")
+        request = m.decode_request(header, frame, body_pos)
+        REQUESTS.labels(api=str(header.api_key)).inc()
+        task = asyncio.ensure_future(self._respond(header, request))
+        await self.pending.put((header, task))
+
+    async def _respond(self, header: m.RequestHeader, request: Any) -> bytes | None:
+        body = await self.server.apis.handle(header, request)
+        return None if body is None else m.encode_response(header, body)
+
+    async def _write_loop(self) -> None:
+        try:
+            while True:
+                item = await self.pending.get()
+                if item is None:
+                    return
+                header, response = item
+                try:
+                    frame = await response
+                except Exception:
+                    log.exception("request handler failed; closing connection", peer=self.peer, api=header.api_key)
+                    self.writer.close()
+                    return
+                if frame is None:
+                    continue
+                self.writer.write(frame)
+                self.bytes_out.inc(len(frame))
+                await self.writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            return
+
+
+async def _ready(value: bytes) -> bytes:
+    return value

@@ -1,0 +1,79 @@
+"""The ``diskless`` command line: ``diskless broker`` runs one broker process."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+import structlog
+
+from diskless.config import ConfigError, load_config
+from diskless.logs import configure_logging
+
+log = structlog.get_logger(__name__)
+
+
+def _overrides(items: list[str]) -> dict[str, str]:
+    out = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--override expects name=value, got {item!r}")
+        out[name.strip()] = value.strip()
+    return out
+
+
+async def _run_broker(args: argparse.Namespace) -> int:
+    from diskless.broker.broker import Broker
+
+    overrides = _overrides(args.override)
+    for flag, prop in (
+        ("node_id", "node.id"),
+        ("listeners", "listeners"),
+        ("log_dirs", "log.dirs"),
+        ("rack", "broker.rack"),
+    ):
+        if getattr(args, flag) is not None:
+            overrides[prop] = str(getattr(args, flag))
+    try:
+        config = load_config(args.config, overrides=overrides)
+    except (ConfigError, OSError) as exc:
+        log.error("invalid configuration", error=str(exc))
+        return 2
+    broker = Broker(config)
+    await broker.start()
+    if args.ready_file:
+        with open(args.ready_file, "w") as f:
+            f.write(f"{broker.port}\n")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await broker.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="diskless", description="Kafka-compatible broker with diskless topics")
+    sub = parser.add_subparsers(dest="command", required=True)
+    broker = sub.add_parser("broker", help="run one broker")
+    broker.add_argument("--config", help="Java properties file with Kafka-style settings")
+    broker.add_argument("--override", action="append", default=[], metavar="NAME=VALUE", help="set any property")
+    broker.add_argument("--node-id", type=int)
+    broker.add_argument("--listeners", help="e.g. PLAINTEXT://127.0.0.1:9092 (port 0 picks a free port)")
+    broker.add_argument("--log-dirs")
+    broker.add_argument("--rack", help="availability zone (broker.rack)")
+    broker.add_argument("--ready-file", help="write the bound port here once serving")
+    broker.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    configure_logging(args.log_level)
+    if args.command == "broker":
+        return asyncio.run(_run_broker(args))
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

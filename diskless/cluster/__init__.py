@@ -1,0 +1,1 @@
+"""Cluster metadata: topics, partitions, brokers; local file or etcd storage."""

@@ -1,0 +1,230 @@
+"""Cluster metadata as a sans-IO state machine: brokers, topics, partitions and topic configs.
+
+Every change (create/delete topic, add partitions, alter configs) is validated here and raises
+``MetadataError`` carrying the Kafka error code a real broker returns. Storage is someone else's
+job: ``LocalMetadataStore`` keeps a single broker's copy in a JSON file; the cluster keeps it in
+etcd. The JSON form is the same in both places.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+from kio.schema.errors import ErrorCode
+
+from diskless.log.config import ConfigError, canonical_name, validate_overrides
+
+_LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
+MAX_TOPIC_NAME = 249
+
+
+class MetadataError(Exception):
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class BrokerInfo:
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+
+@dataclass
+class PartitionState:
+    replicas: list[int]
+    leader: int
+    leader_epoch: int = 0
+    isr: list[int] = field(default_factory=list)
+
+
+@dataclass
+class TopicMetadata:
+    name: str
+    topic_id: str
+    partitions: list[PartitionState]
+    configs: dict[str, str] = field(default_factory=dict)
+    internal: bool = False
+
+
+def validate_topic_name(name: str) -> None:
+    if not name or name in (".", "..") or len(name) > MAX_TOPIC_NAME or not _LEGAL_TOPIC.match(name):
+        raise MetadataError(ErrorCode.invalid_topic_exception, f"Topic name {name!r} is illegal")
+
+
+class ClusterMetadata:
+    def __init__(self, cluster_id: str) -> None:
+        self.cluster_id = cluster_id
+        self.brokers: dict[int, BrokerInfo] = {}
+        self.topics: dict[str, TopicMetadata] = {}
+        self.controller_id = -1
+
+    # --- queries -------------------------------------------------------------------------------
+
+    def topic_by_id(self, topic_id: str) -> TopicMetadata | None:
+        for topic in self.topics.values():
+            if topic.topic_id == topic_id:
+                return topic
+        return None
+
+    def partition(self, topic: str, partition: int) -> PartitionState | None:
+        meta = self.topics.get(topic)
+        if meta is None or not 0 <= partition < len(meta.partitions):
+            return None
+        return meta.partitions[partition]
+
+    # --- changes -------------------------------------------------------------------------------
+
+    def _assign(self, count: int, replication_factor: int, first_partition: int) -> list[PartitionState]:
+        """Round-robin replicas over brokers, alternating racks so replicas land in distinct AZs."""
+        ids = self._rack_alternating_brokers()
+        out = []
+        for p in range(first_partition, first_partition + count):
+            replicas = [ids[(p + r) % len(ids)] for r in range(replication_factor)]
+            out.append(PartitionState(replicas=replicas, leader=replicas[0], leader_epoch=0, isr=list(replicas)))
+        return out
+
+    def _rack_alternating_brokers(self) -> list[int]:
+        by_rack: dict[str | None, list[int]] = {}
+        for node_id in sorted(self.brokers):
+            by_rack.setdefault(self.brokers[node_id].rack, []).append(node_id)
+        racks = sorted(by_rack, key=lambda r: "" if r is None else r)
+        ordered: list[int] = []
+        while any(by_rack.values()):
+            for rack in racks:
+                if by_rack[rack]:
+                    ordered.append(by_rack[rack].pop(0))
+        return ordered
+
+    def create_topic(
+        self,
+        name: str,
+        num_partitions: int,
+        replication_factor: int,
+        configs: Mapping[str, str | None],
+        assignments: Sequence[Sequence[int]] = (),
+        validate_only: bool = False,
+        internal: bool = False,
+    ) -> TopicMetadata:
+        validate_topic_name(name)
+        if name in self.topics:
+            raise MetadataError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
+        if assignments:
+            if num_partitions != -1 or replication_factor != -1:
+                raise MetadataError(
+                    ErrorCode.invalid_request, "Both assignments and partitions/replication factor were set."
+                )
+            for replicas in assignments:
+                if not replicas or len(set(replicas)) != len(replicas):
+                    raise MetadataError(ErrorCode.invalid_replica_assignment, "Duplicate or empty replica list.")
+                unknown = [b for b in replicas if b not in self.brokers]
+                if unknown:
+                    raise MetadataError(ErrorCode.invalid_replica_assignment, f"Unknown brokers {unknown}.")
+        else:
+            if num_partitions <= 0:
+                raise MetadataError(ErrorCode.invalid_partitions, "Number of partitions must be larger than 0.")
+            if replication_factor <= 0:
+                raise MetadataError(ErrorCode.invalid_replication_factor, "Replication factor must be larger than 0.")
+            if replication_factor > len(self.brokers):
+                raise MetadataError(
+                    ErrorCode.invalid_replication_factor,
+                    f"Replication factor: {replication_factor} larger than available brokers: {len(self.brokers)}.",
+                )
+        try:
+            overrides = validate_overrides(configs)
+        except ConfigError as exc:
+            raise MetadataError(ErrorCode.invalid_config, str(exc)) from None
+        if assignments:
+            partitions = [
+                PartitionState(replicas=list(r), leader=r[0], leader_epoch=0, isr=list(r)) for r in assignments
+            ]
+        else:
+            partitions = self._assign(num_partitions, replication_factor, 0)
+        topic = TopicMetadata(name, str(uuid.uuid4()), partitions, overrides, internal)
+        if not validate_only:
+            self.topics[name] = topic
+        return topic
+
+    def delete_topic(self, name: str) -> TopicMetadata:
+        topic = self.topics.pop(name, None)
+        if topic is None:
+            raise MetadataError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
+        return topic
+
+    def add_partitions(self, name: str, count: int, validate_only: bool = False) -> TopicMetadata:
+        topic = self.topics.get(name)
+        if topic is None:
+            raise MetadataError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
+        current = len(topic.partitions)
+        if count <= current:
+            raise MetadataError(
+                ErrorCode.invalid_partitions,
+                f"Topic currently has {current} partitions, which is higher than the requested {count}.",
+            )
+        rf = len(topic.partitions[0].replicas)
+        new = self._assign(count - current, rf, current)
+        if not validate_only:
+            topic.partitions.extend(new)
+        return topic
+
+    def alter_topic_configs(self, name: str, updates: Mapping[str, str | None], validate_only: bool = False) -> None:
+        """Apply set (value) / delete (None) updates to a topic's overrides."""
+        topic = self.topics.get(name)
+        if topic is None:
+            raise MetadataError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
+        merged = dict(topic.configs)
+        for key, value in updates.items():
+            if value is None:
+                merged.pop(canonical_name(key), None)
+            else:
+                merged[canonical_name(key)] = value
+        try:
+            validated = validate_overrides(merged)
+        except ConfigError as exc:
+            raise MetadataError(ErrorCode.invalid_config, str(exc)) from None
+        if not validate_only:
+            topic.configs = validated
+
+    # --- serialisation ---------------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"cluster_id": self.cluster_id, "topics": [asdict(t) for t in self.topics.values()]}, indent=1
+        )
+
+    def load_json(self, text: str) -> None:
+        data = json.loads(text)
+        self.topics = {}
+        for raw in data.get("topics", []):
+            parts = [PartitionState(**p) for p in raw.pop("partitions")]
+            topic = TopicMetadata(partitions=parts, **raw)
+            self.topics[topic.name] = topic
+
+
+class LocalMetadataStore:
+    """Single-broker persistence: the metadata JSON written atomically next to the logs."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def load_into(self, metadata: ClusterMetadata) -> None:
+        try:
+            with open(self.path) as f:
+                metadata.load_json(f.read())
+        except FileNotFoundError:
+            pass
+
+    def save(self, metadata: ClusterMetadata) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(metadata.to_json())
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)

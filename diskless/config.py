@@ -1,0 +1,139 @@
+"""The broker's one typed configuration object, loaded from file, environment and flags.
+
+Names are Kafka's dotted property names. Precedence, lowest first: built-in defaults, a Java
+properties file (``--config``), environment variables (``DISKLESS_LOG_RETENTION_MS`` sets
+``log.retention.ms``), then ``--override name=value`` flags. Topic-level defaults (the ``log.*``
+synonyms of topic configs) are validated against the topic config table at load time so a bad
+value stops the broker at startup rather than at first use.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from diskless.log.config import TOPIC_CONFIGS, ConfigError
+
+ENV_PREFIX = "DISKLESS_"
+
+
+def _prop(name: str, doc: str = "") -> dict[str, Any]:
+    return {"property": name, "doc": doc}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> Endpoint:
+        """Accepts ``PLAINTEXT://host:port``, ``host:port`` or ``:port``."""
+        text = text.split(",")[0].strip()
+        if "://" in text:
+            text = text.split("://", 1)[1]
+        host, _, port = text.rpartition(":")
+        return cls(host or "0.0.0.0", int(port))
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    node_id: int = field(default=0, metadata=_prop("node.id", "Broker id; broker.id is accepted too."))
+    listeners: str = field(default="PLAINTEXT://127.0.0.1:9092", metadata=_prop("listeners"))
+    advertised_listeners: str | None = field(default=None, metadata=_prop("advertised.listeners"))
+    broker_rack: str | None = field(default=None, metadata=_prop("broker.rack", "Availability zone of the broker."))
+    log_dirs: str = field(default="./data", metadata=_prop("log.dirs"))
+    cluster_id: str = field(default="diskless-cluster-0000000", metadata=_prop("cluster.id"))
+    num_partitions: int = field(default=1, metadata=_prop("num.partitions"))
+    default_replication_factor: int = field(default=1, metadata=_prop("default.replication.factor"))
+    auto_create_topics_enable: bool = field(default=True, metadata=_prop("auto.create.topics.enable"))
+    log_retention_check_interval_ms: int = field(default=300000, metadata=_prop("log.retention.check.interval.ms"))
+    socket_request_max_bytes: int = field(default=104857600, metadata=_prop("socket.request.max.bytes"))
+    metrics_port: int = field(default=-1, metadata=_prop("metrics.port", "Prometheus endpoint port; -1 disables it."))
+    metrics_host: str = field(default="127.0.0.1", metadata=_prop("metrics.host"))
+    topic_defaults: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def listener(self) -> Endpoint:
+        return Endpoint.parse(self.listeners)
+
+    def advertised(self, bound_port: int) -> Endpoint:
+        if self.advertised_listeners:
+            return Endpoint.parse(self.advertised_listeners)
+        host = self.listener.host
+        return Endpoint("127.0.0.1" if host in ("0.0.0.0", "") else host, bound_port)
+
+    def broker_value(self, name: str) -> str | None:
+        """Raw value of a broker-level synonym of a topic config, if set explicitly."""
+        return self.topic_defaults.get(name)
+
+
+_PROPERTY_FIELDS = {f.metadata["property"]: f for f in fields(BrokerConfig) if "property" in f.metadata}
+_ALIASES = {"broker.id": "node.id"}
+_TOPIC_SYNONYMS = {d.broker_synonym: d for d in TOPIC_CONFIGS.values() if d.broker_synonym}
+
+
+def _coerce(name: str, raw: str) -> Any:
+    f = _PROPERTY_FIELDS[name]
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    if kind.startswith("int"):
+        return int(raw)
+    if kind.startswith("bool"):
+        if raw.lower() not in ("true", "false"):
+            raise ConfigError(f"{name}: expected true or false, got {raw!r}")
+        return raw.lower() == "true"
+    return raw
+
+
+def read_properties(path: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if not line or line[0] in "#!":
+                continue
+            sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
+            if sep < 0:
+                raise ConfigError(f"{path}: cannot parse line {line!r}")
+            out[line[:sep].strip()] = line[sep + 1 :].strip()
+    return out
+
+
+def env_properties(environ: Mapping[str, str]) -> dict[str, str]:
+    known = {name.upper().replace(".", "_"): name for name in [*_PROPERTY_FIELDS, *_ALIASES, *_TOPIC_SYNONYMS]}
+    out = {}
+    for key, value in environ.items():
+        if key.startswith(ENV_PREFIX) and key[len(ENV_PREFIX) :] in known:
+            out[known[key[len(ENV_PREFIX) :]]] = value
+    return out
+
+
+def load_config(
+    path: str | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, str] | None = None,
+) -> BrokerConfig:
+    raw: dict[str, str] = {}
+    if path:
+        raw.update(read_properties(path))
+    raw.update(env_properties(os.environ if environ is None else environ))
+    raw.update(overrides or {})
+    values: dict[str, Any] = {}
+    topic_defaults: dict[str, str] = {}
+    for name, value in raw.items():
+        name = _ALIASES.get(name, name)
+        if name in _TOPIC_SYNONYMS:
+            definition = _TOPIC_SYNONYMS[name]
+            topic_defaults[name] = definition.render(definition.parse(value))
+            if name in _PROPERTY_FIELDS:
+                values[_PROPERTY_FIELDS[name].name] = _coerce(name, value)
+        elif name in _PROPERTY_FIELDS:
+            try:
+                values[_PROPERTY_FIELDS[name].name] = _coerce(name, value)
+            except ValueError as exc:
+                raise ConfigError(f"{name}: {exc}") from None
+        else:
+            raise ConfigError(f"unknown broker config {name!r}")
+    return BrokerConfig(topic_defaults=topic_defaults, **values)

@@ -1,0 +1,349 @@
+"""The log of one partition replica: an ordered list of segments with one continuous offset space.
+
+Sans-clock: every operation that depends on time takes ``now_ms``. Synchronous file I/O only; the
+broker's asyncio layer calls it from the event loop, which also makes each call atomic with
+respect to other requests. Responsibilities: leader appends (validated batches in, offsets
+assigned), follower appends (offsets already assigned), reads bounded by a max offset (the high
+watermark), segment rolling, retention and DeleteRecords moving the log start offset, lookups by
+timestamp, truncation, and recovery after a crash.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from diskless.protocol import records
+
+from .config import LogConfig
+from .leader_epoch import LeaderEpochCache
+from .producer_state import ProducerStateManager, load_latest_snapshot, write_snapshot
+from .segment import LogSegment
+
+CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
+LOG_START_FILE = "log-start-offset"
+EPOCH_FILE = "leader-epoch-checkpoint"
+_OFFSET_INDEX_ENTRY = 8
+
+
+class OffsetOutOfRange(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class AppendResult:
+    base_offset: int
+    last_offset: int
+    log_append_time: int  # -1 unless message.timestamp.type=LogAppendTime
+    log_start_offset: int
+    duplicate: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    records: bytes
+    log_start_offset: int
+    log_end_offset: int
+
+
+class PartitionLog:
+    def __init__(self, directory: str, config: LogConfig, now_ms: int) -> None:
+        self.directory = directory
+        self.config = config
+        os.makedirs(directory, exist_ok=True)
+        self.epochs = LeaderEpochCache(os.path.join(directory, EPOCH_FILE))
+        self.segments: list[LogSegment] = []
+        self.log_start_offset = 0
+        self.high_watermark = 0
+        self.recovered_bytes_truncated = 0
+        self.producer_state = ProducerStateManager()
+        self._load(now_ms)
+
+    # --- loading ------------------------------------------------------------------------------
+
+    def _load(self, now_ms: int) -> None:
+        clean_marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
+        clean = os.path.exists(clean_marker)
+        bases = sorted(int(name[:-4]) for name in os.listdir(self.directory) if name.endswith(".log"))
+        for i, base in enumerate(bases):
+            segment = LogSegment(self.directory, base, self.config.index_interval_bytes, now_ms)
+            is_active = i == len(bases) - 1
+            self.recovered_bytes_truncated += segment.load(verify=is_active and not clean)
+            self.segments.append(segment)
+        if not self.segments:
+            self.segments.append(LogSegment(self.directory, 0, self.config.index_interval_bytes, now_ms))
+        try:
+            with open(os.path.join(self.directory, LOG_START_FILE)) as f:
+                self.log_start_offset = int(f.read().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            self.log_start_offset = 0
+        self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
+        self.epochs.truncate_from_end(self.log_end_offset)
+        # Everything on disk of a single replica is committed; replication lowers this on followers.
+        self.high_watermark = self.log_end_offset
+        self._rebuild_producer_state()
+        if clean:
+            os.unlink(clean_marker)
+
+    def _rebuild_producer_state(self) -> None:
+        """Latest usable snapshot, then replay of the batches written after it."""
+        snapshot_offset, self.producer_state = load_latest_snapshot(self.directory, self.log_end_offset)
+        start = max(snapshot_offset, self.log_start_offset)
+        for segment in self._segments_from(start):
+            for _, header in segment.iter_headers(segment.offset_index.lookup(start)):
+                if header.base_offset >= start:
+                    self.producer_state.record(header, header.base_offset, header.max_timestamp)
+
+    # --- state --------------------------------------------------------------------------------
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self.segments[-1]
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.active_segment.next_offset
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    # --- appending -----------------------------------------------------------------------------
+
+    def validate_and_prepare(self, batches: Sequence[memoryview], now_ms: int) -> list[records.BatchHeader]:
+        """Header-level validation of producer batches (raises records.InvalidBatch)."""
+        headers = []
+        for batch in batches:
+            header = records.validate_batch(batch, self.config.max_message_bytes)
+            if self.config.message_timestamp_type == "CreateTime":
+                if header.max_timestamp > now_ms + self.config.message_timestamp_after_max_ms or (
+                    header.base_timestamp >= 0
+                    and header.base_timestamp < now_ms - self.config.message_timestamp_before_max_ms
+                ):
+                    raise records.InvalidBatch("invalid_timestamp", "timestamp outside the allowed range")
+            headers.append(header)
+        return headers
+
+    def append_as_leader(self, batches: Sequence[memoryview], leader_epoch: int, now_ms: int) -> AppendResult:
+        """Assign offsets to validated producer batches and append them."""
+        headers = self.validate_and_prepare(batches, now_ms)
+        for header in headers:
+            duplicate = self.producer_state.check(header)
+            if duplicate is not None:
+                # A retry of a batch already in the log: answer with where it went, append nothing.
+                return AppendResult(duplicate.first_offset, duplicate.last_offset, -1, self.log_start_offset, True)
+        log_append = self.config.message_timestamp_type == "LogAppendTime"
+        base_offset = self.log_end_offset
+        next_offset = base_offset
+        self.epochs.assign(leader_epoch, base_offset)
+        for batch, header in zip(batches, headers, strict=False):
+            owned = bytearray(batch)
+            records.assign_offset(owned, next_offset, leader_epoch)
+            max_ts = header.max_timestamp
+            if log_append:
+                records.set_log_append_time(owned, now_ms)
+                max_ts = now_ms
+            last = next_offset + header.last_offset_delta
+            self._append(owned, next_offset, last, max_ts, now_ms)
+            self.producer_state.record(header, next_offset, max_ts)
+            next_offset = last + 1
+        return AppendResult(base_offset, next_offset - 1, now_ms if log_append else -1, self.log_start_offset)
+
+    def append_as_follower(self, data: bytes | memoryview, now_ms: int) -> int:
+        """Append batches whose offsets the leader assigned; returns the new log end offset."""
+        for batch in records.split_batches(data):
+            header = records.parse_header(batch)
+            if header.base_offset < self.log_end_offset:
+                continue
+            self.epochs.assign(header.partition_leader_epoch, header.base_offset)
+            self._append(batch, header.base_offset, header.last_offset, header.max_timestamp, now_ms)
+            self.producer_state.record(header, header.base_offset, header.max_timestamp)
+        return self.log_end_offset
+
+    def _append(self, batch: bytes | bytearray | memoryview, base: int, last: int, max_ts: int, now_ms: int) -> None:
+        if self._should_roll(len(batch), last, now_ms):
+            self.roll(now_ms)
+        self.active_segment.append(batch, base, last, max_ts)
+
+    def _should_roll(self, size: int, last_offset: int, now_ms: int) -> bool:
+        seg = self.active_segment
+        if seg.size == 0:
+            return False
+        return (
+            seg.size + size > self.config.segment_bytes
+            or now_ms - seg.rolling_timestamp() > self.config.segment_ms
+            or not seg.can_hold(last_offset)
+            or (len(seg.offset_index) + 1) * _OFFSET_INDEX_ENTRY > self.config.segment_index_bytes
+        )
+
+    def roll(self, now_ms: int) -> LogSegment:
+        old = self.active_segment
+        if old.size == 0:
+            return old
+        old.on_roll()
+        write_snapshot(self.directory, self.log_end_offset, self.producer_state)
+        segment = LogSegment(self.directory, self.log_end_offset, self.config.index_interval_bytes, now_ms)
+        self.segments.append(segment)
+        return segment
+
+    # --- reading -------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, max_offset: int | None = None, min_one: bool = True) -> ReadResult:
+        """Batches from ``offset`` up to ``max_bytes``, never at or past ``max_offset`` (default HW)."""
+        limit = self.high_watermark if max_offset is None else max_offset
+        if offset < self.log_start_offset or offset > self.log_end_offset:
+            raise OffsetOutOfRange(f"offset {offset} outside [{self.log_start_offset}, {self.log_end_offset}]")
+        data = b""
+        for segment in self._segments_from(offset):
+            if segment.base_offset >= limit:
+                break
+            data = segment.read(offset, max_bytes, limit, min_one)
+            if data:
+                break
+        return ReadResult(data, self.log_start_offset, self.log_end_offset)
+
+    def _segments_from(self, offset: int) -> list[LogSegment]:
+        for i in range(len(self.segments) - 1, -1, -1):
+            if self.segments[i].base_offset <= offset:
+                return self.segments[i:]
+        return self.segments
+
+    # --- offsets by time -----------------------------------------------------------------------
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record with timestamp >= ``timestamp``, below the HW."""
+        for segment in self._segments_from(self.log_start_offset):
+            if segment.max_timestamp < timestamp:
+                continue
+            found = segment.find_offset_by_timestamp(timestamp, self.log_start_offset)
+            if found is not None and found[0] < self.high_watermark:
+                return found
+            if found is not None:
+                return None
+        return None
+
+    def offset_of_max_timestamp(self) -> tuple[int, int] | None:
+        best: LogSegment | None = None
+        for segment in self._segments_from(self.log_start_offset):
+            if segment.offset_of_max_timestamp >= 0 and (best is None or segment.max_timestamp > best.max_timestamp):
+                best = segment
+        if best is None:
+            return None
+        found = best.exact_offset_of_max_timestamp()
+        if found is None or found[0] < self.log_start_offset:
+            return None
+        return found
+
+    # --- retention and deletion ------------------------------------------------------------------
+
+    def delete_records_before(self, offset: int) -> int:
+        """Move the log start offset forward (DeleteRecords); returns the new log start offset."""
+        if offset > self.high_watermark:
+            raise OffsetOutOfRange(f"offset {offset} is above the high watermark {self.high_watermark}")
+        if offset > self.log_start_offset:
+            self._set_log_start(offset)
+            self._delete_segments_below_start()
+        return self.log_start_offset
+
+    def apply_retention(self, now_ms: int) -> int:
+        """Delete segments past retention.ms / retention.bytes; returns how many were deleted."""
+        deleted = 0
+        if self.config.retention_ms >= 0:
+            deleted += self._delete_oldest(lambda seg: now_ms - seg.max_timestamp > self.config.retention_ms, now_ms)
+        if self.config.retention_bytes >= 0:
+            excess = self.size_bytes - self.config.retention_bytes
+
+            def over_size(seg: LogSegment) -> bool:
+                nonlocal excess
+                if excess - seg.size < 0:
+                    return False
+                excess -= seg.size
+                return True
+
+            deleted += self._delete_oldest(over_size, now_ms)
+        deleted += self._delete_segments_below_start()
+        return deleted
+
+    def _delete_oldest(self, expired: Callable[[LogSegment], bool], now_ms: int) -> int:
+        """Delete a prefix of segments, oldest first, while ``expired`` holds (Kafka's rule)."""
+        victims: list[LogSegment] = []
+        for segment in self.segments:
+            next_base = segment.next_offset
+            if segment.size == 0 or next_base > self.high_watermark or not expired(segment):
+                break
+            victims.append(segment)
+        if not victims:
+            return 0
+        if victims[-1] is self.active_segment:
+            self.roll(now_ms)
+        for segment in victims:
+            self.segments.remove(segment)
+            segment.delete()
+        self._set_log_start(max(self.log_start_offset, self.segments[0].base_offset))
+        return len(victims)
+
+    def _delete_segments_below_start(self) -> int:
+        deleted = 0
+        while len(self.segments) > 1 and self.segments[1].base_offset <= self.log_start_offset:
+            self.segments.pop(0).delete()
+            deleted += 1
+        if self.active_segment.size and self.active_segment.next_offset <= self.log_start_offset:
+            # Everything in the active segment is below the start: replace it with an empty one.
+            old = self.segments.pop()
+            old.delete()
+            self.segments.append(LogSegment(self.directory, self.log_start_offset, self.config.index_interval_bytes, 0))
+            deleted += 1
+        return deleted
+
+    def _set_log_start(self, offset: int) -> None:
+        self.log_start_offset = offset
+        self.epochs.truncate_from_start(offset)
+        tmp = os.path.join(self.directory, LOG_START_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(str(offset))
+        os.replace(tmp, os.path.join(self.directory, LOG_START_FILE))
+
+    # --- truncation (replication) ----------------------------------------------------------------
+
+    def truncate_to(self, offset: int, now_ms: int) -> None:
+        """Remove everything at or after ``offset`` (a follower diverged from its leader)."""
+        if offset >= self.log_end_offset:
+            return
+        while len(self.segments) > 1 and self.active_segment.base_offset >= offset:
+            self.segments.pop().delete()
+        if self.active_segment.base_offset >= offset:
+            self.segments.pop().delete()
+            self.segments.append(LogSegment(self.directory, offset, self.config.index_interval_bytes, now_ms))
+        else:
+            self.active_segment.truncate_to(offset)
+        self.epochs.truncate_from_end(self.log_end_offset)
+        self.high_watermark = min(self.high_watermark, self.log_end_offset)
+        self._rebuild_producer_state()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def update_config(self, config: LogConfig) -> None:
+        self.config = config
+        for segment in self.segments:
+            segment.index_interval_bytes = config.index_interval_bytes
+
+    def flush(self) -> None:
+        self.active_segment.fsync()
+
+    def close(self, clean: bool = True) -> None:
+        if clean:
+            write_snapshot(self.directory, self.log_end_offset, self.producer_state)
+        for segment in self.segments:
+            if clean:
+                segment.fsync()
+            segment.close()
+        if clean:
+            open(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), "w").close()
+
+    def delete(self) -> None:
+        for segment in self.segments:
+            segment.delete()
+        for name in os.listdir(self.directory):
+            os.unlink(os.path.join(self.directory, name))
+        os.rmdir(self.directory)

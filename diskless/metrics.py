@@ -1,0 +1,22 @@
+"""Prometheus metrics of the broker and the endpoint that serves them."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, start_http_server
+
+REQUESTS = Counter("diskless_requests_total", "Kafka requests received", ["api"])
+REQUEST_ERRORS = Counter("diskless_request_errors_total", "Connections closed on undecodable input", ["reason"])
+CONNECTIONS = Gauge("diskless_connections", "Open client connections")
+NETWORK_BYTES = Counter("diskless_network_bytes_total", "Bytes on client connections", ["direction"])
+LOG_APPENDED_BYTES = Counter("diskless_log_appended_bytes_total", "Bytes appended to partition logs")
+RETENTION_DELETED_SEGMENTS = Counter("diskless_retention_deleted_segments_total", "Segments deleted by retention")
+
+
+def bytes_counter(direction: str) -> Counter:
+    return NETWORK_BYTES.labels(direction=direction)
+
+
+def serve_metrics(host: str, port: int) -> int:
+    """Start the Prometheus HTTP endpoint; returns the bound port (port 0 picks one)."""
+    server, _thread = start_http_server(port, addr=host)
+    return int(server.server_port)

@@ -1,0 +1,1 @@
+"""Kafka wire protocol: framing, request/response codec, record batch headers."""

@@ -1,0 +1,243 @@
+"""Kafka v2 record batches handled at the header level.
+
+The broker's hot paths (produce validation, offset assignment, fetch) only ever look at the
+61-byte batch header through ``struct`` and slice batches as memoryviews; records are never
+decoded there. Decoding individual records (``iter_record_timestamps``) exists only for the
+rare ListOffsets-by-timestamp lookup, which must find the exact record as Kafka does.
+
+Layout of a v2 batch header (big endian)::
+
+    0  baseOffset            int64     (not covered by the CRC)
+    8  batchLength           int32     bytes after this field
+    12 partitionLeaderEpoch  int32     (not covered by the CRC)
+    16 magic                 int8      = 2
+    17 crc                   uint32    crc32c of bytes [21, end)
+    21 attributes            int16
+    23 lastOffsetDelta       int32
+    27 baseTimestamp         int64
+    35 maxTimestamp          int64
+    43 producerId            int64
+    51 producerEpoch         int16
+    53 baseSequence          int32
+    57 recordCount           int32
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import crc32c
+
+HEADER_SIZE = 61
+LOG_OVERHEAD = 12  # baseOffset + batchLength: what precedes the length-counted part
+CRC_START = 21
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_OFFSET_AND_LENGTH = struct.Struct(">qi")
+_INT64 = struct.Struct(">q")
+_INT32 = struct.Struct(">i")
+_UINT32 = struct.Struct(">I")
+_INT16 = struct.Struct(">h")
+
+COMPRESSION_MASK = 0x07
+TIMESTAMP_TYPE_LOG_APPEND = 0x08
+TRANSACTIONAL_FLAG = 0x10
+CONTROL_FLAG = 0x20
+
+NO_PRODUCER_ID = -1
+NO_TIMESTAMP = -1
+
+
+class InvalidBatch(Exception):
+    """A batch that fails validation; ``error`` is the Kafka error code name to return."""
+
+    def __init__(self, error: str, message: str) -> None:
+        super().__init__(message)
+        self.error = error
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        return LOG_OVERHEAD + self.batch_length
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+    @property
+    def is_log_append_time(self) -> bool:
+        return bool(self.attributes & TIMESTAMP_TYPE_LOG_APPEND)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_FLAG)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_FLAG)
+
+
+def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    if len(buf) - pos < HEADER_SIZE:
+        raise InvalidBatch("corrupt_message", "record batch shorter than its header")
+    return BatchHeader(*_HEADER.unpack_from(buf, pos))
+
+
+def peek_offset_and_size(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    """Base offset and total size of the batch at ``pos``, reading 12 bytes only."""
+    base_offset, length = _OFFSET_AND_LENGTH.unpack_from(buf, pos)
+    return base_offset, LOG_OVERHEAD + length
+
+
+def last_offset_at(buf: bytes | bytearray | memoryview, pos: int) -> int:
+    return _INT64.unpack_from(buf, pos)[0] + _INT32.unpack_from(buf, pos + 23)[0]
+
+
+def max_timestamp_at(buf: bytes | bytearray | memoryview, pos: int) -> int:
+    return _INT64.unpack_from(buf, pos + 35)[0]
+
+
+def compute_crc(batch: bytes | bytearray | memoryview) -> int:
+    return crc32c.crc32c(memoryview(batch)[CRC_START:])
+
+
+def split_batches(records: bytes | memoryview) -> list[memoryview]:
+    """Cut a produce payload into its batches, checking framing only."""
+    view = memoryview(records)
+    out = []
+    pos = 0
+    end = len(view)
+    while pos < end:
+        if end - pos < HEADER_SIZE:
+            raise InvalidBatch("corrupt_message", "truncated record batch")
+        _, size = peek_offset_and_size(view, pos)
+        if size < HEADER_SIZE or pos + size > end:
+            raise InvalidBatch("corrupt_message", "record batch length out of bounds")
+        out.append(view[pos : pos + size])
+        pos += size
+    return out
+
+
+def validate_batch(batch: memoryview, max_message_bytes: int) -> BatchHeader:
+    """Check one producer batch the way Kafka's LogValidator does at the header level."""
+    header = parse_header(batch)
+    if header.magic != 2:
+        raise InvalidBatch("unsupported_for_message_format", f"magic {header.magic} is not supported")
+    if len(batch) > max_message_bytes:
+        raise InvalidBatch(
+            "message_too_large", f"batch of {len(batch)} bytes exceeds max.message.bytes {max_message_bytes}"
+        )
+    if compute_crc(batch) != header.crc:
+        raise InvalidBatch("corrupt_message", "record batch CRC mismatch")
+    if header.record_count <= 0 or header.last_offset_delta != header.record_count - 1:
+        raise InvalidBatch("invalid_record", "record count does not match the last offset delta")
+    if header.is_control:
+        raise InvalidBatch("invalid_record", "clients may not produce control batches")
+    return header
+
+
+def assign_offset(batch: bytearray | memoryview, base_offset: int, leader_epoch: int) -> None:
+    """Write the leader-assigned fields; neither is covered by the CRC."""
+    _INT64.pack_into(batch, 0, base_offset)
+    _INT32.pack_into(batch, 12, leader_epoch)
+
+
+def set_log_append_time(batch: bytearray | memoryview, now_ms: int) -> None:
+    """Stamp LogAppendTime into the header and refresh the CRC (attributes are covered)."""
+    attributes = _INT16.unpack_from(batch, 21)[0]
+    _INT16.pack_into(batch, 21, attributes | TIMESTAMP_TYPE_LOG_APPEND)
+    _INT64.pack_into(batch, 35, now_ms)
+    _UINT32.pack_into(batch, 17, compute_crc(batch))
+
+
+# --- record-level decoding: ListOffsets by timestamp only, never on produce/fetch paths ---
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    shift = 0
+    result = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+    return (result >> 1) ^ -(result & 1), pos
+
+
+def _decompress(codec: int, data: bytes) -> bytes:
+    import cramjam
+
+    if codec == 0:
+        return data
+    if codec == 1:
+        return gzip.decompress(data)
+    if codec == 2:
+        return _snappy_decompress(data)
+    if codec == 3:
+        return bytes(cramjam.lz4.decompress(data))
+    if codec == 4:
+        return bytes(cramjam.zstd.decompress(data))
+    raise InvalidBatch("corrupt_message", f"unknown compression codec {codec}")
+
+
+_XERIAL_MAGIC = b"\x82SNAPPY\x00"
+
+
+def _snappy_decompress(data: bytes) -> bytes:
+    """Kafka's Java clients frame snappy the xerial way; librdkafka may send raw snappy."""
+    import cramjam
+
+    if not data.startswith(_XERIAL_MAGIC):
+        return bytes(cramjam.snappy.decompress_raw(data))
+    pos = 16  # magic + version + compatible version
+    out = bytearray()
+    while pos < len(data):
+        (chunk_len,) = struct.unpack_from(">i", data, pos)
+        pos += 4
+        out += bytes(cramjam.snappy.decompress_raw(data[pos : pos + chunk_len]))
+        pos += chunk_len
+    return bytes(out)
+
+
+def iter_record_timestamps(batch: bytes) -> Iterator[tuple[int, int]]:
+    """Yield (offset, timestamp) of every record in a batch (decompressing if needed)."""
+    header = parse_header(batch)
+    if header.is_log_append_time:
+        for delta in range(header.record_count):
+            yield header.base_offset + delta, header.max_timestamp
+        return
+    body = _decompress(header.compression, bytes(batch[HEADER_SIZE:]))
+    pos = 0
+    for _ in range(header.record_count):
+        length, pos = _read_varint(body, pos)
+        end = pos + length
+        pos += 1  # record attributes
+        ts_delta, pos = _read_varint(body, pos)
+        off_delta, pos = _read_varint(body, pos)
+        yield header.base_offset + off_delta, header.base_timestamp + ts_delta
+        pos = end
