@@ -116,14 +116,15 @@ class PartitionLog:
         headers = []
         for batch in batches:
             header = records.validate_batch(batch, self.config.max_message_bytes)
-            if self.config.message_timestamp_type == "CreateTime":
-                if header.max_timestamp > now_ms + self.config.message_timestamp_after_max_ms or (
-                    header.base_timestamp >= 0
-                    and header.base_timestamp < now_ms - self.config.message_timestamp_before_max_ms
-                ):
-                    raise records.InvalidBatch("invalid_timestamp", "timestamp outside the allowed range")
+            if self.config.message_timestamp_type == "CreateTime" and not self._timestamp_allowed(header, now_ms):
+                raise records.InvalidBatch("invalid_timestamp", "timestamp outside the allowed range")
             headers.append(header)
         return headers
+
+    def _timestamp_allowed(self, header: records.BatchHeader, now_ms: int) -> bool:
+        too_new = header.max_timestamp > now_ms + self.config.message_timestamp_after_max_ms
+        too_old = 0 <= header.base_timestamp < now_ms - self.config.message_timestamp_before_max_ms
+        return not (too_new or too_old)
 
     def append_as_leader(self, batches: Sequence[memoryview], leader_epoch: int, now_ms: int) -> AppendResult:
         """Assign offsets to validated producer batches and append them."""
