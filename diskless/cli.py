@@ -1,4 +1,4 @@
-"""The ``diskless`` command line: ``diskless broker`` runs one broker process."""
+"""The ``diskless`` command line: ``diskless broker`` runs one broker, ``diskless dev`` a local cluster."""
 
 from __future__ import annotations
 
@@ -68,11 +68,18 @@ def main(argv: list[str] | None = None) -> int:
     broker.add_argument("--rack", help="availability zone (broker.rack)")
     broker.add_argument("--ready-file", help="write the bound port here once serving")
     broker.add_argument("--log-level", default="INFO")
+    dev = sub.add_parser("dev", help="run a local cluster and a short demo (make run)")
+    dev.add_argument("--data-dir", default="./data")
+    dev.add_argument("--brokers", type=int, default=1)
+    dev.add_argument("--port", type=int, default=9092, help="port of the first broker (0 picks one)")
+    dev.add_argument("--no-demo", action="store_true", help="skip the produce/consume demo")
     args = parser.parse_args(argv)
+    if args.command == "dev":
+        from diskless.dev import run_dev
+
+        return run_dev(args.data_dir, args.brokers, args.port, not args.no_demo)
     configure_logging(args.log_level)
-    if args.command == "broker":
-        return asyncio.run(_run_broker(args))
-    return 1
+    return asyncio.run(_run_broker(args))
 
 
 if __name__ == "__main__":

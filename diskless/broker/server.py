@@ -33,19 +33,22 @@ class KafkaServer:
         self.max_frame_bytes = max_frame_bytes
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
+        self._open: set[Connection] = set()
 
     async def start(self, host: str, port: int) -> int:
         self._server = await asyncio.start_server(self._on_connection, host, port, reuse_address=True)
         return self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
+        """Stop accepting, close every connection's transport, and let their loops wind down."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
-        for task in list(self._connections):
-            with contextlib.suppress(BaseException):
-                await task
+        for connection in list(self._open):
+            connection.writer.close()
+        if self._connections:
+            _done, stragglers = await asyncio.wait(list(self._connections), timeout=5)
+            for task in stragglers:
+                task.cancel()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
@@ -54,12 +57,14 @@ class KafkaServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        peer = writer.get_extra_info("peername")
+        connection = Connection(self, reader, writer, str(writer.get_extra_info("peername")))
+        self._open.add(connection)
         CONNECTIONS.inc()
         try:
-            await Connection(self, reader, writer, str(peer)).run()
+            await connection.run()
         finally:
             CONNECTIONS.dec()
+            self._open.discard(connection)
             self._connections.discard(task)
 
 

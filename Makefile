@@ -1,0 +1,48 @@
+# diskless — every target installs what it needs first (fresh Debian + Python 3.11).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test unit integration bench lint format clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+# kcat is one of the real clients the tests drive; it comes from Debian's packages.
+.PHONY: .kcat
+.kcat:
+	@command -v kcat >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat >/dev/null; }
+
+install: $(STAMP) .kcat
+
+run: install
+	$(PY) -m diskless dev --data-dir ./data
+
+test: install
+	$(PY) -m pytest -q -p no:cacheprovider
+
+unit: install
+	$(PY) -m pytest -q tests/unit
+
+integration: install
+	$(PY) -m pytest -q tests/integration
+
+bench: install
+	$(PY) bench/produce_fetch.py
+
+lint: install
+	$(VENV)/bin/ruff check diskless wal_manager tests bench
+	$(VENV)/bin/ruff format --check diskless wal_manager tests bench
+
+format: install
+	$(VENV)/bin/ruff format diskless wal_manager tests bench
+	$(VENV)/bin/ruff check --fix diskless wal_manager tests bench
+
+clean:
+	rm -rf $(VENV) data .pytest_cache .hypothesis

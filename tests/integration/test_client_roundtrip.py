@@ -1,0 +1,278 @@
+"""Every supported client library round-trips 10,000 keyed records with headers, under every codec.
+
+For each client (aiokafka, kafka-python, confluent-kafka, kcat) and each compression codec (none,
+gzip, snappy, lz4, zstd) a fresh single-partition topic receives 10,000 records with distinct keys,
+values and headers; the same client then reads the partition from offset 0 and every record must
+come back exactly as written, in order, at offsets 0..9999, with the timestamps it was given.
+
+kcat cannot set per-message timestamps or per-message headers, so its records share fixed headers
+and carry producer-assigned timestamps, which must lie within the produce window.
+
+One broker serves the whole module (topics are fresh per case) to keep the 20 cases fast.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from support import BrokerProcess
+
+pytestmark = pytest.mark.integration
+
+COUNT = 10_000
+CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+CLIENTS = ["aiokafka", "kafka-python", "confluent-kafka", "kcat"]
+DEADLINE_S = 60.0
+# An hour in the past, on a whole second: clearly a client-chosen CreateTime, not a broker clock.
+BASE_TS = (int(time.time()) - 3600) * 1000
+
+
+@dataclass(frozen=True)
+class Rec:
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: tuple[tuple[str, bytes], ...]
+
+
+def expected(i: int) -> Rec:
+    # Values are compressible (a repeated run) yet distinct; no tabs or newlines, for kcat's line format.
+    return Rec(
+        offset=i,
+        timestamp=BASE_TS + i,
+        key=f"key-{i:05d}".encode(),
+        value=f"value-{i:05d}-".encode() + b"abcdefghij" * (i % 7 + 1),
+        headers=(("index", str(i).encode()), ("kind", b"roundtrip")),
+    )
+
+
+EXPECTED = [expected(i) for i in range(COUNT)]
+
+
+@pytest.fixture(scope="module")
+def shared_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    proc = BrokerProcess(tmp_path_factory.mktemp("roundtrip") / "broker")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.kill()
+
+
+def create_topic(bootstrap: str, name: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1)], request_timeout=15)
+    futures[name].result(timeout=20)
+
+
+def assert_roundtrip(got: list[Rec], *, check_timestamps: bool = True) -> None:
+    assert len(got) == COUNT
+    assert [r.offset for r in got] == list(range(COUNT))
+    for want, rec in zip(EXPECTED, got, strict=True):
+        assert rec.key == want.key, rec
+        assert rec.value == want.value, rec
+        assert rec.headers == want.headers, rec
+        if check_timestamps:
+            assert rec.timestamp == want.timestamp, rec
+
+
+# --- aiokafka ---------------------------------------------------------------------------------
+
+
+async def aiokafka_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
+    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, compression_type=None if codec == "none" else codec, linger_ms=5
+    )
+    await producer.start()
+    try:
+        futures = [
+            await producer.send(
+                topic, r.value, key=r.key, partition=0, timestamp_ms=r.timestamp, headers=list(r.headers)
+            )
+            for r in EXPECTED
+        ]
+        metadata = await asyncio.wait_for(asyncio.gather(*futures), DEADLINE_S)
+    finally:
+        await producer.stop()
+    assert [md.offset for md in metadata] == list(range(COUNT))
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
+    await consumer.start()
+    got: list[Rec] = []
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        deadline = time.monotonic() + DEADLINE_S
+        while len(got) < COUNT and time.monotonic() < deadline:
+            batches = await consumer.getmany(tp, timeout_ms=1000)
+            for msg in batches.get(tp, []):
+                got.append(Rec(msg.offset, msg.timestamp, msg.key, msg.value, tuple(msg.headers)))
+    finally:
+        await consumer.stop()
+    return got
+
+
+# --- kafka-python -----------------------------------------------------------------------------
+
+
+def kafka_python_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    producer = KafkaProducer(
+        bootstrap_servers=bootstrap, compression_type=None if codec == "none" else codec, linger_ms=5
+    )
+    try:
+        futures = [
+            producer.send(topic, value=r.value, key=r.key, partition=0, timestamp_ms=r.timestamp, headers=list(r.headers))
+            for r in EXPECTED
+        ]
+        producer.flush(timeout=DEADLINE_S)
+        offsets = [f.get(timeout=DEADLINE_S).offset for f in futures]
+    finally:
+        producer.close(timeout=10)
+    assert offsets == list(range(COUNT))
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
+    )
+    got: list[Rec] = []
+    try:
+        tp = TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        deadline = time.monotonic() + DEADLINE_S
+        while len(got) < COUNT and time.monotonic() < deadline:
+            for msg in consumer.poll(timeout_ms=1000).get(tp, []):
+                got.append(Rec(msg.offset, msg.timestamp, msg.key, msg.value, tuple(msg.headers)))
+    finally:
+        consumer.close()
+    return got
+
+
+# --- confluent-kafka --------------------------------------------------------------------------
+
+
+def confluent_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+
+    producer = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 5})
+    delivered: list[tuple[int, int]] = []
+    errors: list[object] = []
+
+    def on_delivery(err: object, msg: object) -> None:
+        if err is not None:
+            errors.append(err)
+        else:
+            delivered.append((int(msg.key()[4:]), msg.offset()))  # type: ignore[attr-defined]
+
+    for r in EXPECTED:
+        producer.produce(
+            topic,
+            value=r.value,
+            key=r.key,
+            partition=0,
+            timestamp=r.timestamp,
+            headers=list(r.headers),
+            on_delivery=on_delivery,
+        )
+        producer.poll(0)
+    assert producer.flush(DEADLINE_S) == 0, "messages still in flight after the deadline"
+    assert errors == []
+    assert sorted(delivered) == [(i, i) for i in range(COUNT)]
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"roundtrip-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+        }
+    )
+    got: list[Rec] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + DEADLINE_S
+        while len(got) < COUNT and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=1000, timeout=1.0):
+                if msg.error() is not None:
+                    raise KafkaException(msg.error())
+                _, ts = msg.timestamp()
+                got.append(Rec(msg.offset(), ts, msg.key(), msg.value(), tuple(msg.headers() or ())))
+    finally:
+        consumer.close()
+    return got
+
+
+# --- kcat -------------------------------------------------------------------------------------
+
+def kcat_roundtrip(bootstrap: str, topic: str, codec: str, work: Path) -> tuple[list[Rec], int, int]:
+    headers = (("codec", codec.encode()), ("kind", b"roundtrip"))
+    lines = b"".join(r.key + b"\t" + r.value + b"\n" for r in EXPECTED)
+    produce = ["kcat", "-b", bootstrap, "-P", "-t", topic, "-p", "0", "-K", "\t", "-X", "linger.ms=5"]
+    for name, value in headers:
+        produce += ["-H", f"{name}={value.decode()}"]
+    if codec != "none":
+        produce += ["-z", codec]
+    before = time.time_ns() // 1_000_000
+    done = subprocess.run(produce, input=lines, capture_output=True, timeout=DEADLINE_S)
+    after = time.time_ns() // 1_000_000
+    assert done.returncode == 0, done.stderr.decode()
+
+    consume = ["kcat", "-b", bootstrap, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-e"]
+    consume += ["-c", str(COUNT), "-f", "%o\t%T\t%k\t%s\t%h\n"]
+    out_path = work / f"{topic}.out"
+    with open(out_path, "wb") as out:
+        done = subprocess.run(consume, stdout=out, stderr=subprocess.PIPE, timeout=DEADLINE_S)
+    assert done.returncode == 0, done.stderr.decode()
+
+    got = []
+    for line in out_path.read_bytes().splitlines():
+        offset, ts, key, value, hdrs = line.split(b"\t")
+        parsed = tuple((n.decode(), v) for n, _, v in (h.partition(b"=") for h in hdrs.split(b",")))
+        got.append(Rec(int(offset), int(ts), key, value, parsed))
+    return got, before, after
+
+
+# --- the matrix -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_client_roundtrip(shared_broker: BrokerProcess, tmp_path: Path, client: str, codec: str) -> None:
+    topic = f"roundtrip-{client}-{codec}-{uuid.uuid4().hex[:8]}"
+    bootstrap = shared_broker.bootstrap
+    await asyncio.to_thread(create_topic, bootstrap, topic)
+
+    if client == "aiokafka":
+        assert_roundtrip(await aiokafka_roundtrip(bootstrap, topic, codec))
+    elif client == "kafka-python":
+        assert_roundtrip(await asyncio.to_thread(kafka_python_roundtrip, bootstrap, topic, codec))
+    elif client == "confluent-kafka":
+        assert_roundtrip(await asyncio.to_thread(confluent_roundtrip, bootstrap, topic, codec))
+    else:
+        got, before, after = await asyncio.to_thread(kcat_roundtrip, bootstrap, topic, codec, tmp_path)
+        want_headers = (("codec", codec.encode()), ("kind", b"roundtrip"))
+        assert len(got) == COUNT
+        assert [r.offset for r in got] == list(range(COUNT))
+        for i, rec in enumerate(got):
+            assert rec.key == EXPECTED[i].key, rec
+            assert rec.value == EXPECTED[i].value, rec
+            assert rec.headers == want_headers, rec
+            # Producer-assigned CreateTime: present and inside the produce window.
+            assert before - 1000 <= rec.timestamp <= after + 1000, (rec, before, after)
+    assert shared_broker.alive()
