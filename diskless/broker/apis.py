@@ -57,6 +57,7 @@ class KafkaApis:
             m.API_LIST_OFFSETS: self.list_offsets,
             m.API_METADATA: self.metadata,
             m.API_API_VERSIONS: self.api_versions,
+            m.API_FIND_COORDINATOR: self.find_coordinator,
             m.API_CREATE_TOPICS: self.create_topics,
             m.API_DELETE_TOPICS: self.delete_topics,
             m.API_DELETE_RECORDS: self.delete_records,
@@ -105,6 +106,19 @@ class KafkaApis:
 
     def api_versions(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         return {"error_code": ErrorCode.none, "api_keys": api_version_entries(), "throttle_time": 0}
+
+    def find_coordinator(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        """No group or transaction coordinator runs yet, which Kafka reports as it does before
+        ``__consumer_offsets`` exists: COORDINATOR_NOT_AVAILABLE (retriable)."""
+        unavailable = {
+            "error_code": ErrorCode.coordinator_not_available,
+            "error_message": "group and transaction coordinators are not available on this cluster yet",
+            "node_id": -1,
+            "host": "",
+            "port": -1,
+        }
+        keys = getattr(request, "coordinator_keys", None) or [getattr(request, "key", "")]
+        return {"throttle_time": 0, **unavailable, "coordinators": [{"key": k, **unavailable} for k in keys]}
 
     def _broker_entries(self, key: str) -> list[dict[str, Any]]:
         return [
@@ -654,7 +668,16 @@ class KafkaApis:
         return {"throttle_time": 0, "responses": responses}
 
 
+# What ApiVersions advertises where it differs from what is served. As Apache Kafka 4 does
+# (KAFKA-18659), Produce is advertised from v0 although only v3+ is decoded: librdkafka (kcat,
+# confluent-kafka) enables gzip/snappy/lz4 only if the broker's Produce range overlaps v0, and
+# otherwise silently sends those batches uncompressed. Clients use the highest common version,
+# so v0-2 are never sent; one that is closes its connection like any unsupported version.
+ADVERTISED_MIN_VERSIONS = {m.API_PRODUCE: 0}
+
+
 def api_version_entries() -> list[dict[str, int]]:
     return [
-        {"api_key": k, "min_version": lo, "max_version": hi} for k, (lo, hi) in sorted(m.SUPPORTED_VERSIONS.items())
+        {"api_key": k, "min_version": ADVERTISED_MIN_VERSIONS.get(k, lo), "max_version": hi}
+        for k, (lo, hi) in sorted(m.SUPPORTED_VERSIONS.items())
     ]

@@ -36,8 +36,11 @@ class ReplicaManager:
         """Open logs for every partition we host; delete directories of topics that are gone."""
         for name in sorted(os.listdir(self.log_dir)):
             path = os.path.join(self.log_dir, name)
-            if not os.path.isdir(path) or "-" not in name:
+            if name.endswith("-delete") and os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)  # a topic deletion interrupted by a crash
                 continue
+            if not os.path.isfile(os.path.join(path, PARTITION_METADATA)):
+                continue  # not a partition directory of ours: leave it alone
             topic, _, part = name.rpartition("-")
             topic_meta = topics.get(topic)
             stored_id = _read_topic_id(path)

@@ -208,6 +208,70 @@ class ClusterMetadata:
             self.topics[topic.name] = topic
 
 
+# --- records: the per-key form of metadata in etcd ------------------------------------------------
+
+
+def broker_record(info: BrokerInfo) -> bytes:
+    return json.dumps(asdict(info)).encode()
+
+
+def topic_record(topic: TopicMetadata) -> bytes:
+    return json.dumps(
+        {
+            "name": topic.name,
+            "topic_id": topic.topic_id,
+            "configs": topic.configs,
+            "internal": topic.internal,
+            "partitions": len(topic.partitions),
+        }
+    ).encode()
+
+
+def partition_record(state: PartitionState) -> bytes:
+    return json.dumps(asdict(state)).encode()
+
+
+RecordKey = tuple[str, ...]
+
+
+def apply_record(metadata: ClusterMetadata, path: str, value: bytes | None) -> RecordKey | None:
+    """Apply one stored record (``brokers/1``, ``topics/t``, ``partitions/t/0``, ``controller``).
+
+    ``value`` None means the record was deleted. Returns what changed, or None if not ours.
+    """
+    parts = path.split("/")
+    if parts[0] == "brokers" and len(parts) == 2:
+        node_id = int(parts[1])
+        if value is None:
+            metadata.brokers.pop(node_id, None)
+        else:
+            metadata.brokers[node_id] = BrokerInfo(**json.loads(value))
+        return ("broker", parts[1])
+    if parts[0] == "controller" and len(parts) == 1:
+        metadata.controller_id = -1 if value is None else int(json.loads(value)["node_id"])
+        return ("controller",)
+    if parts[0] == "topics" and len(parts) == 2:
+        name = parts[1]
+        if value is None:
+            metadata.topics.pop(name, None)
+            return ("topic", name)
+        raw = json.loads(value)
+        existing = metadata.topics.get(name)
+        partitions = existing.partitions if existing is not None and existing.topic_id == raw["topic_id"] else []
+        while len(partitions) < raw["partitions"]:
+            partitions.append(PartitionState(replicas=[], leader=-1, leader_epoch=-1, isr=[]))
+        metadata.topics[name] = TopicMetadata(name, raw["topic_id"], partitions, raw["configs"], raw["internal"])
+        return ("topic", name)
+    if parts[0] == "partitions" and len(parts) == 3:
+        topic = metadata.topics.get(parts[1])
+        index = int(parts[2])
+        if topic is None or value is None or index >= len(topic.partitions):
+            return None
+        topic.partitions[index] = PartitionState(**json.loads(value))
+        return ("partition", parts[1], parts[2])
+    return None
+
+
 class LocalMetadataStore:
     """Single-broker persistence: the metadata JSON written atomically next to the logs."""
 

@@ -8,6 +8,10 @@ come back exactly as written, in order, at offsets 0..9999, with the timestamps 
 kcat cannot set per-message timestamps or per-message headers, so its records share fixed headers
 and carry producer-assigned timestamps, which must lie within the produce window.
 
+A client may silently fall back to sending uncompressed batches (librdkafka does when it decides
+the broker lacks a codec), which would make a round trip pass without testing the codec at all;
+so each case also reads the partition's segment files and checks the batches' compression bits.
+
 One broker serves the whole module (topics are fresh per case) to keep the 20 cases fast.
 """
 
@@ -24,11 +28,15 @@ from pathlib import Path
 import pytest
 from support import BrokerProcess
 
+from diskless.protocol import records
+
 pytestmark = pytest.mark.integration
 
 COUNT = 10_000
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
+CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 CLIENTS = ["aiokafka", "kafka-python", "confluent-kafka", "kcat"]
+CREATE_TIME = 0
 DEADLINE_S = 60.0
 # An hour in the past, on a whole second: clearly a client-chosen CreateTime, not a broker clock.
 BASE_TS = (int(time.time()) - 3600) * 1000
@@ -41,6 +49,7 @@ class Rec:
     key: bytes | None
     value: bytes | None
     headers: tuple[tuple[str, bytes], ...]
+    timestamp_type: int | None = CREATE_TIME  # None: the client does not report it
 
 
 def expected(i: int) -> Rec:
@@ -75,15 +84,33 @@ def create_topic(bootstrap: str, name: str) -> None:
     futures[name].result(timeout=20)
 
 
-def assert_roundtrip(got: list[Rec], *, check_timestamps: bool = True) -> None:
+def assert_roundtrip(got: list[Rec]) -> None:
     assert len(got) == COUNT
     assert [r.offset for r in got] == list(range(COUNT))
     for want, rec in zip(EXPECTED, got, strict=True):
-        assert rec.key == want.key, rec
-        assert rec.value == want.value, rec
-        assert rec.headers == want.headers, rec
-        if check_timestamps:
-            assert rec.timestamp == want.timestamp, rec
+        assert rec == want, rec
+
+
+class CodecNotUsed(AssertionError):
+    """The records round-tripped, but the client did not send them with the requested codec."""
+
+
+def assert_stored_codec(partition_dir: Path, codec: str) -> None:
+    """The batches on disk carry the codec asked for (records per codec id, from batch headers)."""
+    per_codec: dict[int, int] = {}
+    for segment in sorted(partition_dir.glob("*.log")):
+        data = segment.read_bytes()
+        pos = 0
+        while pos < len(data):
+            header = records.parse_header(data, pos)
+            per_codec[header.compression] = per_codec.get(header.compression, 0) + header.record_count
+            pos += header.size
+    assert sum(per_codec.values()) == COUNT, per_codec
+    want = CODEC_IDS[codec]
+    # A client may leave a batch uncompressed when compressing would grow it (a tiny first batch),
+    # but nearly every record must travel under the requested codec and no other codec may appear.
+    if not (set(per_codec) <= {0, want} and per_codec.get(want, 0) >= COUNT * 9 // 10):
+        raise CodecNotUsed(f"asked for {codec} ({want}); records stored per codec id: {per_codec}")
 
 
 # --- aiokafka ---------------------------------------------------------------------------------
@@ -121,7 +148,7 @@ async def aiokafka_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec
         while len(got) < COUNT and time.monotonic() < deadline:
             batches = await consumer.getmany(tp, timeout_ms=1000)
             for msg in batches.get(tp, []):
-                got.append(Rec(msg.offset, msg.timestamp, msg.key, msg.value, tuple(msg.headers)))
+                got.append(Rec(msg.offset, msg.timestamp, msg.key, msg.value, tuple(msg.headers), msg.timestamp_type))
     finally:
         await consumer.stop()
     return got
@@ -138,7 +165,9 @@ def kafka_python_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
     )
     try:
         futures = [
-            producer.send(topic, value=r.value, key=r.key, partition=0, timestamp_ms=r.timestamp, headers=list(r.headers))
+            producer.send(
+                topic, value=r.value, key=r.key, partition=0, timestamp_ms=r.timestamp, headers=list(r.headers)
+            )
             for r in EXPECTED
         ]
         producer.flush(timeout=DEADLINE_S)
@@ -158,7 +187,7 @@ def kafka_python_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
         deadline = time.monotonic() + DEADLINE_S
         while len(got) < COUNT and time.monotonic() < deadline:
             for msg in consumer.poll(timeout_ms=1000).get(tp, []):
-                got.append(Rec(msg.offset, msg.timestamp, msg.key, msg.value, tuple(msg.headers)))
+                got.append(Rec(msg.offset, msg.timestamp, msg.key, msg.value, tuple(msg.headers), msg.timestamp_type))
     finally:
         consumer.close()
     return got
@@ -211,14 +240,16 @@ def confluent_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
             for msg in consumer.consume(num_messages=1000, timeout=1.0):
                 if msg.error() is not None:
                     raise KafkaException(msg.error())
-                _, ts = msg.timestamp()
-                got.append(Rec(msg.offset(), ts, msg.key(), msg.value(), tuple(msg.headers() or ())))
+                ts_type, ts = msg.timestamp()
+                # confluent-kafka numbers timestamp types 1 (create) and 2 (log append); 0 is "none".
+                got.append(Rec(msg.offset(), ts, msg.key(), msg.value(), tuple(msg.headers() or ()), ts_type - 1))
     finally:
         consumer.close()
     return got
 
 
 # --- kcat -------------------------------------------------------------------------------------
+
 
 def kcat_roundtrip(bootstrap: str, topic: str, codec: str, work: Path) -> tuple[list[Rec], int, int]:
     headers = (("codec", codec.encode()), ("kind", b"roundtrip"))
@@ -244,15 +275,22 @@ def kcat_roundtrip(bootstrap: str, topic: str, codec: str, work: Path) -> tuple[
     for line in out_path.read_bytes().splitlines():
         offset, ts, key, value, hdrs = line.split(b"\t")
         parsed = tuple((n.decode(), v) for n, _, v in (h.partition(b"=") for h in hdrs.split(b",")))
-        got.append(Rec(int(offset), int(ts), key, value, parsed))
+        got.append(Rec(int(offset), int(ts), key, value, parsed, None))
     return got, before, after
 
 
 # --- the matrix -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("codec", CODECS)
-@pytest.mark.parametrize("client", CLIENTS)
+def matrix() -> list[object]:
+    cases = []
+    for client in CLIENTS:
+        for codec in CODECS:
+            cases.append(pytest.param(client, codec, id=f"{client}-{codec}"))
+    return cases
+
+
+@pytest.mark.parametrize(("client", "codec"), matrix())
 async def test_client_roundtrip(shared_broker: BrokerProcess, tmp_path: Path, client: str, codec: str) -> None:
     topic = f"roundtrip-{client}-{codec}-{uuid.uuid4().hex[:8]}"
     bootstrap = shared_broker.bootstrap
@@ -269,10 +307,9 @@ async def test_client_roundtrip(shared_broker: BrokerProcess, tmp_path: Path, cl
         want_headers = (("codec", codec.encode()), ("kind", b"roundtrip"))
         assert len(got) == COUNT
         assert [r.offset for r in got] == list(range(COUNT))
-        for i, rec in enumerate(got):
-            assert rec.key == EXPECTED[i].key, rec
-            assert rec.value == EXPECTED[i].value, rec
-            assert rec.headers == want_headers, rec
-            # Producer-assigned CreateTime: present and inside the produce window.
+        for want, rec in zip(EXPECTED, got, strict=True):
+            assert (rec.key, rec.value, rec.headers) == (want.key, want.value, want_headers), rec
+            # kcat cannot set timestamps: the producer stamps CreateTime, inside the produce window.
             assert before - 1000 <= rec.timestamp <= after + 1000, (rec, before, after)
     assert shared_broker.alive()
+    assert_stored_codec(shared_broker.data_dir / f"{topic}-0", codec)

@@ -1,0 +1,113 @@
+"""A small asyncio Kafka protocol client used broker-to-broker (replica fetching, forwarding).
+
+Requests are plain dicts fitted to the chosen version by ``messages.build``; responses come back
+as kio entities. Requests are pipelined on one connection and matched by correlation id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import struct
+from typing import Any
+
+from kio.index import load_request_schema, load_response_schema
+from kio.serial import entity_reader, entity_writer
+
+from . import messages as m
+from .framing import FrameDecoder, encode_frame
+
+_HEADER = struct.Struct(">hhi")
+
+
+class ClientError(Exception):
+    pass
+
+
+class KafkaClientConnection:
+    def __init__(self, host: str, port: int, client_id: str, max_frame_bytes: int = 200 * 1024 * 1024) -> None:
+        self.host = host
+        self.port = port
+        self.client_id = client_id
+        self._max = max_frame_bytes
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._next_correlation = 0
+        self._waiting: dict[int, tuple[asyncio.Future[Any], type]] = {}
+        self._read_task: asyncio.Task[None] | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._writer is not None and not self._writer.is_closing()
+
+    async def connect(self, timeout: float = 5.0) -> None:
+        self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), timeout)
+        self._read_task = asyncio.create_task(self._read_loop())
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(Exception):
+                await self._writer.wait_closed()
+        if self._read_task is not None:
+            self._read_task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._read_task
+        self._fail_all(ClientError("connection closed"))
+        self._writer = None
+
+    def _fail_all(self, exc: Exception) -> None:
+        for future, _ in self._waiting.values():
+            if not future.done():
+                future.set_exception(exc)
+        self._waiting.clear()
+
+    async def request(self, api_key: int, version: int, body: dict[str, Any], timeout: float = 30.0) -> Any:
+        if not self.connected:
+            raise ClientError("not connected")
+        assert self._writer is not None
+        request_cls = load_request_schema(api_key, version)
+        self._next_correlation = (self._next_correlation + 1) & 0x7FFFFFFF
+        correlation = self._next_correlation
+        out = io.BytesIO()
+        out.write(_HEADER.pack(api_key, version, correlation))
+        client_id = self.client_id.encode()
+        out.write(struct.pack(">h", len(client_id)) + client_id)
+        if request_cls.__flexible__:
+            out.write(b"\x00")
+        entity_writer(request_cls)(out, m.build(request_cls, body))
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting[correlation] = (future, load_response_schema(api_key, version))
+        self._writer.write(encode_frame(out.getvalue()))
+        await self._writer.drain()
+        try:
+            return await asyncio.wait_for(future, timeout)
+        finally:
+            self._waiting.pop(correlation, None)
+
+    async def _read_loop(self) -> None:
+        assert self._reader is not None
+        decoder = FrameDecoder(self._max)
+        try:
+            while True:
+                data = await self._reader.read(262144)
+                if not data:
+                    raise ClientError("connection closed by peer")
+                decoder.feed(data)
+                for frame in decoder.frames():
+                    (correlation,) = struct.unpack_from(">i", frame, 0)
+                    waiting = self._waiting.get(correlation)
+                    if waiting is None:
+                        continue
+                    future, response_cls = waiting
+                    pos = 4
+                    if response_cls.__flexible__ and response_cls.__api_key__ != m.API_API_VERSIONS:
+                        pos += 1  # empty tagged fields of response header v1
+                    entity, _ = entity_reader(response_cls)(memoryview(frame)[pos:], 0)
+                    if not future.done():
+                        future.set_result(entity)
+        except Exception as exc:  # connection lost or garbage: fail every waiter
+            self._fail_all(exc if isinstance(exc, ClientError) else ClientError(str(exc)))
+            if self._writer is not None:
+                self._writer.close()

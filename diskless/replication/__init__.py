@@ -1,0 +1,1 @@
+"""Replication of partition logs: leader-side follower tracking and follower fetchers."""

@@ -1,0 +1,173 @@
+"""Follower fetchers: one task per leader broker pulls every partition we follow from it.
+
+Fetch requests carry ``replica_id`` (so the leader reads up to its log end and learns our log end
+offset) and ``last_fetched_epoch`` (so the leader can answer with a diverging epoch, telling us
+where to truncate after a leader change). Connection failures back off and retry; partitions move
+between fetchers when the metadata store changes their leader.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import structlog
+from kio.schema.errors import ErrorCode
+
+from diskless.cluster.metadata import BrokerInfo
+from diskless.protocol import messages as m
+from diskless.protocol.client import ClientError, KafkaClientConnection
+
+from .partition import FOLLOWER, DivergingEpoch, Partition
+
+log = structlog.get_logger(__name__)
+
+FETCH_VERSION = 12
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ReplicaFetcher:
+    def __init__(
+        self,
+        node_id: int,
+        leader_id: int,
+        lookup: Callable[[int], BrokerInfo | None],
+        wait_max_ms: int,
+        fetch_max_bytes: int,
+        on_progress: Callable[[], None],
+    ) -> None:
+        self.node_id = node_id
+        self.leader_id = leader_id
+        self.lookup = lookup
+        self.wait_max_ms = wait_max_ms
+        self.fetch_max_bytes = fetch_max_bytes
+        self.on_progress = on_progress
+        self.partitions: dict[tuple[str, int], Partition] = {}
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._conn: KafkaClientConnection | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(BaseException):
+                await self._task
+        if self._conn is not None:
+            await self._conn.close()
+
+    def add(self, partition: Partition) -> None:
+        self.partitions[(partition.topic, partition.index)] = partition
+        self._changed.set()
+
+    def remove(self, key: tuple[str, int]) -> None:
+        self.partitions.pop(key, None)
+
+    async def _connect(self) -> KafkaClientConnection | None:
+        info = self.lookup(self.leader_id)
+        if info is None:
+            return None
+        conn = KafkaClientConnection(info.host, info.port, f"replica-fetcher-{self.node_id}")
+        try:
+            await conn.connect()
+        except (OSError, TimeoutError):
+            return None
+        return conn
+
+    async def _run(self) -> None:
+        backoff = 0.05
+        while True:
+            active = [p for p in self.partitions.values() if p.role == FOLLOWER and p.leader_id == self.leader_id]
+            if not active:
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), 1.0)
+                continue
+            if self._conn is None or not self._conn.connected:
+                self._conn = await self._connect()
+                if self._conn is None:
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 1.0)
+                    continue
+            try:
+                response = await self._conn.request(
+                    m.API_FETCH, FETCH_VERSION, self._request(active), timeout=self.wait_max_ms / 1000 + 10
+                )
+                backoff = 0.05
+            except (ClientError, OSError, TimeoutError) as exc:
+                log.info("replica fetch failed", leader=self.leader_id, error=str(exc))
+                await self._conn.close()
+                self._conn = None
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                continue
+            if self._handle(response):
+                await asyncio.sleep(0.1)  # leadership moving: give the metadata watch a moment
+
+    def _request(self, active: list[Partition]) -> dict[str, object]:
+        topics: dict[str, list[dict[str, int]]] = {}
+        for p in active:
+            topics.setdefault(p.topic, []).append(
+                {
+                    "partition": p.index,
+                    "current_leader_epoch": p.leader_epoch,
+                    "fetch_offset": p.log.log_end_offset,
+                    "last_fetched_epoch": p.log.epochs.latest_epoch,
+                    "log_start_offset": p.log.log_start_offset,
+                    "partition_max_bytes": self.fetch_max_bytes,
+                }
+            )
+        return {
+            "replica_id": self.node_id,
+            "max_wait": self.wait_max_ms,
+            "min_bytes": 1,
+            "max_bytes": self.fetch_max_bytes * 10,
+            "isolation_level": 0,
+            "session_id": 0,
+            "session_epoch": -1,
+            "topics": [{"topic": t, "partitions": parts} for t, parts in topics.items()],
+            "forgotten_topics_data": [],
+            "rack_id": "",
+        }
+
+    def _handle(self, response: object) -> bool:
+        """Apply a fetch response; True if some partition reported a leadership problem."""
+        now = _now_ms()
+        leadership_errors = False
+        progressed = False
+        for topic in response.responses:  # type: ignore[attr-defined]
+            for data in topic.partitions:
+                partition = self.partitions.get((topic.topic, data.partition_index))
+                if partition is None or partition.role != FOLLOWER or partition.leader_id != self.leader_id:
+                    continue
+                code = data.error_code
+                if code == ErrorCode.none:
+                    diverging = data.diverging_epoch
+                    if diverging is not None and (diverging.epoch >= 0 or diverging.end_offset >= 0):
+                        partition.truncate_on_divergence(DivergingEpoch(diverging.epoch, diverging.end_offset), now)
+                    else:
+                        partition.on_fetched(data.records or b"", data.high_watermark, now)
+                    progressed = progressed or bool(data.records)
+                elif code == ErrorCode.offset_out_of_range and partition.log.log_end_offset < data.log_start_offset:
+                    partition.log.truncate_fully_and_start_at(data.log_start_offset, now)
+                elif code in (
+                    ErrorCode.not_leader_or_follower,
+                    ErrorCode.fenced_leader_epoch,
+                    ErrorCode.unknown_leader_epoch,
+                    ErrorCode.unknown_topic_or_partition,
+                ):
+                    leadership_errors = True
+                else:
+                    log.warning(
+                        "replica fetch error", topic=topic.topic, partition=data.partition_index, error=code.name
+                    )
+        if progressed:
+            self.on_progress()
+        return leadership_errors

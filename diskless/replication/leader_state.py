@@ -1,0 +1,87 @@
+"""Leader-side replication state of one partition, sans-IO (Kafka's Partition + ISR rules).
+
+The leader learns each follower's log end offset from the offset it fetches at. From those it
+derives the high watermark (the smallest log end offset in the ISR, never moving backwards) and
+proposes ISR changes: a follower that has not caught up to the leader's log end within
+``replica.lag.time.max.ms`` is dropped; one that has reached the high watermark (and the start of
+the current leader epoch) is added back. Proposals go to the metadata store; the ISR here changes
+only when the store's new state is applied.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+UNKNOWN = -1
+
+
+@dataclass
+class FollowerProgress:
+    log_end_offset: int = UNKNOWN
+    last_caught_up_ms: int = 0
+    last_fetch_ms: int = 0
+
+
+@dataclass
+class LeaderState:
+    leader_id: int
+    leader_epoch: int
+    replicas: list[int]
+    isr: list[int]
+    epoch_start_offset: int
+    high_watermark: int
+    became_leader_ms: int
+    followers: dict[int, FollowerProgress] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for replica in self.replicas:
+            if replica != self.leader_id:
+                # A follower gets lag time from the moment we became leader before it can be dropped.
+                self.followers.setdefault(replica, FollowerProgress(last_caught_up_ms=self.became_leader_ms))
+
+    def on_follower_fetch(self, follower: int, fetch_offset: int, leader_leo: int, now_ms: int) -> bool:
+        """Record a follower fetch; True if the high watermark advanced."""
+        progress = self.followers.setdefault(follower, FollowerProgress(last_caught_up_ms=now_ms))
+        progress.log_end_offset = fetch_offset
+        progress.last_fetch_ms = now_ms
+        if fetch_offset >= leader_leo:
+            progress.last_caught_up_ms = now_ms
+        return self.maybe_advance_hw(leader_leo)
+
+    def maybe_advance_hw(self, leader_leo: int) -> bool:
+        candidate = leader_leo
+        for replica in self.isr:
+            if replica == self.leader_id:
+                continue
+            progress = self.followers.get(replica)
+            if progress is None or progress.log_end_offset == UNKNOWN:
+                return False
+            candidate = min(candidate, progress.log_end_offset)
+        if candidate > self.high_watermark:
+            self.high_watermark = candidate
+            return True
+        return False
+
+    def isr_to_shrink(self, now_ms: int, lag_ms: int) -> list[int]:
+        out = []
+        for replica in self.isr:
+            if replica == self.leader_id:
+                continue
+            progress = self.followers.get(replica)
+            if progress is None or now_ms - progress.last_caught_up_ms > lag_ms:
+                out.append(replica)
+        return out
+
+    def isr_to_expand(self) -> list[int]:
+        out = []
+        for replica, progress in self.followers.items():
+            if replica in self.isr or replica not in self.replicas:
+                continue
+            if progress.log_end_offset >= max(self.high_watermark, self.epoch_start_offset):
+                out.append(replica)
+        return out
+
+    def apply_isr(self, isr: list[int], leader_leo: int) -> bool:
+        """The store accepted a new ISR; returns True if that advanced the high watermark."""
+        self.isr = list(isr)
+        return self.maybe_advance_hw(leader_leo)

@@ -1,0 +1,156 @@
+"""One hosted partition replica: its log, its role (leader or follower) and acks=all waiters.
+
+A leader tracks followers through ``LeaderState`` and completes produce waiters once the high
+watermark passes their last offset. A follower's log is written only by the replica fetcher and
+its high watermark is the leader's, capped at its own log end. The leader answers replica
+fetches, including the diverging-epoch check that tells a follower where to truncate (KIP-320).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+from dataclasses import dataclass
+
+from diskless.cluster.metadata import PartitionState
+from diskless.log.leader_epoch import UNDEFINED_EPOCH
+from diskless.log.partition_log import PartitionLog
+
+from .leader_state import LeaderState
+
+LEADER = "leader"
+FOLLOWER = "follower"
+OFFLINE = "offline"
+
+
+@dataclass(frozen=True, slots=True)
+class DivergingEpoch:
+    epoch: int
+    end_offset: int
+
+
+class Partition:
+    def __init__(self, topic: str, index: int, log: PartitionLog, node_id: int) -> None:
+        self.topic = topic
+        self.index = index
+        self.log = log
+        self.node_id = node_id
+        self.role = OFFLINE
+        self.leader_id = -1
+        self.leader_epoch = -1
+        self.isr: list[int] = []
+        self.replicas: list[int] = []
+        self.leader_state: LeaderState | None = None
+        self._waiters: list[tuple[int, int, asyncio.Future[bool]]] = []  # (offset, seq, future)
+        self._seq = 0
+
+    # --- role changes ---------------------------------------------------------------------------
+
+    def apply_state(self, state: PartitionState, now_ms: int) -> str | None:
+        """Follow the metadata store; returns "leader"/"follower"/"offline" when the role changed."""
+        epoch_changed = state.leader_epoch != self.leader_epoch
+        self.replicas = list(state.replicas)
+        self.isr = list(state.isr)
+        if state.leader == self.node_id:
+            if self.role != LEADER or epoch_changed:
+                self._become_leader(state, now_ms)
+                return LEADER
+            assert self.leader_state is not None
+            self.leader_state.replicas = list(state.replicas)
+            if self.leader_state.apply_isr(state.isr, self.log.log_end_offset):
+                self._on_hw_advanced()
+            return None
+        previous = self.role
+        self.leader_id = state.leader
+        self.leader_epoch = state.leader_epoch
+        self.leader_state = None
+        self.role = FOLLOWER if state.leader >= 0 else OFFLINE
+        self._fail_waiters()
+        return self.role if (previous != self.role or epoch_changed) else None
+
+    def _become_leader(self, state: PartitionState, now_ms: int) -> None:
+        self.role = LEADER
+        self.leader_id = self.node_id
+        self.leader_epoch = state.leader_epoch
+        leo = self.log.log_end_offset
+        self.log.epochs.assign(state.leader_epoch, leo)
+        self.leader_state = LeaderState(
+            leader_id=self.node_id,
+            leader_epoch=state.leader_epoch,
+            replicas=list(state.replicas),
+            isr=list(state.isr),
+            epoch_start_offset=leo,
+            high_watermark=self.log.high_watermark,
+            became_leader_ms=now_ms,
+        )
+        if self.leader_state.maybe_advance_hw(leo):
+            self._on_hw_advanced()
+
+    # --- leader side -----------------------------------------------------------------------------
+
+    def on_local_append(self) -> None:
+        """After a leader append: a partition whose ISR is only us commits immediately."""
+        if self.leader_state is not None and self.leader_state.maybe_advance_hw(self.log.log_end_offset):
+            self._on_hw_advanced()
+
+    def on_follower_fetch(self, follower: int, fetch_offset: int, now_ms: int) -> bool:
+        assert self.leader_state is not None
+        advanced = self.leader_state.on_follower_fetch(follower, fetch_offset, self.log.log_end_offset, now_ms)
+        if advanced:
+            self._on_hw_advanced()
+        return advanced
+
+    def diverging_epoch(self, last_fetched_epoch: int, fetch_offset: int) -> DivergingEpoch | None:
+        """Where a follower's log diverges from ours, if it does (Kafka's Partition.fetchRecords check)."""
+        if last_fetched_epoch == UNDEFINED_EPOCH:
+            return None
+        epoch, end = self.log.epochs.end_offset_for(last_fetched_epoch, self.log.log_end_offset)
+        if epoch < last_fetched_epoch or end < fetch_offset:
+            return DivergingEpoch(epoch, end)
+        return None
+
+    def _on_hw_advanced(self) -> None:
+        assert self.leader_state is not None
+        self.log.high_watermark = self.leader_state.high_watermark
+        hw = self.log.high_watermark
+        while self._waiters and self._waiters[0][0] < hw:
+            _, _, future = self._waiters.pop(0)
+            if not future.done():
+                future.set_result(True)
+
+    async def wait_for_commit(self, last_offset: int, timeout: float) -> bool:
+        """acks=all: True once the high watermark passes ``last_offset``; False on timeout/leadership loss."""
+        if self.log.high_watermark > last_offset:
+            return True
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._seq += 1
+        bisect.insort(self._waiters, (last_offset, self._seq, future))
+        try:
+            return await asyncio.wait_for(future, timeout)
+        except TimeoutError:
+            return False
+        finally:
+            self._waiters = [w for w in self._waiters if w[2] is not future]
+
+    def _fail_waiters(self) -> None:
+        for _, _, future in self._waiters:
+            if not future.done():
+                future.set_result(False)
+        self._waiters.clear()
+
+    # --- follower side --------------------------------------------------------------------------
+
+    def on_fetched(self, records: bytes, leader_hw: int, now_ms: int) -> None:
+        if records:
+            self.log.append_as_follower(records, now_ms)
+        self.log.high_watermark = max(self.log.high_watermark, min(leader_hw, self.log.log_end_offset))
+
+    def truncate_on_divergence(self, diverging: DivergingEpoch, now_ms: int) -> None:
+        if diverging.end_offset < 0:
+            # The leader knows nothing of our epochs: fall back to what is known committed.
+            target = self.log.high_watermark
+        else:
+            local_epoch, local_end = self.log.epochs.end_offset_for(diverging.epoch, self.log.log_end_offset)
+            target = min(diverging.end_offset, local_end) if local_epoch == diverging.epoch else diverging.end_offset
+        target = max(target, self.log.log_start_offset)
+        self.log.truncate_to(min(target, self.log.log_end_offset), now_ms)
