@@ -53,6 +53,16 @@ class BrokerConfig:
     socket_request_max_bytes: int = field(default=104857600, metadata=_prop("socket.request.max.bytes"))
     metrics_port: int = field(default=-1, metadata=_prop("metrics.port", "Prometheus endpoint port; -1 disables it."))
     metrics_host: str = field(default="127.0.0.1", metadata=_prop("metrics.host"))
+    metadata_etcd_endpoints: str | None = field(
+        default=None, metadata=_prop("metadata.etcd.endpoints", "host:port of etcd; unset runs a standalone broker.")
+    )
+    broker_session_timeout_ms: int = field(
+        default=9000, metadata=_prop("broker.session.timeout.ms", "Lease TTL: a broker silent this long is fenced.")
+    )
+    replica_lag_time_max_ms: int = field(default=30000, metadata=_prop("replica.lag.time.max.ms"))
+    replica_fetch_wait_max_ms: int = field(default=500, metadata=_prop("replica.fetch.wait.max.ms"))
+    replica_fetch_max_bytes: int = field(default=1048576, metadata=_prop("replica.fetch.max.bytes"))
+    controlled_shutdown_timeout_ms: int = field(default=15000, metadata=_prop("controlled.shutdown.timeout.ms"))
     topic_defaults: Mapping[str, str] = field(default_factory=dict)
 
     @property

@@ -10,6 +10,7 @@ before its first ``await``, so pipelined produce requests on one connection appe
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable, Iterable
@@ -18,11 +19,12 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from kio.schema.errors import ErrorCode
 
-from diskless.cluster.metadata import MetadataError, PartitionState, TopicMetadata, validate_topic_name
+from diskless.cluster.metadata import MetadataError, TopicMetadata, validate_topic_name
 from diskless.log.config import TOPIC_CONFIGS, canonical_name, effective_values
 from diskless.log.partition_log import OffsetOutOfRange, PartitionLog
 from diskless.protocol import messages as m
 from diskless.protocol import records
+from diskless.replication.partition import Partition
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -46,6 +48,10 @@ OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 def _ms(value: Any) -> int:
     """kio decodes millisecond durations as timedelta; accept ints too."""
     return int(value.total_seconds() * 1000) if hasattr(value, "total_seconds") else int(value)
+
+
+class CloseConnection(Exception):
+    """Raised by a handler whose only possible answer is closing the client's connection."""
 
 
 class KafkaApis:
@@ -84,23 +90,23 @@ class KafkaApis:
 
     def _leader_log(
         self, topic: str, partition: int, current_leader_epoch: int = -1
-    ) -> tuple[ErrorCode, PartitionLog | None, PartitionState | None]:
+    ) -> tuple[ErrorCode, PartitionLog | None, Partition | None]:
+        """The local log of a partition this broker leads, or the Kafka error explaining why not."""
         state = self._meta.partition(topic, partition)
         if state is None:
             return ErrorCode.unknown_topic_or_partition, None, None
-        if state.leader != self.broker.node_id:
-            return ErrorCode.not_leader_or_follower, None, state
-        if current_leader_epoch >= 0 and current_leader_epoch != state.leader_epoch:
+        replica = self.broker.replicas.partitions.get((topic, partition))
+        if replica is None or replica.leader_state is None:
+            code = ErrorCode.leader_not_available if state.leader < 0 else ErrorCode.not_leader_or_follower
+            return code, None, None
+        if current_leader_epoch >= 0 and current_leader_epoch != replica.leader_epoch:
             code = (
                 ErrorCode.fenced_leader_epoch
-                if current_leader_epoch < state.leader_epoch
+                if current_leader_epoch < replica.leader_epoch
                 else ErrorCode.unknown_leader_epoch
             )
-            return code, None, state
-        plog = self.broker.replicas.logs.get((topic, partition))
-        if plog is None:
-            return ErrorCode.not_leader_or_follower, None, state
-        return ErrorCode.none, plog, state
+            return code, None, None
+        return ErrorCode.none, replica.log, replica
 
     # --- ApiVersions / Metadata / DescribeCluster -----------------------------------------------
 
@@ -134,13 +140,13 @@ class KafkaApis:
             "is_internal": topic.internal,
             "partitions": [
                 {
-                    "error_code": ErrorCode.none,
+                    "error_code": ErrorCode.none if p.leader >= 0 else ErrorCode.leader_not_available,
                     "partition_index": i,
                     "leader_id": p.leader,
                     "leader_epoch": p.leader_epoch,
                     "replica_nodes": p.replicas,
                     "isr_nodes": p.isr,
-                    "offline_replicas": [],
+                    "offline_replicas": [r for r in p.replicas if r not in self._meta.brokers],
                 }
                 for i, p in enumerate(topic.partitions)
             ],
@@ -212,27 +218,53 @@ class KafkaApis:
 
     # --- Produce ---------------------------------------------------------------------------------
 
-    def produce(self, header: m.RequestHeader, request: Any) -> dict[str, Any] | None:
+    def produce(self, header: m.RequestHeader, request: Any) -> Any:
+        """Append synchronously (request order is append order), then wait for acks=all if asked."""
         now = self.broker.now_ms()
         acks = request.acks
+        timeout_s = _ms(request.timeout) / 1000
         responses = []
-        appended = False
+        pending: list[tuple[dict[str, Any], Partition, int]] = []
         for topic_data in request.topic_data:
             parts = []
             for pdata in topic_data.partition_data:
-                result = self._produce_partition(topic_data.name, pdata.index, pdata.records, acks, now)
-                appended = appended or result["error_code"] == ErrorCode.none
+                result, replica, last_offset = self._produce_partition(
+                    topic_data.name, pdata.index, pdata.records, acks, now
+                )
+                if replica is not None and acks == -1:
+                    pending.append((result, replica, last_offset))
                 parts.append(result)
             responses.append({"name": topic_data.name, "partition_responses": parts})
-        if appended:
-            self.broker.replicas.notify_append()
         if acks == 0:
+            # As Kafka does: a failed acks=0 produce closes the connection, the client's only signal
+            # that its records were refused (it then refreshes metadata and reconnects).
+            errors = [p["error_code"] for t in responses for p in t["partition_responses"] if p["error_code"]]
+            if errors:
+                raise CloseConnection(f"acks=0 produce failed: {[e.name for e in errors]}")
             return None
-        return {"responses": responses, "throttle_time": 0}
+        body = {"responses": responses, "throttle_time": 0}
+        if not pending:
+            return body
+        return self._await_replication(body, pending, timeout_s)
 
-    def _produce_partition(self, topic: str, partition: int, data: bytes | None, acks: int, now: int) -> dict[str, Any]:
-        def failed(code: ErrorCode, message: str | None = None) -> dict[str, Any]:
-            return {
+    async def _await_replication(
+        self, body: dict[str, Any], pending: list[tuple[dict[str, Any], Partition, int]], timeout_s: float
+    ) -> dict[str, Any]:
+        results = await asyncio.gather(*(replica.wait_for_commit(last, timeout_s) for _, replica, last in pending))
+        for (entry, replica, _), committed in zip(pending, results, strict=True):
+            if committed:
+                if len(replica.isr) < replica.log.config.min_insync_replicas:
+                    entry.update(error_code=ErrorCode.not_enough_replicas_after_append, base_offset=-1)
+                continue
+            code = ErrorCode.request_timed_out if replica.leader_state is not None else ErrorCode.not_leader_or_follower
+            entry.update(error_code=code, base_offset=-1, log_append_time=None, log_start_offset=-1)
+        return body
+
+    def _produce_partition(
+        self, topic: str, partition: int, data: bytes | None, acks: int, now: int
+    ) -> tuple[dict[str, Any], Partition | None, int]:
+        def failed(code: ErrorCode, message: str | None = None) -> tuple[dict[str, Any], None, int]:
+            entry = {
                 "index": partition,
                 "error_code": code,
                 "base_offset": -1,
@@ -241,11 +273,12 @@ class KafkaApis:
                 "record_errors": [],
                 "error_message": message,
             }
+            return entry, None, -1
 
         if acks not in (0, 1, -1):
             return failed(ErrorCode.invalid_required_acks)
-        code, plog, state = self._leader_log(topic, partition)
-        if plog is None or state is None:
+        code, plog, replica = self._leader_log(topic, partition)
+        if plog is None or replica is None:
             return failed(code)
         if not data:
             return failed(ErrorCode.invalid_record, "produce request carries no records")
@@ -253,14 +286,14 @@ class KafkaApis:
             batches = records.split_batches(data)
             if len(batches) != 1:
                 raise records.InvalidBatch("invalid_record", "produce v3+ must carry exactly one record batch")
-            if acks == -1 and len(state.isr) < plog.config.min_insync_replicas:
+            if acks == -1 and len(replica.isr) < plog.config.min_insync_replicas:
                 return failed(ErrorCode.not_enough_replicas)
-            result = plog.append_as_leader(batches, state.leader_epoch, now)
+            result = plog.append_as_leader(batches, replica.leader_epoch, now)
         except records.InvalidBatch as exc:
             return failed(ErrorCode[exc.error], str(exc))
-        # A single replica is its own ISR: the high watermark follows the log end.
-        self.broker.on_leader_append(topic, partition, plog)
-        return {
+        if not result.duplicate:
+            self.broker.on_leader_append(replica)
+        entry = {
             "index": partition,
             "error_code": ErrorCode.none,
             "base_offset": result.base_offset,
@@ -269,8 +302,9 @@ class KafkaApis:
             "record_errors": [],
             "error_message": None,
         }
+        return entry, replica, result.last_offset
 
-    def init_producer_id(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+    async def init_producer_id(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         if request.transactional_id is not None:
             # Transactions arrive with the transaction coordinator (issue 6); refuse clearly.
             return {
@@ -282,7 +316,7 @@ class KafkaApis:
         return {
             "throttle_time": 0,
             "error_code": ErrorCode.none,
-            "producer_id": self.broker.allocate_producer_id(),
+            "producer_id": await self.broker.allocate_producer_id(),
             "producer_epoch": 0,
         }
 
@@ -317,13 +351,14 @@ class KafkaApis:
     def _fetch_once(self, request: Any) -> tuple[list[dict[str, Any]], int, bool]:
         max_bytes = getattr(request, "max_bytes", 2**31 - 1)
         committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
+        follower = getattr(request, "replica_id", -1)
         total = 0
         has_error = False
         responses = []
         for topic in request.topics:
             parts = []
             for p in topic.partitions:
-                code, plog, _ = self._leader_log(topic.topic, p.partition, getattr(p, "current_leader_epoch", -1))
+                code, plog, replica = self._leader_log(topic.topic, p.partition, getattr(p, "current_leader_epoch", -1))
                 entry: dict[str, Any] = {
                     "partition_index": p.partition,
                     "error_code": code,
@@ -334,12 +369,24 @@ class KafkaApis:
                     "preferred_read_replica": -1,
                     "records": b"",
                 }
-                if plog is not None:
+                if plog is not None and replica is not None:
                     limit = min(p.partition_max_bytes, max(max_bytes - total, 0))
+                    max_offset = None
+                    diverging = None
+                    if follower >= 0:
+                        # A follower reads up to our log end and, by the offset it asks for, tells us its own.
+                        max_offset = plog.log_end_offset
+                        diverging = replica.diverging_epoch(getattr(p, "last_fetched_epoch", -1), p.fetch_offset)
+                        if diverging is None and p.fetch_offset <= plog.log_end_offset:
+                            self.broker.on_follower_fetch(replica, follower, p.fetch_offset)
                     try:
-                        result = plog.read(p.fetch_offset, limit, min_one=total == 0)
-                        entry["records"] = result.records
-                        total += len(result.records)
+                        if diverging is not None:
+                            entry["diverging_epoch"] = {"epoch": diverging.epoch, "end_offset": diverging.end_offset}
+                            has_error = True  # answer now: the follower must truncate before fetching on
+                        else:
+                            result = plog.read(p.fetch_offset, limit, max_offset=max_offset, min_one=total == 0)
+                            entry["records"] = result.records
+                            total += len(result.records)
                     except OffsetOutOfRange:
                         entry["error_code"] = ErrorCode.offset_out_of_range
                     entry["high_watermark"] = plog.high_watermark

@@ -1,8 +1,9 @@
-"""A broker process: configuration, metadata, partition logs, the Kafka listener and timers.
+"""A broker process: configuration, metadata, hosted replicas, the Kafka listener and timers.
 
-This is the asyncio shell around the sans-IO pieces. It owns the wall clock (``now_ms``) and the
-periodic retention check, persists metadata changes, and keeps each hosted partition's log
-configuration in step with its topic's overrides.
+This is the asyncio shell around the sans-IO pieces. Metadata lives in a backend (a local file
+for a standalone broker, etcd for a cluster); every change goes through the backend and comes
+back through ``_on_metadata_change``, which is the only place replicas change role. In a cluster,
+one broker is also the controller (elected through etcd) and fences brokers whose lease expired.
 """
 
 from __future__ import annotations
@@ -11,18 +12,28 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from typing import Any
 
 import structlog
+from kio.schema.errors import ErrorCode
 
-from diskless.cluster.metadata import BrokerInfo, ClusterMetadata, LocalMetadataStore, TopicMetadata
-from diskless.cluster.producer_ids import LocalProducerIdStore, ProducerIdBlock
+from diskless.cluster.controller import elect_on_broker_change
+from diskless.cluster.metadata import (
+    BrokerInfo,
+    ClusterMetadata,
+    LocalBackend,
+    MetadataError,
+    PartitionState,
+    RecordKey,
+    TopicMetadata,
+)
+from diskless.cluster.producer_ids import ProducerIdBlock
 from diskless.config import BrokerConfig
 from diskless.log.config import LogConfig, effective_values
-from diskless.log.partition_log import PartitionLog
 from diskless.metrics import RETENTION_DELETED_SEGMENTS, serve_metrics
+from diskless.replication.partition import Partition
 
 from .apis import KafkaApis
 from .replica_manager import ReplicaManager
@@ -30,21 +41,41 @@ from .server import KafkaServer
 
 log = structlog.get_logger(__name__)
 
+HW_CHECKPOINT_INTERVAL_S = 5.0
+
 
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
         self.node_id = config.node_id
         self.metadata = ClusterMetadata(config.cluster_id)
-        self.store = LocalMetadataStore(os.path.join(config.log_dirs, "cluster-metadata.json"))
-        self.replicas = ReplicaManager(config.log_dirs)
+        self.backend: Any
+        if config.metadata_etcd_endpoints:
+            from diskless.cluster.etcd_store import EtcdMetadataStore
+
+            self.backend = EtcdMetadataStore(config.metadata_etcd_endpoints, config.cluster_id, self.metadata)
+        else:
+            self.backend = LocalBackend(os.path.join(config.log_dirs, "cluster-metadata.json"), self.metadata)
+        self.backend.on_change = self._on_metadata_change
+        self.replicas = ReplicaManager(
+            config.log_dirs,
+            self.node_id,
+            self.metadata.brokers.get,
+            config.replica_fetch_wait_max_ms,
+            config.replica_fetch_max_bytes,
+        )
         self.apis = KafkaApis(self)
         self.server = KafkaServer(self.apis, config.socket_request_max_bytes)
-        self.producer_ids = LocalProducerIdStore(os.path.join(config.log_dirs, "producer-id-block"))
         self._pid_block = ProducerIdBlock()
+        self._pid_lock = asyncio.Lock()
+        self._isr_updates: set[tuple[str, int]] = set()
+        self._tasks: list[asyncio.Task[None]] = []
         self.port = -1
         self.metrics_port = -1
-        self._retention_task: asyncio.Task[None] | None = None
+
+    @property
+    def clustered(self) -> bool:
+        return bool(self.config.metadata_etcd_endpoints)
 
     @staticmethod
     def now_ms() -> int:
@@ -54,80 +85,216 @@ class Broker:
 
     async def start(self) -> None:
         os.makedirs(self.config.log_dirs, exist_ok=True)
-        self.store.load_into(self.metadata)
-        self.metadata.cluster_id = self.config.cluster_id
-        self.metadata.controller_id = self.node_id
-        self.replicas.load(self.metadata.topics, self._configs_by_topic(), self.now_ms())
-        for topic in self.metadata.topics.values():
-            self._open_logs(topic)
         listener = self.config.listener
+        if self.clustered:
+            await self.backend.connect()
+            await self.backend.load_and_watch()
+        else:
+            self.backend.load()
+            self.metadata.controller_id = self.node_id
+        self.replicas.load(self.metadata.topics, self.log_config, self.now_ms())
         self.port = await self.server.start(listener.host, listener.port)
         advertised = self.config.advertised(self.port)
-        self.metadata.brokers = {
-            self.node_id: BrokerInfo(self.node_id, advertised.host, advertised.port, self.config.broker_rack)
-        }
+        me = BrokerInfo(self.node_id, advertised.host, advertised.port, self.config.broker_rack)
+        if self.clustered:
+            ttl = max(1, round(self.config.broker_session_timeout_ms / 1000))
+            await self.backend.register_broker(me, ttl)
+            await self._wait_for(lambda: self.node_id in self.metadata.brokers, 10)
+            await self._campaign()
+            self._tasks.append(asyncio.create_task(self._controller_loop()))
+        else:
+            self.metadata.brokers = {self.node_id: me}
+        await self._apply_all()
         if self.config.metrics_port >= 0:
             self.metrics_port = serve_metrics(self.config.metrics_host, self.config.metrics_port)
-        self._retention_task = asyncio.create_task(self._retention_loop())
+        self._tasks.append(
+            asyncio.create_task(self._every(self.config.log_retention_check_interval_ms / 1000, self.apply_retention))
+        )
+        self._tasks.append(
+            asyncio.create_task(self._every(HW_CHECKPOINT_INTERVAL_S, self.replicas.checkpoint_high_watermarks))
+        )
+        self._tasks.append(
+            asyncio.create_task(self._every(self.config.replica_lag_time_max_ms / 2000, self._shrink_isrs))
+        )
         log.info(
-            "broker started", node_id=self.node_id, host=advertised.host, port=self.port, metrics_port=self.metrics_port
+            "broker started",
+            node_id=self.node_id,
+            rack=self.config.broker_rack,
+            host=advertised.host,
+            port=self.port,
+            clustered=self.clustered,
+            metrics_port=self.metrics_port,
         )
 
     async def stop(self) -> None:
-        if self._retention_task is not None:
-            self._retention_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._retention_task
+        if self.clustered:
+            await self._controlled_shutdown()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
         await self.server.stop()
-        self.replicas.close()
+        await self.replicas.close()
+        if self.clustered:
+            await self.backend.close()
         log.info("broker stopped", node_id=self.node_id)
 
-    def allocate_producer_id(self) -> int:
-        pid = self._pid_block.take()
-        if pid is None:
-            self._pid_block = self.producer_ids.reserve_block()
-            pid = self._pid_block.take()
-            assert pid is not None
-        return pid
+    async def _controlled_shutdown(self) -> None:
+        """Give up our lease so the controller moves leadership away, then wait for it to happen."""
+        await self.backend.deregister_broker(self.node_id)
+        deadline = self.config.controlled_shutdown_timeout_ms / 1000
+        with contextlib.suppress(TimeoutError):
+            await self._wait_for(lambda: not self._leads_any_with_others(), deadline)
 
-    # --- logs ----------------------------------------------------------------------------------
+    def _leads_any_with_others(self) -> bool:
+        return any(len(p.replicas) > 1 for p in self.replicas.leading())
+
+    @staticmethod
+    async def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if time.monotonic() > deadline:
+                raise TimeoutError
+            await asyncio.sleep(0.02)
+
+    async def _every(self, interval: float, action: Callable[[], Any]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                result = action()
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:
+                log.exception("periodic task failed", task=getattr(action, "__name__", str(action)))
+
+    # --- logs and replicas -----------------------------------------------------------------------
 
     def log_config(self, topic: TopicMetadata) -> LogConfig:
         values = effective_values(topic.configs, self.config.broker_value)
         return LogConfig.from_values({name: value for name, (value, _) in values.items()})
 
-    def _configs_by_topic(self) -> dict[str, LogConfig]:
-        return {name: self.log_config(t) for name, t in self.metadata.topics.items()}
+    async def _apply_all(self) -> None:
+        changes: list[RecordKey] = []
+        for topic in self.metadata.topics.values():
+            changes += [("partition", topic.name, str(i)) for i in range(len(topic.partitions))]
+        await self._on_metadata_change(changes)
 
-    def _open_logs(self, topic: TopicMetadata) -> None:
-        config = self.log_config(topic)
-        for index, state in enumerate(topic.partitions):
-            if self.node_id in state.replicas:
-                self.replicas.ensure_log(topic, index, config, self.now_ms())
+    async def _on_metadata_change(self, changes: list[RecordKey]) -> None:
+        now = self.now_ms()
+        for change in changes:
+            kind = change[0]
+            if kind == "topic":
+                name = change[1]
+                topic = self.metadata.topics.get(name)
+                if topic is None:
+                    self.replicas.delete_topic(name)
+                else:
+                    self.replicas.update_config(name, self.log_config(topic))
+            elif kind == "partition":
+                topic = self.metadata.topics.get(change[1])
+                index = int(change[2])
+                if topic is not None and index < len(topic.partitions) and topic.partitions[index].replicas:
+                    self.replicas.apply(topic, index, self.log_config(topic), now)
+            elif kind == "controller" and self.metadata.controller_id == -1 and self.clustered:
+                await self._campaign()
+            elif kind == "broker" and self.clustered and self.metadata.controller_id == self.node_id:
+                await self._reconcile()
 
-    def on_leader_append(self, topic: str, partition: int, plog: PartitionLog) -> None:
-        """Single-replica partitions commit on append; replication replaces this rule."""
-        plog.high_watermark = plog.log_end_offset
+    def on_leader_append(self, partition: Partition) -> None:
+        partition.on_local_append()
+        self.replicas.notify_append()
 
-    async def _retention_loop(self) -> None:
-        interval = self.config.log_retention_check_interval_ms / 1000
-        while True:
-            await asyncio.sleep(interval)
-            self.apply_retention()
+    def on_follower_fetch(self, partition: Partition, follower: int, fetch_offset: int) -> None:
+        if partition.on_follower_fetch(follower, fetch_offset, self.now_ms()):
+            self.replicas.notify_append()
+        state = partition.leader_state
+        if state is not None and state.isr_to_expand():
+            self._propose_isr(partition, sorted(set(state.isr) | set(state.isr_to_expand())))
+
+    def _shrink_isrs(self) -> None:
+        now = self.now_ms()
+        for partition in self.replicas.leading():
+            assert partition.leader_state is not None
+            lagging = partition.leader_state.isr_to_shrink(now, self.config.replica_lag_time_max_ms)
+            if lagging:
+                log.info("shrinking ISR", topic=partition.topic, partition=partition.index, lagging=lagging)
+                self._propose_isr(partition, [r for r in partition.isr if r not in lagging])
+
+    def _propose_isr(self, partition: Partition, isr: list[int]) -> None:
+        """AlterPartition: CAS a new ISR into the store, once at a time per partition."""
+        key = (partition.topic, partition.index)
+        if key in self._isr_updates:
+            return
+        self._isr_updates.add(key)
+
+        async def propose() -> None:
+            try:
+                state = PartitionState(partition.replicas, self.node_id, partition.leader_epoch, isr)
+                ok = await self.backend.update_partition(partition.topic, partition.index, state)
+                if ok:
+                    log.info("ISR changed", topic=partition.topic, partition=partition.index, isr=isr)
+            finally:
+                self._isr_updates.discard(key)
+
+        task = asyncio.create_task(propose())
+        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
 
     def apply_retention(self) -> int:
         deleted = 0
         now = self.now_ms()
-        for key, plog in list(self.replicas.logs.items()):
+        for key, partition in list(self.replicas.partitions.items()):
             try:
-                deleted += plog.apply_retention(now)
+                deleted += partition.log.apply_retention(now)
             except OSError:
                 log.exception("retention failed", partition=key)
         if deleted:
             RETENTION_DELETED_SEGMENTS.inc(deleted)
         return deleted
 
-    # --- metadata changes ----------------------------------------------------------------------
+    # --- controller ----------------------------------------------------------------------------
+
+    async def _campaign(self) -> None:
+        if await self.backend.campaign(self.node_id):
+            log.info("became controller", node_id=self.node_id)
+            await self._reconcile()
+
+    async def _controller_loop(self) -> None:
+        """Periodic safety net: re-run elections in case a CAS lost a race with another writer."""
+        while True:
+            await asyncio.sleep(1.0)
+            try:
+                if self.metadata.controller_id == -1:
+                    await self._campaign()
+                elif self.metadata.controller_id == self.node_id:
+                    await self._reconcile()
+            except Exception:
+                log.exception("controller pass failed")
+
+    async def _reconcile(self) -> None:
+        live = set(self.metadata.brokers)
+        for change in elect_on_broker_change(self.metadata, live):
+            ok = await self.backend.update_partition(change.topic, change.partition, change.state)
+            if ok:
+                log.info(
+                    "partition state changed by controller",
+                    topic=change.topic,
+                    partition=change.partition,
+                    leader=change.state.leader,
+                    epoch=change.state.leader_epoch,
+                    isr=change.state.isr,
+                )
+
+    # --- admin operations ----------------------------------------------------------------------
+
+    async def allocate_producer_id(self) -> int:
+        async with self._pid_lock:
+            pid = self._pid_block.take()
+            if pid is None:
+                self._pid_block = await self.backend.reserve_producer_id_block()
+                pid = self._pid_block.take()
+                assert pid is not None
+            return pid
 
     async def create_topic(
         self,
@@ -138,33 +305,58 @@ class Broker:
         assignments: Sequence[Sequence[int]] = (),
         validate_only: bool = False,
     ) -> TopicMetadata:
-        topic = self.metadata.create_topic(name, partitions, replication_factor, configs, assignments, validate_only)
-        if not validate_only:
-            self._open_logs(topic)
-            self.store.save(self.metadata)
-            log.info("topic created", topic=name, partitions=len(topic.partitions), configs=topic.configs)
-        return topic
+        topic = self.metadata.create_topic(
+            name, partitions, replication_factor, configs, assignments, validate_only=True
+        )
+        if validate_only:
+            return topic
+        if not await self.backend.create_topic(topic):
+            raise MetadataError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
+        await self._wait_for(lambda: self._topic_applied(name, topic.topic_id), 10)
+        log.info("topic created", topic=name, partitions=len(topic.partitions), configs=topic.configs)
+        return self.metadata.topics[name]
+
+    def _topic_applied(self, name: str, topic_id: str) -> bool:
+        topic = self.metadata.topics.get(name)
+        return topic is not None and topic.topic_id == topic_id and all(p.replicas for p in topic.partitions)
 
     async def delete_topic(self, name: str) -> TopicMetadata:
-        topic = self.metadata.delete_topic(name)
-        self.store.save(self.metadata)
-        self.replicas.delete_topic(name)
+        topic = self.metadata.topics.get(name)
+        if topic is None or not await self.backend.delete_topic(name):
+            raise MetadataError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
+        await self._wait_for(lambda: name not in self.metadata.topics, 10)
         log.info("topic deleted", topic=name)
         return topic
 
     async def add_partitions(self, name: str, count: int, validate_only: bool) -> None:
-        topic = self.metadata.add_partitions(name, count, validate_only)
-        if not validate_only:
-            self._open_logs(topic)
-            self.store.save(self.metadata)
+        new = self.metadata.plan_new_partitions(name, count)
+        if validate_only:
+            return
+        current = self.metadata.topics[name]
+        grown = TopicMetadata(
+            current.name, current.topic_id, list(current.partitions), dict(current.configs), current.internal
+        )
+        grown.partitions.extend(state for _, state in sorted(new.items()))
+        if not await self.backend.update_topic(grown, new):
+            raise MetadataError(ErrorCode.invalid_partitions, "topic changed concurrently; retry")
+        await self._wait_for(
+            lambda: self._topic_applied(name, current.topic_id) and len(self.metadata.topics[name].partitions) >= count,
+            10,
+        )
 
     async def alter_topic_configs(self, name: str, updates: Mapping[str, str | None], validate_only: bool) -> None:
-        self.metadata.alter_topic_configs(name, updates, validate_only)
-        if not validate_only:
-            topic = self.metadata.topics[name]
-            self.replicas.update_config(name, self.log_config(topic))
-            self.store.save(self.metadata)
-            log.info("topic configs altered", topic=name, configs=topic.configs)
+        configs = self.metadata.plan_configs(name, updates)
+        if validate_only:
+            return
+        current = self.metadata.topics[name]
+        changed = TopicMetadata(current.name, current.topic_id, list(current.partitions), configs, current.internal)
+        if not await self.backend.update_topic(changed, {}):
+            raise MetadataError(ErrorCode.invalid_config, "topic changed concurrently; retry")
+        await self._wait_for(
+            lambda: self.metadata.topics.get(name) is not None and self.metadata.topics[name].configs == configs, 10
+        )
+        self.replicas.update_config(name, self.log_config(self.metadata.topics[name]))
+        log.info("topic configs altered", topic=name, configs=configs)
 
     def describe_broker_config(self) -> list[tuple[str, str, bool]]:
         """(name, value, explicitly set) for every broker property."""
@@ -177,9 +369,8 @@ class Broker:
             value: Any = getattr(self.config, f.name)
             rendered = "" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
             out.append((prop, rendered, value != getattr(defaults, f.name)))
+        known = {name for name, _, _ in out}
         out.extend(
-            (name, value, True)
-            for name, value in sorted(self.config.topic_defaults.items())
-            if not any(o[0] == name for o in out)
+            (name, value, True) for name, value in sorted(self.config.topic_defaults.items()) if name not in known
         )
         return out

@@ -1,7 +1,9 @@
-"""The partition logs this broker hosts, their directories, and wake-ups for long-polling fetches.
+"""The partition replicas this broker hosts: their logs on disk, roles, fetchers and wake-ups.
 
 A log directory is ``<log.dirs>/<topic>-<partition>`` with a ``partition.metadata`` file holding
 the topic id, so a topic deleted and re-created under the same name never reuses old data.
+``apply`` follows the metadata store: it creates replicas this broker was assigned, switches
+their roles (leader, follower, offline) and moves followers between per-leader fetchers.
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ import contextlib
 import os
 import shutil
 import uuid
+from collections.abc import Callable
 
 import structlog
 
-from diskless.cluster.metadata import TopicMetadata
+from diskless.cluster.metadata import BrokerInfo, PartitionState, TopicMetadata
 from diskless.log.config import LogConfig
 from diskless.log.partition_log import PartitionLog
+from diskless.replication.fetcher import ReplicaFetcher
+from diskless.replication.partition import FOLLOWER, Partition
 
 log = structlog.get_logger(__name__)
 
@@ -24,16 +29,30 @@ PARTITION_METADATA = "partition.metadata"
 
 
 class ReplicaManager:
-    def __init__(self, log_dir: str) -> None:
+    def __init__(
+        self,
+        log_dir: str,
+        node_id: int,
+        lookup: Callable[[int], BrokerInfo | None],
+        fetch_wait_max_ms: int = 500,
+        fetch_max_bytes: int = 1048576,
+    ) -> None:
         self.log_dir = log_dir
+        self.node_id = node_id
+        self.lookup = lookup
+        self.fetch_wait_max_ms = fetch_wait_max_ms
+        self.fetch_max_bytes = fetch_max_bytes
         os.makedirs(log_dir, exist_ok=True)
-        self.logs: dict[tuple[str, int], PartitionLog] = {}
+        self.partitions: dict[tuple[str, int], Partition] = {}
+        self.fetchers: dict[int, ReplicaFetcher] = {}
         self._appended = asyncio.Event()
 
-    # --- lifecycle ---------------------------------------------------------------------------
+    # --- opening and deleting logs ------------------------------------------------------------
 
-    def load(self, topics: dict[str, TopicMetadata], config_for: dict[str, LogConfig], now_ms: int) -> None:
-        """Open logs for every partition we host; delete directories of topics that are gone."""
+    def load(
+        self, topics: dict[str, TopicMetadata], config_for: Callable[[TopicMetadata], LogConfig], now_ms: int
+    ) -> None:
+        """Open logs found on disk that belong to live topics; delete those of topics that are gone."""
         for name in sorted(os.listdir(self.log_dir)):
             path = os.path.join(self.log_dir, name)
             if name.endswith("-delete") and os.path.isdir(path):
@@ -42,53 +61,110 @@ class ReplicaManager:
             if not os.path.isfile(os.path.join(path, PARTITION_METADATA)):
                 continue  # not a partition directory of ours: leave it alone
             topic, _, part = name.rpartition("-")
-            topic_meta = topics.get(topic)
-            stored_id = _read_topic_id(path)
+            meta = topics.get(topic)
             if (
                 not part.isdigit()
-                or topic_meta is None
-                or stored_id != topic_meta.topic_id
-                or int(part) >= len(topic_meta.partitions)
+                or meta is None
+                or _read_topic_id(path) != meta.topic_id
+                or int(part) >= len(meta.partitions)
+                or self.node_id not in meta.partitions[int(part)].replicas
             ):
                 log.info("deleting stale log directory", dir=name)
                 shutil.rmtree(path, ignore_errors=True)
                 continue
-            plog = PartitionLog(path, config_for[topic], now_ms)
+            plog = PartitionLog(path, config_for(meta), now_ms)
             if plog.recovered_bytes_truncated:
                 log.warning("truncated torn log tail", dir=name, bytes=plog.recovered_bytes_truncated)
-            self.logs[(topic, int(part))] = plog
+            self.partitions[(topic, int(part))] = Partition(topic, int(part), plog, self.node_id)
 
-    def ensure_log(self, topic: TopicMetadata, partition: int, config: LogConfig, now_ms: int) -> PartitionLog:
-        key = (topic.name, partition)
-        plog = self.logs.get(key)
-        if plog is None:
-            path = os.path.join(self.log_dir, f"{topic.name}-{partition}")
+    def _ensure(self, topic: TopicMetadata, index: int, config: LogConfig, now_ms: int) -> Partition:
+        key = (topic.name, index)
+        partition = self.partitions.get(key)
+        if partition is None:
+            path = os.path.join(self.log_dir, f"{topic.name}-{index}")
             os.makedirs(path, exist_ok=True)
             with open(os.path.join(path, PARTITION_METADATA), "w") as f:
                 f.write(f"version: 0\ntopic_id: {topic.topic_id}\n")
-            plog = PartitionLog(path, config, now_ms)
-            self.logs[key] = plog
-        return plog
+            partition = Partition(topic.name, index, PartitionLog(path, config, now_ms), self.node_id)
+            self.partitions[key] = partition
+        return partition
 
     def delete_topic(self, name: str) -> None:
-        for key in [k for k in self.logs if k[0] == name]:
-            plog = self.logs.pop(key)
-            for segment in plog.segments:
-                segment.close()
-            # Rename first so a crash mid-delete never leaves a directory that looks live.
-            doomed = f"{plog.directory}.{uuid.uuid4().hex}-delete"
-            os.rename(plog.directory, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
+        for key in [k for k in self.partitions if k[0] == name]:
+            self._drop(key)
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        partition = self.partitions.pop(key)
+        for fetcher in self.fetchers.values():
+            fetcher.remove(key)
+        partition.apply_state(PartitionState(replicas=[], leader=-1, leader_epoch=partition.leader_epoch + 1), 0)
+        for segment in partition.log.segments:
+            segment.close()
+        # Rename first so a crash mid-delete never leaves a directory that looks live.
+        doomed = f"{partition.log.directory}.{uuid.uuid4().hex}-delete"
+        os.rename(partition.log.directory, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
 
     def update_config(self, topic: str, config: LogConfig) -> None:
-        for (name, _), plog in self.logs.items():
+        for (name, _), partition in self.partitions.items():
             if name == topic:
-                plog.update_config(config)
+                partition.log.update_config(config)
 
-    def close(self) -> None:
-        for plog in self.logs.values():
-            plog.close(clean=True)
-        self.logs.clear()
+    # --- following the metadata store -----------------------------------------------------------
+
+    def apply(self, topic: TopicMetadata, index: int, config: LogConfig, now_ms: int) -> Partition | None:
+        """Bring one partition replica in line with its stored state; returns it if hosted here."""
+        state = topic.partitions[index]
+        key = (topic.name, index)
+        if self.node_id not in state.replicas:
+            if key in self.partitions:
+                self._drop(key)
+            return None
+        partition = self._ensure(topic, index, config, now_ms)
+        changed = partition.apply_state(state, now_ms)
+        if changed is not None:
+            log.info(
+                "partition role",
+                topic=topic.name,
+                partition=index,
+                role=changed,
+                epoch=state.leader_epoch,
+                leader=state.leader,
+            )
+        for leader_id, fetcher in self.fetchers.items():
+            if partition.role != FOLLOWER or leader_id != partition.leader_id:
+                fetcher.remove(key)
+        if partition.role == FOLLOWER:
+            self._fetcher_for(partition.leader_id).add(partition)
+        if changed is not None:
+            self.notify_append()  # wake long polls so they re-check leadership
+        return partition
+
+    def _fetcher_for(self, leader_id: int) -> ReplicaFetcher:
+        fetcher = self.fetchers.get(leader_id)
+        if fetcher is None:
+            fetcher = ReplicaFetcher(
+                self.node_id, leader_id, self.lookup, self.fetch_wait_max_ms, self.fetch_max_bytes, self.notify_append
+            )
+            fetcher.start()
+            self.fetchers[leader_id] = fetcher
+        return fetcher
+
+    def leading(self) -> list[Partition]:
+        return [p for p in self.partitions.values() if p.leader_state is not None]
+
+    async def close(self) -> None:
+        for fetcher in self.fetchers.values():
+            await fetcher.stop()
+        self.fetchers.clear()
+        for partition in self.partitions.values():
+            partition.log.close(clean=True)
+        self.partitions.clear()
+
+    def checkpoint_high_watermarks(self) -> None:
+        for partition in self.partitions.values():
+            with contextlib.suppress(OSError):
+                partition.log.checkpoint_high_watermark()
 
     # --- long-poll wake-ups -------------------------------------------------------------------
 
@@ -96,7 +172,7 @@ class ReplicaManager:
         self._appended.set()
 
     async def wait_for_append(self, timeout: float) -> None:
-        """Wait until some partition receives data, or ``timeout`` seconds pass."""
+        """Wait until some partition receives data (or changes role), or ``timeout`` seconds pass."""
         self._appended.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._appended.wait(), timeout)

@@ -20,7 +20,7 @@ from diskless.metrics import CONNECTIONS, REQUEST_ERRORS, REQUESTS, bytes_counte
 from diskless.protocol import messages as m
 from diskless.protocol.framing import FrameDecoder, FrameError
 
-from .apis import KafkaApis, api_version_entries
+from .apis import CloseConnection, KafkaApis, api_version_entries
 
 log = structlog.get_logger(__name__)
 
@@ -146,6 +146,10 @@ class Connection:
                 header, response = item
                 try:
                     frame = await response
+                except CloseConnection as exc:
+                    log.info("closing connection", peer=self.peer, api=header.api_key, reason=str(exc))
+                    self.writer.close()
+                    return
                 except Exception:
                     log.exception("request handler failed; closing connection", peer=self.peer, api=header.api_key)
                     self.writer.close()

@@ -12,12 +12,14 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from kio.schema.errors import ErrorCode
 
 from diskless.log.config import ConfigError, canonical_name, validate_overrides
+
+from .producer_ids import LocalProducerIdStore, ProducerIdBlock
 
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME = 249
@@ -158,10 +160,15 @@ class ClusterMetadata:
             raise MetadataError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
         return topic
 
-    def add_partitions(self, name: str, count: int, validate_only: bool = False) -> TopicMetadata:
+    def _existing(self, name: str) -> TopicMetadata:
         topic = self.topics.get(name)
         if topic is None:
             raise MetadataError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
+        return topic
+
+    def plan_new_partitions(self, name: str, count: int) -> dict[int, PartitionState]:
+        """States of the partitions that growing ``name`` to ``count`` partitions adds."""
+        topic = self._existing(name)
         current = len(topic.partitions)
         if count <= current:
             raise MetadataError(
@@ -169,28 +176,32 @@ class ClusterMetadata:
                 f"Topic currently has {current} partitions, which is higher than the requested {count}.",
             )
         rf = len(topic.partitions[0].replicas)
-        new = self._assign(count - current, rf, current)
+        return dict(enumerate(self._assign(count - current, rf, current), start=current))
+
+    def add_partitions(self, name: str, count: int, validate_only: bool = False) -> TopicMetadata:
+        new = self.plan_new_partitions(name, count)
+        topic = self.topics[name]
         if not validate_only:
-            topic.partitions.extend(new)
+            topic.partitions.extend(state for _, state in sorted(new.items()))
         return topic
 
-    def alter_topic_configs(self, name: str, updates: Mapping[str, str | None], validate_only: bool = False) -> None:
-        """Apply set (value) / delete (None) updates to a topic's overrides."""
-        topic = self.topics.get(name)
-        if topic is None:
-            raise MetadataError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
-        merged = dict(topic.configs)
+    def plan_configs(self, name: str, updates: Mapping[str, str | None]) -> dict[str, str]:
+        """A topic's overrides after set (value) / delete (None) updates, validated."""
+        merged = dict(self._existing(name).configs)
         for key, value in updates.items():
             if value is None:
                 merged.pop(canonical_name(key), None)
             else:
                 merged[canonical_name(key)] = value
         try:
-            validated = validate_overrides(merged)
+            return validate_overrides(merged)
         except ConfigError as exc:
             raise MetadataError(ErrorCode.invalid_config, str(exc)) from None
+
+    def alter_topic_configs(self, name: str, updates: Mapping[str, str | None], validate_only: bool = False) -> None:
+        validated = self.plan_configs(name, updates)
         if not validate_only:
-            topic.configs = validated
+            self.topics[name].configs = validated
 
     # --- serialisation ---------------------------------------------------------------------------
 
@@ -272,23 +283,70 @@ def apply_record(metadata: ClusterMetadata, path: str, value: bytes | None) -> R
     return None
 
 
-class LocalMetadataStore:
-    """Single-broker persistence: the metadata JSON written atomically next to the logs."""
+class LocalBackend:
+    """Single-broker metadata storage: the whole state as one JSON file, written atomically.
 
-    def __init__(self, path: str) -> None:
+    Offers the same operations as the etcd store, so the broker has one code path: a change is
+    written, applied to the in-memory metadata, and reported through ``on_change``.
+    """
+
+    def __init__(self, path: str, metadata: ClusterMetadata) -> None:
         self.path = path
+        self.metadata = metadata
+        self.on_change: Callable[[list[RecordKey]], Awaitable[None]] | None = None
+        self._pid_store = LocalProducerIdStore(path + ".producer-ids")
 
-    def load_into(self, metadata: ClusterMetadata) -> None:
+    def load(self) -> None:
         try:
             with open(self.path) as f:
-                metadata.load_json(f.read())
+                self.metadata.load_json(f.read())
         except FileNotFoundError:
             pass
 
-    def save(self, metadata: ClusterMetadata) -> None:
+    def _save(self) -> None:
         tmp = self.path + ".tmp"
         with open(tmp, "w") as f:
-            f.write(metadata.to_json())
+            f.write(self.metadata.to_json())
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.path)
+
+    async def _changed(self, changes: list[RecordKey]) -> None:
+        self._save()
+        if self.on_change is not None:
+            await self.on_change(changes)
+
+    async def create_topic(self, topic: TopicMetadata) -> bool:
+        if topic.name in self.metadata.topics:
+            return False
+        self.metadata.topics[topic.name] = topic
+        await self._changed(
+            [("topic", topic.name)] + [("partition", topic.name, str(i)) for i in range(len(topic.partitions))]
+        )
+        return True
+
+    async def delete_topic(self, name: str) -> bool:
+        if self.metadata.topics.pop(name, None) is None:
+            return False
+        await self._changed([("topic", name)])
+        return True
+
+    async def update_topic(self, topic: TopicMetadata, new_partitions: dict[int, PartitionState]) -> bool:
+        """Replace a topic's record; ``topic.partitions`` already includes ``new_partitions``."""
+        current = self.metadata.topics.get(topic.name)
+        if current is None or current.topic_id != topic.topic_id:
+            return False
+        self.metadata.topics[topic.name] = topic
+        await self._changed([("topic", topic.name)] + [("partition", topic.name, str(i)) for i in new_partitions])
+        return True
+
+    async def update_partition(self, topic: str, partition: int, state: PartitionState) -> bool:
+        meta = self.metadata.topics.get(topic)
+        if meta is None or partition >= len(meta.partitions):
+            return False
+        meta.partitions[partition] = state
+        await self._changed([("partition", topic, str(partition))])
+        return True
+
+    async def reserve_producer_id_block(self) -> ProducerIdBlock:
+        return self._pid_store.reserve_block()

@@ -24,6 +24,7 @@ from .segment import LogSegment
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 LOG_START_FILE = "log-start-offset"
 EPOCH_FILE = "leader-epoch-checkpoint"
+HW_FILE = "high-watermark-checkpoint"
 _OFFSET_INDEX_ENTRY = 8
 
 
@@ -58,6 +59,7 @@ class PartitionLog:
         self.high_watermark = 0
         self.recovered_bytes_truncated = 0
         self.producer_state = ProducerStateManager()
+        self._checkpointed_hw = -1
         self._load(now_ms)
 
     # --- loading ------------------------------------------------------------------------------
@@ -80,11 +82,27 @@ class PartitionLog:
             self.log_start_offset = 0
         self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
         self.epochs.truncate_from_end(self.log_end_offset)
-        # Everything on disk of a single replica is committed; replication lowers this on followers.
-        self.high_watermark = self.log_end_offset
+        # A stale checkpoint only under-reports; the leader role recomputes the HW from the ISR.
+        self.high_watermark = min(self._read_checkpointed_hw(), self.log_end_offset)
         self._rebuild_producer_state()
         if clean:
             os.unlink(clean_marker)
+
+    def _read_checkpointed_hw(self) -> int:
+        try:
+            with open(os.path.join(self.directory, HW_FILE)) as f:
+                return int(f.read().strip() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def checkpoint_high_watermark(self) -> None:
+        if self.high_watermark == self._checkpointed_hw:
+            return
+        tmp = os.path.join(self.directory, HW_FILE + ".tmp")
+        with open(tmp, "w") as f:
+            f.write(str(self.high_watermark))
+        os.replace(tmp, os.path.join(self.directory, HW_FILE))
+        self._checkpointed_hw = self.high_watermark
 
     def _rebuild_producer_state(self) -> None:
         """Latest usable snapshot, then replay of the batches written after it."""
@@ -200,7 +218,9 @@ class PartitionLog:
             if segment.base_offset >= limit:
                 break
             data = segment.read(offset, max_bytes, limit, min_one)
-            if data:
+            if data or segment.next_offset > offset:
+                # Only a segment holding nothing at or after ``offset`` hands the read to the next one;
+                # otherwise a batch too big for max_bytes (min_one off) would be skipped over.
                 break
         return ReadResult(data, self.log_start_offset, self.log_end_offset)
 
@@ -322,6 +342,16 @@ class PartitionLog:
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
         self._rebuild_producer_state()
 
+    def truncate_fully_and_start_at(self, offset: int, now_ms: int) -> None:
+        """Drop the whole log and continue at ``offset`` (a follower behind the leader's log start)."""
+        for segment in self.segments:
+            segment.delete()
+        self.segments = [LogSegment(self.directory, offset, self.config.index_interval_bytes, now_ms)]
+        self._set_log_start(offset)
+        self.epochs.truncate_from_end(offset)
+        self.high_watermark = offset
+        self._rebuild_producer_state()
+
     # --- lifecycle ------------------------------------------------------------------------------
 
     def update_config(self, config: LogConfig) -> None:
@@ -334,6 +364,7 @@ class PartitionLog:
 
     def close(self, clean: bool = True) -> None:
         if clean:
+            self.checkpoint_high_watermark()
             write_snapshot(self.directory, self.log_end_offset, self.producer_state)
         for segment in self.segments:
             if clean:

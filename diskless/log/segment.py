@@ -166,7 +166,14 @@ class LogSegment:
         checked while both indexes are rebuilt. Otherwise the index files are trusted when they
         are consistent, and only the batches after the last index entry are walked.
         """
-        if not verify and self.offset_index.load(self.size) and self.time_index.load(2**63 - 1):
+        # The first batch is always indexed, so empty indexes over a non-empty log (missing or
+        # emptied files) are inconsistent too: trusting them would lose the max timestamp.
+        if (
+            not verify
+            and self.offset_index.load(self.size)
+            and self.time_index.load(2**63 - 1)
+            and (self.size == 0 or (len(self.offset_index) > 0 and self.time_index.last_entry() is not None))
+        ):
             self._restore_from_indexes()
             return 0
         self.offset_index.clear()
@@ -212,11 +219,15 @@ class LogSegment:
         return truncated
 
     def truncate_to(self, offset: int) -> int:
-        """Drop every batch whose base offset is >= ``offset``; returns bytes removed."""
+        """Drop every batch holding an offset >= ``offset``; returns bytes removed.
+
+        A batch straddling ``offset`` goes too (Kafka's LogSegment.truncateTo), so nothing at or
+        after ``offset`` survives and the segment ends at that batch's base offset.
+        """
         location = self.locate(offset)
         if location is None:
             return 0
-        cut = location.position if location.base_offset >= offset else location.position + location.size
+        cut = location.position
         removed = self.size - cut
         os.ftruncate(self._fd, cut)
         self.size = cut
