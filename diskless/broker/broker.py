@@ -70,6 +70,7 @@ class Broker:
         self._pid_lock = asyncio.Lock()
         self._isr_updates: set[tuple[str, int]] = set()
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
         self.port = -1
         self.metrics_port = -1
 
@@ -127,6 +128,7 @@ class Broker:
         )
 
     async def stop(self) -> None:
+        self._stopping = True
         if self.clustered:
             await self._controlled_shutdown()
         for task in self._tasks:
@@ -198,7 +200,7 @@ class Broker:
                     self.replicas.apply(topic, index, self.log_config(topic), now)
             elif kind == "controller" and self.metadata.controller_id == -1 and self.clustered:
                 await self._campaign()
-            elif kind == "broker" and self.clustered and self.metadata.controller_id == self.node_id:
+            elif kind == "broker" and self.clustered and self._is_controller():
                 await self._reconcile()
 
     def on_leader_append(self, partition: Partition) -> None:
@@ -255,9 +257,14 @@ class Broker:
     # --- controller ----------------------------------------------------------------------------
 
     async def _campaign(self) -> None:
+        if self._stopping:
+            return
         if await self.backend.campaign(self.node_id):
             log.info("became controller", node_id=self.node_id)
             await self._reconcile()
+
+    def _is_controller(self) -> bool:
+        return self.metadata.controller_id == self.node_id and not self._stopping
 
     async def _controller_loop(self) -> None:
         """Periodic safety net: re-run elections in case a CAS lost a race with another writer."""
@@ -266,7 +273,7 @@ class Broker:
             try:
                 if self.metadata.controller_id == -1:
                     await self._campaign()
-                elif self.metadata.controller_id == self.node_id:
+                elif self._is_controller():
                     await self._reconcile()
             except Exception:
                 log.exception("controller pass failed")

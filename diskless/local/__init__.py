@@ -1,0 +1,1 @@
+"""Local development cluster: server process wrappers and the ``diskless dev`` launcher."""

