@@ -10,7 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from support import BrokerProcess  # noqa: E402
+from support import BrokerProcess
 
 
 @pytest.fixture
