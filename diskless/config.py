@@ -126,10 +126,10 @@ def load_config(
     overrides: Mapping[str, str] | None = None,
 ) -> BrokerConfig:
     raw: dict[str, str] = {}
-    if path:
-        raw.update(read_properties(path))
-    raw.update(env_properties(os.environ if environ is None else environ))
-    raw.update(overrides or {})
+    sources = (read_properties(path) if path else {}, env_properties(os.environ if environ is None else environ))
+    for source in (*sources, overrides or {}):
+        # Canonical names here, so that a later source wins even when it spells the alias.
+        raw.update({_ALIASES.get(name, name): value for name, value in source.items()})
     values: dict[str, Any] = {}
     topic_defaults: dict[str, str] = {}
     for name, value in raw.items():

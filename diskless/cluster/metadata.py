@@ -57,7 +57,7 @@ class TopicMetadata:
 
 
 def validate_topic_name(name: str) -> None:
-    if not name or name in (".", "..") or len(name) > MAX_TOPIC_NAME or not _LEGAL_TOPIC.match(name):
+    if not name or name in (".", "..") or len(name) > MAX_TOPIC_NAME or not _LEGAL_TOPIC.fullmatch(name):
         raise MetadataError(ErrorCode.invalid_topic_exception, f"Topic name {name!r} is illegal")
 
 

