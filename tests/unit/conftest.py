@@ -12,7 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 # Modest defaults keep the whole unit suite well under a minute; raise with HYPOTHESIS_PROFILE=thorough.
 settings.register_profile(
-    "unit", max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    "unit", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
 )
 settings.register_profile("thorough", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "unit"))

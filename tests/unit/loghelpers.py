@@ -6,13 +6,16 @@ import os
 from typing import Any
 
 from batches import DecodedRecord, decode_all, split, values_batch
+
 from diskless.log.config import LogConfig
 from diskless.log.partition_log import AppendResult, PartitionLog
 
 T0 = 1_700_000_000_000
 
 
-def open_log(directory: str | os.PathLike[str], now_ms: int = T0, *, commit: bool = True, **config: Any) -> PartitionLog:
+def open_log(
+    directory: str | os.PathLike[str], now_ms: int = T0, *, commit: bool = True, **config: Any
+) -> PartitionLog:
     """Open a log; with ``commit`` the high watermark is moved to the log end, as a sole leader does."""
     log = PartitionLog(str(directory), LogConfig(**config), now_ms)
     if commit:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+from itertools import pairwise
 
 import pytest
 from hypothesis import given
@@ -15,7 +16,7 @@ MAX = 1024
 
 def _chunks(stream: bytes, cuts: list[int]) -> list[bytes]:
     points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
-    return [stream[a:b] for a, b in zip(points, points[1:], strict=False)]
+    return [stream[a:b] for a, b in pairwise(points)]
 
 
 @given(bodies=st.lists(st.binary(max_size=200), max_size=20), cuts=st.lists(st.integers(0, 10**6), max_size=40))

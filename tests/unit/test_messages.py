@@ -9,13 +9,13 @@ import uuid
 from typing import Any
 
 import pytest
+from batches import decode_all, values_batch
 from hypothesis import given
 from hypothesis import strategies as st
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
-from batches import decode_all, values_batch
 from diskless.protocol import messages as m
 
 
@@ -142,7 +142,9 @@ def test_decode_fetch_request(version: int) -> None:
             "max_bytes": 1 << 20,
             "isolation_level": 0,
             "session_epoch": -1,
-            "topics": [{topic_key: "t", "partitions": [{"partition": 0, "fetch_offset": 5, "partition_max_bytes": 100}]}],
+            "topics": [
+                {topic_key: "t", "partitions": [{"partition": 0, "fetch_offset": 5, "partition_max_bytes": 100}]}
+            ],
         },
     )
     head = _header(m.API_FETCH, version, 7, None) + (b"\x00" if version >= 12 else b"")

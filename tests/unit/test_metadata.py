@@ -192,7 +192,7 @@ def test_bad_config_values(name: str, value: str | None) -> None:
 
 
 def test_unknown_config_name() -> None:
-    with pytest.raises(ConfigError, match="Unknown topic config name: retention.millis"):
+    with pytest.raises(ConfigError, match=r"Unknown topic config name: retention\.millis"):
         validate_overrides({"retention.millis": "1"})
 
 

@@ -7,13 +7,13 @@ import random
 from pathlib import Path
 
 import pytest
+from batches import CODECS, LZ4, ZSTD, Record, crc_ok, decode_all, decode_batch, make_batch
 from hypothesis import given
 from hypothesis import strategies as st
+from loghelpers import T0, batches_of, log_files, open_log, produce, read_records
 
-from batches import CODECS, LZ4, ZSTD, Record, crc_ok, decode_all, decode_batch, make_batch
 from diskless.log.partition_log import OffsetOutOfRange, PartitionLog
 from diskless.protocol.records import InvalidBatch
-from loghelpers import T0, batches_of, log_files, open_log, produce, read_records
 
 
 def _expected_values(sizes: list[int]) -> list[tuple[int, bytes]]:

@@ -8,10 +8,10 @@ import struct
 from pathlib import Path
 
 import pytest
-
 from batches import GZIP, SNAPPY, values_batch
-from diskless.log.partition_log import CLEAN_SHUTDOWN_FILE, PartitionLog
 from loghelpers import T0, batches_of, log_files, open_log, produce, read_records
+
+from diskless.log.partition_log import CLEAN_SHUTDOWN_FILE, PartitionLog
 
 CONFIG = {"segment_bytes": 700, "index_interval_bytes": 150}
 
@@ -76,7 +76,7 @@ def test_clean_reopen_keeps_everything(tmp_path: Path) -> None:
     assert _contents(log) == contents
     assert log.offset_for_timestamp(T0 + 95) == by_time
     # producer state survived: a retry of the last batch is a duplicate, the next sequence is accepted
-    last_pos, last_base, _ = _last_batch_position(log)
+    _, last_base, _ = _last_batch_position(log)
     last = batches_of(log.read(last_base, 1).records)[0]
     (count,) = struct.unpack_from(">i", last, 57)
     retry = produce(log, count, tag="retry", producer_id=1000, producer_epoch=0, base_sequence=last_base)
@@ -217,7 +217,7 @@ def test_stale_snapshot_beyond_the_recovered_end_is_ignored(tmp_path: Path) -> N
     with open(_active_log_file(tmp_path), "r+b") as f:
         f.truncate(position + 5)
     log = _reopen(tmp_path)
-    assert log.log_end_offset == 3
+    assert log.log_end_offset == base == 3
     log.high_watermark = 3
     assert not any(name.startswith(f"{4:020d}") for name in os.listdir(tmp_path))
     result = produce(log, 1, tag="s3", producer_id=9, producer_epoch=0, base_sequence=3)

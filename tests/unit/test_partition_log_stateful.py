@@ -6,13 +6,13 @@ import dataclasses
 import shutil
 import tempfile
 
+from batches import CODECS, Record, decode_all, decode_batch, make_batch
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
-
-from batches import CODECS, Record, decode_all, decode_batch, make_batch
-from diskless.log.partition_log import PartitionLog
 from loghelpers import T0, batches_of, open_log
+
+from diskless.log.partition_log import PartitionLog
 
 CONFIG = {"segment_bytes": 400, "index_interval_bytes": 64}
 
@@ -178,5 +178,5 @@ class PartitionLogMachine(RuleBasedStateMachine):
             assert seg.next_offset == nxt.base_offset or seg.size == 0
 
 
-PartitionLogMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=25, deadline=None)
+PartitionLogMachine.TestCase.settings = settings(max_examples=80, stateful_step_count=30, deadline=None)
 TestPartitionLogStateful = PartitionLogMachine.TestCase

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from batches import make_batch
 from hypothesis import given
 from hypothesis import strategies as st
+from loghelpers import T0, open_log, produce, read_records
 
-from batches import make_batch
 from diskless.log import producer_state as ps
 from diskless.protocol.records import BatchHeader, InvalidBatch, parse_header
-from loghelpers import T0, open_log, produce, read_records
 
 PID = 4242
 INT32_MAX = 2**31 - 1

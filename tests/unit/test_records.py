@@ -5,9 +5,6 @@ from __future__ import annotations
 import struct
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
-
 from batches import (
     CODEC_NAMES,
     CODECS,
@@ -22,6 +19,9 @@ from batches import (
     make_batch,
     values_batch,
 )
+from hypothesis import given
+from hypothesis import strategies as st
+
 from diskless.protocol import records as r
 
 TS = 1_700_000_000_000
@@ -223,7 +223,9 @@ def test_set_log_append_time_keeps_crc_valid(now: int, codec: int) -> None:
 @pytest.mark.parametrize("codec", CODECS, ids=[CODEC_NAMES[c] for c in CODECS])
 def test_iter_record_timestamps_every_codec(codec: int) -> None:
     timestamps = [TS + 5, TS, TS + 100, TS - 3, TS + 100, TS + 7]
-    batch = make_batch([Record(f"r{i}".encode() * 50, timestamp=t) for i, t in enumerate(timestamps)], compression=codec)
+    batch = make_batch(
+        [Record(f"r{i}".encode() * 50, timestamp=t) for i, t in enumerate(timestamps)], compression=codec
+    )
     batch = bytearray(batch)
     r.assign_offset(batch, 1000, 0)
     assert list(r.iter_record_timestamps(bytes(batch))) == [(1000 + i, t) for i, t in enumerate(timestamps)]
