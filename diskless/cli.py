@@ -68,16 +68,22 @@ def main(argv: list[str] | None = None) -> int:
     broker.add_argument("--rack", help="availability zone (broker.rack)")
     broker.add_argument("--ready-file", help="write the bound port here once serving")
     broker.add_argument("--log-level", default="INFO")
-    dev = sub.add_parser("dev", help="run a local cluster and a short demo (make run)")
-    dev.add_argument("--data-dir", default="./data")
-    dev.add_argument("--brokers", type=int, default=1)
-    dev.add_argument("--port", type=int, default=9092, help="port of the first broker (0 picks one)")
+    dev = sub.add_parser(
+        "dev",
+        help="run a local cluster (S3, etcd, brokers in AZs on 127.0.<az>.x) and a short demo (make run)",
+    )
+    dev.add_argument("--brokers", type=int, default=3, help="number of brokers (default 3)")
+    dev.add_argument("--azs", type=int, default=3, help="AZs az-1..az-K, brokers round-robin (default 3)")
+    dev.add_argument("--data-dir", default="./data", help="where etcd, S3 and the brokers keep their data (reused)")
+    dev.add_argument(
+        "--port", type=int, default=9092, help="port of the first broker, then +1 per broker (0: free ports)"
+    )
     dev.add_argument("--no-demo", action="store_true", help="skip the produce/consume demo")
     args = parser.parse_args(argv)
     if args.command == "dev":
         from diskless.dev import run_dev
 
-        return run_dev(args.data_dir, args.brokers, args.port, not args.no_demo)
+        return run_dev(args.data_dir, args.brokers, args.azs, args.port, not args.no_demo)
     configure_logging(args.log_level)
     return asyncio.run(_run_broker(args))
 

@@ -1,109 +1,520 @@
-"""``diskless dev``: a local cluster for trying diskless out, used by ``make run``.
+"""``diskless dev``: a local cluster on loopback for trying diskless out, used by ``make run``.
 
-Starts broker processes on loopback, writes ``DIR/cluster.json`` describing how to reach them,
-runs a short end-to-end demo (create a topic, produce, consume) and keeps the cluster up until
-Ctrl-C or SIGTERM, then stops every process it started. Until the cluster issue lands this runs a
-single broker; the object store and etcd join here with it.
+Starts the embedded S3 server (SeaweedFS ``weed mini``, or MinIO when a ``minio`` binary is on
+PATH) with a bucket named ``diskless``, one etcd, and N ``diskless broker`` processes assigned
+round-robin to K availability zones ``az-1..az-K``. Each AZ has its own loopback network, so
+traffic between AZs is visible by address: the brokers of ``az-1`` listen on 127.0.1.1, 127.0.1.2,
+..., those of ``az-2`` on 127.0.2.x, and so on. ``DIR/cluster.json`` describes how to reach
+everything; a short demo (a replicated topic, 1000 records produced with acks=all and consumed
+back) shows where each partition's replicas live.
+
+The cluster stays up until Ctrl-C or SIGTERM, or until one of its processes dies unexpectedly.
+Shutdown is ordered: brokers first, one at a time with SIGTERM (controlled shutdown hands their
+leaderships over), then etcd, then the S3 server. Children run in their own session, so a Ctrl-C
+at the terminal reaches only this launcher; if the launcher itself is killed they get SIGTERM.
+
+Everything lives under DIR and is reused by the next start: etcd keeps the cluster metadata
+(topics, partition states) and each broker keeps its partition logs in ``DIR/broker-<id>``, so a
+restart keeps topics and records. Delete DIR for a fresh cluster.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+import fcntl
 import json
+import os
 import signal
-import subprocess
+import socket
 import sys
 import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
+from typing import Any, TextIO
 
+from diskless.local.servers import BrokerServer, EtcdServer, ManagedProcess, S3Server, free_port
 from diskless.logs import configure_logging
 
-
-def _wait_ready(path: Path, proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"broker exited with code {proc.returncode}")
-        if path.exists() and path.read_text().strip():
-            return int(path.read_text().strip())
-        time.sleep(0.05)
-    raise TimeoutError("broker did not become ready")
-
-
-async def _demo(bootstrap: str, topic: str) -> tuple[int, float]:
-    from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
-
-    count = 1000
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", compression_type="zstd")
-    await producer.start()
-    started = time.monotonic()
-    try:
-        for i in range(count):
-            await producer.send(topic, key=f"key-{i}".encode(), value=f"hello diskless #{i}".encode())
-        await producer.flush()
-    finally:
-        await producer.stop()
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None)
-    await consumer.start()
-    seen = 0
-    try:
-        deadline = time.monotonic() + 30
-        while seen < count and time.monotonic() < deadline:
-            batches = await consumer.getmany(timeout_ms=1000)
-            seen += sum(len(v) for v in batches.values())
-    finally:
-        await consumer.stop()
-    return seen, time.monotonic() - started
+BUCKET = "diskless"
+DEMO_TOPIC = "diskless-demo"
+DEMO_PARTITIONS = 6
+DEMO_RECORDS = 1000
+SESSION_TIMEOUT_MS = 6000
+# A broker hands its leaderships over in well under a second here; the last broker to stop has
+# nobody to hand them to and would otherwise wait the full default (15 s).
+CONTROLLED_SHUTDOWN_TIMEOUT_MS = 3000
+MAX_PER_OCTET = 254
 
 
-def run_dev(data_dir: str, brokers: int, port: int, demo: bool) -> int:
-    configure_logging("WARNING")
-    if brokers != 1:
-        print("diskless dev: multi-broker clusters arrive with the cluster work; starting 1 broker", file=sys.stderr)
-    root = Path(data_dir).resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    ready = root / "broker-0.ready"
-    ready.unlink(missing_ok=True)
-    log_file = open(root / "broker-0.log", "ab")  # noqa: SIM115 - owned by the child
-    cmd = [
-        sys.executable, "-m", "diskless", "broker",
-        "--node-id", "0",
-        "--listeners", f"PLAINTEXT://127.0.0.1:{port}",
-        "--log-dirs", str(root / "broker-0"),
-        "--ready-file", str(ready),
-        "--override", "metrics.port=0",
-    ]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
-    log_file.close()
-    stop = False
+class _Stop(Exception):
+    """Startup or the demo was cut short by a signal."""
 
-    def on_signal(signum: int, frame: object) -> None:
-        nonlocal stop
-        stop = True
 
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        bound = _wait_ready(ready, proc)
-        bootstrap = f"127.0.0.1:{bound}"
-        info = {"bootstrap_servers": {"local": bootstrap}, "brokers": [{"node_id": 0, "pid": proc.pid, "port": bound}]}
-        (root / "cluster.json").write_text(json.dumps(info, indent=2))
-        print(f"diskless is running: bootstrap.servers={bootstrap}")
-        print(f"  cluster description: {root / 'cluster.json'}")
-        print(f"  broker log:          {root / 'broker-0.log'}")
-        if demo:
-            topic = "diskless-demo"
-            seen, took = asyncio.run(_demo(bootstrap, topic))
-            print(f"  demo: produced 1000 records to '{topic}' (acks=all, zstd) and consumed {seen} in {took:.2f}s")
-        print(f"  try: kcat -b {bootstrap} -L      |  Ctrl-C stops the cluster")
-        while not stop and proc.poll() is None:
+@dataclass(frozen=True)
+class BrokerSlot:
+    """Where one broker of the dev cluster lives: its id, AZ and loopback address."""
+
+    node_id: int
+    az: str
+    host: str
+
+
+def layout(brokers: int, azs: int) -> list[BrokerSlot]:
+    """Broker i (0-based) goes to AZ ``i % azs``; the AZ number and the rank inside it make the address."""
+    slots = []
+    for i in range(brokers):
+        az = i % azs + 1
+        slots.append(BrokerSlot(node_id=i + 1, az=f"az-{az}", host=f"127.0.{az}.{i // azs + 1}"))
+    return slots
+
+
+def port_free(host: str, port: int) -> bool:
+    """Can a listener bind ``host:port``? SO_REUSEADDR as asyncio sets it, so TIME_WAIT does not count."""
+    if not 0 < port <= 65535:
+        return False
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+@dataclass
+class StopRequest:
+    """Set by SIGINT/SIGTERM; a second signal while stopping asks to kill what is left."""
+
+    signal: int | None = None
+    force: bool = False
+    stopping: bool = False
+
+    def handler(self, signum: int, frame: FrameType | None) -> None:
+        if self.signal is None:
+            self.signal = signum
+        elif self.stopping:
+            self.force = True
+
+    def check(self) -> None:
+        if self.signal is not None:
+            raise _Stop(signal.Signals(self.signal).name)
+
+
+@dataclass
+class DevCluster:
+    root: Path
+    slots: list[BrokerSlot]
+    requested_port: int
+    out: TextIO
+    request: StopRequest
+    s3: S3Server | None = None
+    etcd: EtcdServer | None = None
+    brokers: list[BrokerServer] = field(default_factory=list)
+
+    # --- start -----------------------------------------------------------------------------------
+
+    def say(self, line: str = "") -> None:
+        print(line, file=self.out, flush=True)
+
+    def processes(self) -> list[ManagedProcess]:
+        head: list[ManagedProcess] = [p for p in (self.s3, self.etcd) if p is not None]
+        return [*head, *self.brokers]
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        self.etcd = self._start_etcd()
+        self.say(f"  etcd       http://{self.etcd.endpoint}  pid {self.etcd.pid}")
+        self.request.check()
+        overrides = {
+            "broker.session.timeout.ms": str(SESSION_TIMEOUT_MS),
+            "controlled.shutdown.timeout.ms": str(CONTROLLED_SHUTDOWN_TIMEOUT_MS),
+            "default.replication.factor": str(min(3, len(self.slots))),
+        }
+        for index, slot in enumerate(self.slots):
+            broker = BrokerServer(
+                slot.node_id, self.root / f"broker-{slot.node_id}", slot.host, slot.az, self.etcd.endpoint, overrides
+            )
+            broker.detached = True
+            broker.port = self._broker_port(slot.host, index)
+            self.brokers.append(broker)
+            broker.spawn()
+        # The brokers boot while the object store starts.
+        self.s3 = S3Server(self.root / "s3")
+        self.s3.detached = True
+        self.s3.start()
+        self.s3.create_bucket(BUCKET)
+        self.say(f"  s3         {self.s3.endpoint}  ({self.s3.kind}, bucket '{BUCKET}')  pid {self.s3.pid}")
+        for broker in self.brokers:
+            self.request.check()
+            self._wait_broker(broker)
+            self.say(f"  broker {broker.node_id}   {broker.bootstrap:<16} {broker.rack}  pid {broker.pid}")
+        self.say(f"  up in {time.monotonic() - started:.1f}s")
+
+    def _start_etcd(self) -> EtcdServer:
+        # Ports are chosen before etcd binds them; if another process took one meanwhile, retry.
+        for attempt in range(3):
+            etcd = EtcdServer(self.root / "etcd")
+            etcd.detached = True
+            try:
+                return etcd.start()
+            except RuntimeError:
+                etcd.stop()
+                if attempt == 2:
+                    raise RuntimeError(f"etcd did not start; see {etcd.log_path}") from None
+        raise AssertionError("unreachable")
+
+    def _broker_port(self, host: str, index: int) -> int:
+        if self.requested_port:
+            wanted = self.requested_port + index
+            if port_free(host, wanted):
+                return wanted
+        return free_port(host)
+
+    def _wait_broker(self, broker: BrokerServer) -> None:
+        try:
+            broker.wait_ready()
+        except RuntimeError:
+            # Exited at startup: most likely its port was taken after we chose it. One more try.
+            broker.stop()
+            broker.port = free_port(broker.host)
+            broker.spawn()
+            try:
+                broker.wait_ready()
+            except (RuntimeError, TimeoutError) as exc:
+                raise RuntimeError(f"{exc}; see {broker.log_path}") from None
+        except TimeoutError as exc:
+            raise RuntimeError(f"{exc}; see {broker.log_path}") from None
+
+    # --- describe --------------------------------------------------------------------------------
+
+    def bootstrap_by_az(self) -> dict[str, str]:
+        out: dict[str, list[str]] = {}
+        for broker in self.brokers:
+            out.setdefault(broker.rack or "", []).append(broker.bootstrap)
+        return {az: ",".join(addresses) for az, addresses in sorted(out.items())}
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(b.bootstrap for b in self.brokers)
+
+    def rack_of(self) -> dict[int, str]:
+        return {b.node_id: b.rack or "" for b in self.brokers}
+
+    def description(self) -> dict[str, Any]:
+        assert self.s3 is not None and self.etcd is not None
+        processes: list[dict[str, Any]] = [
+            {"role": "s3", "pid": self.s3.pid, "address": self.s3.endpoint, "log": str(self.s3.log_path)},
+            {"role": "etcd", "pid": self.etcd.pid, "address": self.etcd.endpoint, "log": str(self.etcd.log_path)},
+        ]
+        processes += [
+            {
+                "role": "broker",
+                "node_id": b.node_id,
+                "az": b.rack,
+                "pid": b.pid,
+                "address": b.bootstrap,
+                "data_dir": str(b.data_dir),
+                "log": str(b.log_path),
+            }
+            for b in self.brokers
+        ]
+        return {
+            "bootstrap_servers": self.bootstrap_by_az(),
+            "all_bootstrap_servers": self.bootstrap,
+            "s3": {
+                "kind": self.s3.kind,
+                "endpoint": self.s3.endpoint,
+                "bucket": BUCKET,
+                "access_key": self.s3.access_key,
+                "secret_key": self.s3.secret_key,
+            },
+            "etcd": {"endpoint": self.etcd.endpoint, "url": f"http://{self.etcd.endpoint}"},
+            "brokers": {str(b.node_id): {"az": b.rack, "address": b.bootstrap} for b in self.brokers},
+            "processes": processes,
+            "launcher_pid": os.getpid(),
+            "data_dir": str(self.root),
+        }
+
+    def write_description(self) -> Path:
+        path = self.root / "cluster.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.description(), indent=2) + "\n")
+        tmp.replace(path)  # atomic: a reader never sees half a file
+        return path
+
+    # --- run -------------------------------------------------------------------------------------
+
+    def dead(self) -> list[ManagedProcess]:
+        return [p for p in self.processes() if p.proc is not None and p.proc.poll() is not None]
+
+    def wait(self) -> ManagedProcess | None:
+        """Until a stop is requested (None) or a process dies (that process)."""
+        while self.request.signal is None:
+            dead = self.dead()
+            if dead:
+                return dead[0]
             time.sleep(0.2)
-        return 0 if proc.poll() is None else 1
-    finally:
+        return None
+
+    # --- stop ------------------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Brokers one at a time (controlled shutdown), then etcd, then S3; SIGKILL on a second signal."""
+        self.request.stopping = True
+        for broker in self.brokers:
+            self._stop_one(broker, f"broker {broker.node_id}", timeout=30.0)
+        if self.etcd is not None:
+            self._stop_one(self.etcd, "etcd", timeout=10.0)
+        if self.s3 is not None:
+            self._stop_one(self.s3, f"s3 ({self.s3.kind})", timeout=20.0)
+        (self.root / "cluster.json").unlink(missing_ok=True)
+
+    def _stop_one(self, process: ManagedProcess, name: str, timeout: float) -> None:
+        proc = process.proc
+        if proc is None:
+            return
+        started = time.monotonic()
+        if proc.poll() is not None:
+            self.say(f"  {name} had already exited with code {proc.returncode}")
+            process.stop()
+            return
         if proc.poll() is None:
             proc.send_signal(signal.SIGTERM)
+            deadline = started + timeout
+            while proc.poll() is None:
+                if self.request.force or time.monotonic() > deadline:
+                    proc.kill()
+                    proc.wait(10)
+                    break
+                time.sleep(0.02)
+        code = process.stop()  # reaps, and removes what the process leaves behind (S3 sockets)
+        how = "killed" if code == -signal.SIGKILL else "stopped"
+        self.say(f"  {name} {how} in {time.monotonic() - started:.1f}s")
+
+
+# --- demo --------------------------------------------------------------------------------------
+
+
+def _demo(cluster: DevCluster) -> None:
+    """Create (or reuse) the demo topic, produce DEMO_RECORDS with acks=all, read them back, show placement."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    say, check = cluster.say, cluster.request.check
+    bootstrap = cluster.bootstrap
+    racks = cluster.rack_of()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    _until(lambda: len(admin.list_topics(timeout=5).brokers) >= len(racks), 20, check, "brokers did not all register")
+    replication = min(3, len(racks))
+    created = True
+    future = admin.create_topics([NewTopic(DEMO_TOPIC, DEMO_PARTITIONS, replication)], request_timeout=20)[DEMO_TOPIC]
+    try:
+        future.result(30)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise
+        created = False
+
+    def partitions() -> dict[int, Any]:
+        topic = admin.list_topics(DEMO_TOPIC, timeout=5).topics[DEMO_TOPIC]
+        return {p.id: p for p in topic.partitions.values()} if topic.error is None else {}
+
+    layout_now = _until(
+        lambda: (lambda ps: ps if ps and all(p.leader >= 0 for p in ps.values()) else None)(partitions()),
+        20,
+        check,
+        "demo topic has partitions without a leader",
+    )
+    first = next(iter(layout_now.values()))
+    say(
+        f"demo: topic '{DEMO_TOPIC}' {'created' if created else 'exists'}: "
+        f"{len(layout_now)} partitions, replication factor {len(first.replicas)}"
+    )
+
+    def who(node: int) -> str:
+        return f"{node} ({racks.get(node, '?')})"
+
+    for index in sorted(layout_now):
+        p = layout_now[index]
+        replicas = ", ".join(who(r) for r in p.replicas)
+        say(f"  partition {index}: leader {who(p.leader)}  replicas {replicas}  isr {sorted(p.isrs)}")
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": f"diskless-dev-{os.getpid()}", "enable.auto.commit": False}
+    )
+    try:
+        starts = {p: consumer.get_watermark_offsets(TopicPartition(DEMO_TOPIC, p), timeout=10)[1] for p in layout_now}
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "compression.type": "zstd", "linger.ms": 5})
+        errors: list[str] = []
+        delivered = 0
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            nonlocal delivered
+            if err is None:
+                delivered += 1
+            else:
+                errors.append(str(err))
+
+        began = time.monotonic()
+        for i in range(DEMO_RECORDS):
+            producer.produce(DEMO_TOPIC, key=f"key-{i}", value=f"hello diskless #{i}", on_delivery=on_delivery)
+            producer.poll(0)
+        _until(lambda: producer.flush(0.5) == 0, 30, check, "records not acknowledged within 30s")
+        produced_in = time.monotonic() - began
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(DEMO_TOPIC, p), timeout=10)[1] for p in layout_now}
+        wanted = {p: ends[p] for p in layout_now if ends[p] > starts[p]}
+        consumer.assign([TopicPartition(DEMO_TOPIC, p, starts[p]) for p in wanted])
+        consumed = 0
+        positions = dict(starts)
+        deadline = time.monotonic() + 30
+        while any(positions[p] < end for p, end in wanted.items()) and time.monotonic() < deadline:
+            check()
+            for msg in consumer.consume(num_messages=DEMO_RECORDS, timeout=0.5):
+                if msg.error() is not None:
+                    continue
+                if msg.offset() < wanted.get(msg.partition(), -1):
+                    consumed += 1
+                    positions[msg.partition()] = msg.offset() + 1
+        took = time.monotonic() - began
+    finally:
+        consumer.close()
+    if errors:
+        say(f"demo: {len(errors)} records failed: {errors[0]}")
+    say(
+        f"demo: produced {delivered} records (acks=all, zstd) in {produced_in:.2f}s "
+        f"and consumed {consumed} back; {took:.2f}s in all"
+    )
+
+
+def _until(condition: Callable[[], Any], timeout: float, check: Callable[[], None], message: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        check()
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise TimeoutError(message)
+        time.sleep(0.1)
+
+
+# --- entry point -------------------------------------------------------------------------------
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+@contextlib.contextmanager
+def _exclusive(root: Path) -> Iterator[bool]:
+    """One launcher per data directory: two would share etcd's and the brokers' data."""
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / ".dev.lock", "a+") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _connect_help(cluster: DevCluster) -> list[str]:
+    assert cluster.s3 is not None and cluster.etcd is not None
+    by_az = cluster.bootstrap_by_az()
+    first = next(iter(by_az.values())).split(",")[0]
+    lines = ["", "Connect (bootstrap.servers):"]
+    lines += [f"  {az}:  {servers}" for az, servers in by_az.items()]
+    lines += [f"  all:   {cluster.bootstrap}"]
+    lines += [
+        "  A client in an AZ bootstraps from that AZ's brokers; the 127.0.<az>.x address shows the AZ.",
+        "",
+        "Try:",
+        f"  kcat -b {first} -L",
+        f"  echo hello | kcat -b {first} -t my-topic -P",
+        f"  kcat -b {first} -t {DEMO_TOPIC} -C -e -f '%p:%o %k=%s\\n'",
+        "",
+        f"S3:   {cluster.s3.endpoint}  bucket '{BUCKET}'  ({cluster.s3.kind}; "
+        f"access key '{cluster.s3.access_key}', secret '{cluster.s3.secret_key}')",
+        f"etcd: http://{cluster.etcd.endpoint}  (keys under /diskless/)",
+        f"Described in {cluster.root / 'cluster.json'}; logs in {cluster.root}/*.log",
+    ]
+    return lines
+
+
+def run_dev(data_dir: str, brokers: int = 3, azs: int = 3, port: int = 9092, demo: bool = True) -> int:
+    """Run the dev cluster until a signal or a process death; 0 after a requested stop, 1 on failure."""
+    configure_logging("WARNING")
+    out = sys.stdout
+    if brokers < 1 or azs < 1:
+        print("diskless dev: --brokers and --azs must be at least 1", file=sys.stderr)
+        return 2
+    if azs > brokers:
+        print(f"diskless dev: {_count(brokers, 'broker')} fill only {brokers}; using --azs {brokers}", file=out)
+        azs = brokers
+    if azs > MAX_PER_OCTET or -(-brokers // azs) > MAX_PER_OCTET:
+        print(f"diskless dev: at most {MAX_PER_OCTET} AZs and {MAX_PER_OCTET} brokers per AZ", file=sys.stderr)
+        return 2
+    if not 0 <= port <= 65535:
+        print("diskless dev: --port must be 0..65535", file=sys.stderr)
+        return 2
+    root = Path(data_dir).resolve()
+    request = StopRequest()
+    previous = {sig: signal.signal(sig, request.handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with _exclusive(root) as mine:
+            if not mine:
+                print(f"diskless dev: another launcher is using {root}", file=sys.stderr)
+                return 1
+            return _run(DevCluster(root, layout(brokers, azs), port, out, request), demo)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _run(cluster: DevCluster, demo: bool) -> int:
+    say = cluster.say
+    (cluster.root / "cluster.json").unlink(missing_ok=True)
+    azs = sorted({slot.az for slot in cluster.slots})
+    say(f"diskless dev: {_count(len(cluster.slots), 'broker')} in {_count(len(azs), 'AZ')}, data in {cluster.root}")
+    code = 0
+    try:
+        cluster.start()
+        cluster.write_description()
+        if demo:
             try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        print("diskless stopped")
+                _demo(cluster)
+            except _Stop:
+                raise
+            except Exception as exc:
+                say(f"demo failed: {type(exc).__name__}: {exc}  (the cluster keeps running)")
+        for line in _connect_help(cluster):
+            say(line)
+        cluster.request.check()
+        say("")
+        shape = f"{_count(len(cluster.slots), 'broker')} in {_count(len(azs), 'AZ')}"
+        say(f"diskless dev cluster is running ({shape}). Ctrl-C stops it.")
+        dead = cluster.wait()
+        if dead is not None:
+            code = 1
+            assert dead.proc is not None
+            say(f"{dead.name} (pid {dead.pid}) exited unexpectedly, code {dead.proc.returncode}; see {dead.log_path}")
+    except _Stop:
+        pass
+    except Exception as exc:
+        code = 1
+        say(f"diskless dev: startup failed: {exc}")
+        for process in cluster.dead():
+            assert process.proc is not None
+            say(f"  {process.name} (pid {process.pid}) exited, code {process.proc.returncode}; see {process.log_path}")
+    finally:
+        began = time.monotonic()
+        say("stopping: brokers first (controlled shutdown), then etcd and S3")
+        cluster.stop()
+        say(f"diskless dev stopped in {time.monotonic() - began:.1f}s")
+    return code

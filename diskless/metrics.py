@@ -20,3 +20,13 @@ def serve_metrics(host: str, port: int) -> int:
     """Start the Prometheus HTTP endpoint; returns the bound port (port 0 picks one)."""
     server, _thread = start_http_server(port, addr=host)
     return int(server.server_port)
+
+
+# Object storage (diskless/storage/object_store.py). Requests count every HTTP attempt, retries included,
+# because that is what the provider bills and what shows up as load on the store.
+OBJECT_STORE_REQUESTS = Counter("diskless_object_store_requests_total", "Object storage requests sent", ["operation"])
+OBJECT_STORE_BYTES = Counter("diskless_object_store_bytes_total", "Object data bytes moved", ["direction"])
+OBJECT_STORE_RETRIES = Counter("diskless_object_store_retries_total", "Object storage attempts retried", ["operation"])
+OBJECT_STORE_FAILURES = Counter(
+    "diskless_object_store_failures_total", "Object storage operations that failed after retries", ["operation"]
+)

@@ -103,6 +103,7 @@ class Broker:
             await self._wait_for(lambda: self.node_id in self.metadata.brokers, 10)
             await self._campaign()
             self._tasks.append(asyncio.create_task(self._controller_loop()))
+            await self._fence_previous_incarnation()
         else:
             self.metadata.brokers = {self.node_id: me}
         await self._apply_all()
@@ -126,6 +127,33 @@ class Broker:
             clustered=self.clustered,
             metrics_port=self.metrics_port,
         )
+
+    async def _fence_previous_incarnation(self) -> None:
+        """Partitions we led before a restart get a new leader epoch before we serve them, as Kafka
+        does on broker restart, so no follower can mistake our new appends for the old epoch's."""
+        stale = {
+            (topic.name, index): state.leader_epoch
+            for topic in self.metadata.topics.values()
+            for index, state in enumerate(topic.partitions)
+            if state.leader == self.node_id
+        }
+        for (topic, index), epoch in stale.items():
+            state = self.metadata.partition(topic, index)
+            if state is not None and state.leader == self.node_id and state.leader_epoch == epoch:
+                bumped = PartitionState(state.replicas, state.leader, epoch + 1, state.isr)
+                await self.backend.update_partition(topic, index, bumped)
+
+        def fenced() -> bool:
+            for (topic, index), epoch in stale.items():
+                state = self.metadata.partition(topic, index)
+                if state is not None and state.leader_epoch == epoch:
+                    return False
+            return True
+
+        try:
+            await self._wait_for(fenced, 10)
+        except TimeoutError:
+            log.warning("previous leader epochs not fenced in time", partitions=len(stale))
 
     async def stop(self) -> None:
         self._stopping = True

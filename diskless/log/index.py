@@ -109,8 +109,12 @@ class TimeIndex:
         return True
 
     def append(self, max_timestamp: int, offset: int) -> None:
-        """Index a batch if it raises the segment's max timestamp (Kafka's rule)."""
-        if self._timestamps and max_timestamp <= self._timestamps[-1]:
+        """Index a batch if it raises the segment's max timestamp (Kafka's rule).
+
+        As in Kafka, an empty index's last timestamp counts as NO_TIMESTAMP (-1), so batches
+        without timestamps are never indexed (their offset of max timestamp is -1).
+        """
+        if max_timestamp < 0 or (self._timestamps and max_timestamp <= self._timestamps[-1]):
             return
         self._timestamps.append(max_timestamp)
         self._offsets.append(offset)

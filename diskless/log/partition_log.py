@@ -181,17 +181,21 @@ class PartitionLog:
         return self.log_end_offset
 
     def _append(self, batch: bytes | bytearray | memoryview, base: int, last: int, max_ts: int, now_ms: int) -> None:
-        if self._should_roll(len(batch), last, now_ms):
+        if self._should_roll(len(batch), last, max_ts, now_ms):
             self.roll(now_ms)
         self.active_segment.append(batch, base, last, max_ts)
 
-    def _should_roll(self, size: int, last_offset: int, now_ms: int) -> bool:
+    def _should_roll(self, size: int, last_offset: int, max_ts: int, now_ms: int) -> bool:
         seg = self.active_segment
         if seg.size == 0:
             return False
+        # Kafka's LogSegment.timeWaitedForRoll: the incoming batch's timestamp minus the first
+        # batch's, so old CreateTime timestamps do not roll a segment per batch; wall clock otherwise.
+        first_ts = seg.first_batch_timestamp
+        waited = max_ts - first_ts if first_ts is not None and first_ts >= 0 else now_ms - seg.created_ms
         return (
             seg.size + size > self.config.segment_bytes
-            or now_ms - seg.rolling_timestamp() > self.config.segment_ms
+            or waited > self.config.segment_ms
             or not seg.can_hold(last_offset)
             or (len(seg.offset_index) + 1) * _OFFSET_INDEX_ENTRY > self.config.segment_index_bytes
         )
