@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import json
 import os
 import signal
@@ -317,6 +318,9 @@ def _demo(cluster: DevCluster) -> None:
         if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
             raise
         created = False
+    # The future holds the exception, whose traceback holds this frame: break the cycle, or the
+    # clients (and their threads, logging connection errors) outlive the demo until a gc pass.
+    del future
 
     def partitions() -> dict[int, Any]:
         topic = admin.list_topics(DEMO_TOPIC, timeout=5).topics[DEMO_TOPIC]
@@ -493,6 +497,8 @@ def _run(cluster: DevCluster, demo: bool) -> int:
                 raise
             except Exception as exc:
                 say(f"demo failed: {type(exc).__name__}: {exc}  (the cluster keeps running)")
+            finally:
+                gc.collect()  # no client of the demo may linger and log while brokers stop
         for line in _connect_help(cluster):
             say(line)
         cluster.request.check()

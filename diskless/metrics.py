@@ -7,13 +7,14 @@ from prometheus_client import Counter, Gauge, start_http_server
 REQUESTS = Counter("diskless_requests_total", "Kafka requests received", ["api"])
 REQUEST_ERRORS = Counter("diskless_request_errors_total", "Connections closed on undecodable input", ["reason"])
 CONNECTIONS = Gauge("diskless_connections", "Open client connections")
-NETWORK_BYTES = Counter("diskless_network_bytes_total", "Bytes on client connections", ["direction"])
+CONNECTION_BYTES = Counter(
+    "diskless_connection_bytes",
+    "Bytes on accepted connections by the peer's AZ (clients and other brokers); each TCP byte between "
+    "brokers is counted once, by the broker that accepted the connection",
+    ["direction", "local_az", "peer_az"],
+)
 LOG_APPENDED_BYTES = Counter("diskless_log_appended_bytes_total", "Bytes appended to partition logs")
 RETENTION_DELETED_SEGMENTS = Counter("diskless_retention_deleted_segments_total", "Segments deleted by retention")
-
-
-def bytes_counter(direction: str) -> Counter:
-    return NETWORK_BYTES.labels(direction=direction)
 
 
 def serve_metrics(host: str, port: int) -> int:

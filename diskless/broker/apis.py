@@ -13,17 +13,18 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.cluster.metadata import MetadataError, TopicMetadata, validate_topic_name
+from diskless.cluster.zones import zone_aligned_leader
 from diskless.log.config import TOPIC_CONFIGS, canonical_name, effective_values
 from diskless.log.partition_log import OffsetOutOfRange, PartitionLog
+from diskless.protocol import internal, records
 from diskless.protocol import messages as m
-from diskless.protocol import records
 from diskless.replication.partition import Partition
 
 if TYPE_CHECKING:
@@ -75,6 +76,28 @@ class KafkaApis:
             m.API_INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
             m.API_DESCRIBE_CLUSTER: self.describe_cluster,
         }
+        self._internal_handlers: dict[int, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {}
+
+    # --- zones ---------------------------------------------------------------------------------
+
+    @property
+    def local_az(self) -> str:
+        return self.broker.config.broker_rack or "none"
+
+    def peer_az(self, client_id: str | None) -> str:
+        """The AZ on the other end of a connection: a broker's rack, a client's ``diskless_az``, else ours."""
+        peer = internal.broker_of_client(client_id)
+        if peer is not None:
+            info = self._meta.brokers.get(peer)
+            if info is not None and info.rack:
+                return info.rack
+        return internal.az_of_client(client_id) or self.local_az
+
+    async def handle_internal(self, header: m.RequestHeader, body: dict[str, Any]) -> dict[str, Any]:
+        handler = self._internal_handlers.get(header.api_key)
+        if handler is None:
+            return {"error_code": int(ErrorCode.invalid_request)}
+        return await handler(body)
 
     async def handle(self, header: m.RequestHeader, request: Any) -> dict[str, Any] | None:
         result = self._handlers[header.api_key](header, request)
@@ -132,7 +155,15 @@ class KafkaApis:
             for b in sorted(self._meta.brokers.values(), key=lambda b: b.node_id)
         ]
 
-    def _topic_entry(self, topic: TopicMetadata) -> dict[str, Any]:
+    def _topic_entry(self, topic: TopicMetadata, client_az: str | None = None) -> dict[str, Any]:
+        aligned = client_az is not None and self.broker.is_diskless(topic)
+        brokers = self._meta.brokers
+
+        def shown_leader(index: int, state: Any) -> int:
+            if not aligned or state.leader < 0:
+                return int(state.leader)
+            return zone_aligned_leader(state, topic.name, index, client_az or "", brokers)
+
         return {
             "error_code": ErrorCode.none,
             "name": topic.name,
@@ -142,7 +173,7 @@ class KafkaApis:
                 {
                     "error_code": ErrorCode.none if p.leader >= 0 else ErrorCode.leader_not_available,
                     "partition_index": i,
-                    "leader_id": p.leader,
+                    "leader_id": shown_leader(i, p),
                     "leader_epoch": p.leader_epoch,
                     "replica_nodes": p.replicas,
                     "isr_nodes": p.isr,
@@ -155,13 +186,14 @@ class KafkaApis:
 
     async def metadata(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         requested = request.topics
+        client_az = internal.az_of_client(header.client_id) or self.local_az
         if requested is None or (header.api_version == 0 and not requested):
-            entries = [self._topic_entry(t) for t in self._meta.topics.values()]
+            entries = [self._topic_entry(t, client_az) for t in self._meta.topics.values()]
         else:
             allow_auto = getattr(request, "allow_auto_topic_creation", True)
             entries = []
             for item in requested:
-                entries.append(await self._metadata_topic(item, allow_auto))
+                entries.append(await self._metadata_topic(item, allow_auto, client_az))
         return {
             "throttle_time": 0,
             "brokers": self._broker_entries("node_id"),
@@ -171,17 +203,17 @@ class KafkaApis:
             "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
         }
 
-    async def _metadata_topic(self, item: Any, allow_auto: bool) -> dict[str, Any]:
+    async def _metadata_topic(self, item: Any, allow_auto: bool, client_az: str) -> dict[str, Any]:
         name = getattr(item, "name", None)
         topic_id = getattr(item, "topic_id", None)
         if name is None and topic_id is not None and topic_id.int != 0:
             topic = self._meta.topic_by_id(str(topic_id))
             if topic is None:
                 return {"error_code": ErrorCode.unknown_topic_id, "name": None, "topic_id": topic_id}
-            return self._topic_entry(topic)
+            return self._topic_entry(topic, client_az)
         topic = self._meta.topics.get(name)
         if topic is not None:
-            return self._topic_entry(topic)
+            return self._topic_entry(topic, client_az)
         try:
             validate_topic_name(name)
         except MetadataError as exc:
@@ -191,10 +223,10 @@ class KafkaApis:
                 topic = await self.broker.create_topic(
                     name, self.broker.config.num_partitions, self.broker.config.default_replication_factor, {}
                 )
-                return self._topic_entry(topic)
+                return self._topic_entry(topic, client_az)
             except MetadataError as exc:
                 if exc.code == ErrorCode.topic_already_exists and name in self._meta.topics:
-                    return self._topic_entry(self._meta.topics[name])
+                    return self._topic_entry(self._meta.topics[name], client_az)
                 return {"error_code": exc.code, "name": name}
         return {"error_code": ErrorCode.unknown_topic_or_partition, "name": name}
 

@@ -200,6 +200,9 @@ class Broker:
 
     # --- logs and replicas -----------------------------------------------------------------------
 
+    def is_diskless(self, topic: TopicMetadata) -> bool:
+        return self.log_config(topic).diskless_enabled
+
     def log_config(self, topic: TopicMetadata) -> LogConfig:
         values = effective_values(topic.configs, self.config.broker_value)
         return LogConfig.from_values({name: value for name, (value, _) in values.items()})

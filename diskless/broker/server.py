@@ -16,7 +16,8 @@ from typing import Any
 import structlog
 from kio.schema.errors import ErrorCode
 
-from diskless.metrics import CONNECTIONS, REQUEST_ERRORS, REQUESTS, bytes_counter
+from diskless.metrics import CONNECTION_BYTES, CONNECTIONS, REQUEST_ERRORS, REQUESTS
+from diskless.protocol import internal
 from diskless.protocol import messages as m
 from diskless.protocol.framing import FrameDecoder, FrameError
 
@@ -80,8 +81,7 @@ class Connection:
         self.pending: asyncio.Queue[tuple[m.RequestHeader, Awaitable[bytes | None]] | None] = asyncio.Queue(
             MAX_IN_FLIGHT
         )
-        self.bytes_in = bytes_counter("in")
-        self.bytes_out = bytes_counter("out")
+        self.peer_az: str | None = None
 
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_loop())
@@ -112,15 +112,30 @@ class Connection:
             data = await self.reader.read(262144)
             if not data:
                 return
-            self.bytes_in.inc(len(data))
             self.decoder.feed(data)
             for frame in self.decoder.frames():
                 await self._dispatch(frame)
+            self._count("in", len(data))
             if self.writer.is_closing():
                 return
 
+    def _count(self, direction: str, size: int) -> None:
+        apis = self.server.apis
+        CONNECTION_BYTES.labels(direction, apis.local_az, self.peer_az or apis.local_az).inc(size)
+
     async def _dispatch(self, frame: bytes) -> None:
         header, body_pos = m.parse_header(frame)
+        if self.peer_az is None:
+            self.peer_az = self.server.apis.peer_az(header.client_id)
+        if header.api_key in internal.INTERNAL_APIS:
+            try:
+                body = internal.unpack(memoryview(frame)[body_pos:])
+            except Exception as exc:
+                raise m.MalformedRequest(f"undecodable internal request: {exc}") from exc
+            REQUESTS.labels(api=str(header.api_key)).inc()
+            task = asyncio.ensure_future(self._respond_internal(header, body))
+            await self.pending.put((header, task))
+            return
         if header.api_key == m.API_API_VERSIONS and not m.is_supported(header.api_key, header.api_version):
             # KIP-511: answer at v0 with the supported ranges so the client can downgrade.
             body = {"error_code": ErrorCode.unsupported_version, "api_keys": api_version_entries()}
@@ -136,6 +151,10 @@ class Connection:
     async def _respond(self, header: m.RequestHeader, request: Any) -> bytes | None:
         body = await self.server.apis.handle(header, request)
         return None if body is None else m.encode_response(header, body)
+
+    async def _respond_internal(self, header: m.RequestHeader, body: dict[str, Any]) -> bytes:
+        result = await self.server.apis.handle_internal(header, body)
+        return internal.encode_response(header.correlation_id, result)
 
     async def _write_loop(self) -> None:
         try:
@@ -157,7 +176,7 @@ class Connection:
                 if frame is None:
                     continue
                 self.writer.write(frame)
-                self.bytes_out.inc(len(frame))
+                self._count("out", len(frame))
                 await self.writer.drain()
         except (ConnectionError, asyncio.CancelledError):
             return

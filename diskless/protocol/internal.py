@@ -1,0 +1,61 @@
+"""Broker-to-broker RPCs that are not Kafka APIs, carried on the Kafka listener with msgpack bodies.
+
+A request frame has a normal v1 request header (api key, version, correlation id, client id)
+whose api key is one of the ``INTERNAL_*`` values below (far from Kafka's own key space, and
+never advertised in ApiVersions), followed by a msgpack map. The response frame is the
+correlation id followed by a msgpack map. Keeping them on the Kafka port means one listener,
+one connection pool and the same per-connection accounting of cross-AZ bytes.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from typing import Any
+
+import msgpack
+
+INTERNAL_COMMIT_BATCHES = 32001  # representative -> leader: append pointer batches
+INTERNAL_FETCH_POINTERS = 32002  # broker without a replica -> leader: pointer entries of a range
+INTERNAL_WAL_REFERENCES = 32003  # WAL file manager -> leader: does a partition reference a WAL object
+INTERNAL_APIS = frozenset({INTERNAL_COMMIT_BATCHES, INTERNAL_FETCH_POINTERS, INTERNAL_WAL_REFERENCES})
+
+BROKER_CLIENT_PREFIX = "diskless-broker-"
+_BROKER_CLIENT = re.compile(r"^diskless-broker-(\d+)\b")
+_CLIENT_AZ = re.compile(r"diskless_az=([A-Za-z0-9_.:-]+)")
+
+
+def pack(body: dict[str, Any]) -> bytes:
+    return msgpack.packb(body, use_bin_type=True)
+
+
+def unpack(data: bytes | memoryview) -> dict[str, Any]:
+    value = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    if not isinstance(value, dict):
+        raise ValueError("internal RPC body must be a map")
+    return value
+
+
+def encode_response(correlation_id: int, body: dict[str, Any]) -> bytes:
+    payload = struct.pack(">i", correlation_id) + pack(body)
+    return struct.pack(">i", len(payload)) + payload
+
+
+def broker_client_id(node_id: int, role: str) -> str:
+    return f"{BROKER_CLIENT_PREFIX}{node_id}-{role}"
+
+
+def broker_of_client(client_id: str | None) -> int | None:
+    """The peer broker's id for connections our own brokers open, else None."""
+    if not client_id:
+        return None
+    match = _BROKER_CLIENT.match(client_id)
+    return int(match.group(1)) if match else None
+
+
+def az_of_client(client_id: str | None) -> str | None:
+    """A client's AZ when its ``client.id`` carries ``diskless_az=<az>`` (zone-aligned clients)."""
+    if not client_id:
+        return None
+    match = _CLIENT_AZ.search(client_id)
+    return match.group(1) if match else None
