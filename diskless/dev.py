@@ -278,11 +278,8 @@ class DevCluster:
         if proc is None:
             return
         started = time.monotonic()
-        if proc.poll() is not None:
-            self.say(f"  {name} had already exited with code {proc.returncode}")
-            process.stop()
-            return
-        if proc.poll() is None:
+        report = f"had already exited with code {proc.returncode}" if proc.poll() is not None else ""
+        if not report:
             proc.send_signal(signal.SIGTERM)
             deadline = started + timeout
             while proc.poll() is None:
@@ -291,9 +288,12 @@ class DevCluster:
                     proc.wait(10)
                     break
                 time.sleep(0.02)
-        code = process.stop()  # reaps, and removes what the process leaves behind (S3 sockets)
-        how = "killed" if code == -signal.SIGKILL else "stopped"
-        self.say(f"  {name} {how} in {time.monotonic() - started:.1f}s")
+            how = "killed" if proc.returncode == -signal.SIGKILL else "stopped"
+            report = f"{how} in {time.monotonic() - started:.1f}s"
+        process.stop()  # reaps, and removes what the process leaves behind (S3 sockets)
+        if isinstance(process, BrokerServer):
+            process.ready_file.unlink(missing_ok=True)
+        self.say(f"  {name} {report}")
 
 
 # --- demo --------------------------------------------------------------------------------------

@@ -11,15 +11,16 @@ timestamp, truncation, and recovery after a crash.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from diskless.protocol import records
 
+from . import pointer
 from .config import LogConfig
 from .leader_epoch import LeaderEpochCache
 from .producer_state import ProducerStateManager, load_latest_snapshot, write_snapshot
-from .segment import LogSegment
+from .segment import POINTERS, RECORDS, SUFFIXES, BatchLocation, LogSegment
 
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 LOG_START_FILE = "log-start-offset"
@@ -43,9 +44,10 @@ class AppendResult:
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:
-    records: bytes
+    records: bytes  # record batches, or pointer entries when ``kind`` is POINTERS
     log_start_offset: int
     log_end_offset: int
+    kind: str = RECORDS
 
 
 class PartitionLog:
@@ -67,9 +69,15 @@ class PartitionLog:
     def _load(self, now_ms: int) -> None:
         clean_marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
         clean = os.path.exists(clean_marker)
-        bases = sorted(int(name[:-4]) for name in os.listdir(self.directory) if name.endswith(".log"))
-        for i, base in enumerate(bases):
-            segment = LogSegment(self.directory, base, self.config.index_interval_bytes, now_ms)
+        found = sorted(
+            (int(name[: -len(suffix)]), kind)
+            for name in os.listdir(self.directory)
+            for kind, suffix in SUFFIXES.items()
+            if name.endswith(suffix) and name[: -len(suffix)].isdigit()
+        )
+        bases = [base for base, _ in found]
+        for i, (base, kind) in enumerate(found):
+            segment = LogSegment(self.directory, base, self.config.index_interval_bytes, now_ms, kind)
             is_active = i == len(bases) - 1
             self.recovered_bytes_truncated += segment.load(verify=is_active and not clean)
             self.segments.append(segment)
@@ -169,6 +177,45 @@ class PartitionLog:
             next_offset = last + 1
         return AppendResult(base_offset, next_offset - 1, now_ms if log_append else -1, self.log_start_offset)
 
+    def append_pointer_as_leader(
+        self, header: bytes | bytearray | memoryview, object_key: str, position: int, leader_epoch: int, now_ms: int
+    ) -> AppendResult:
+        """Commit one diskless batch: its data is already in object storage at ``object_key``.
+
+        Same rules as a record batch (idempotence, offsets, epochs); what is appended is a pointer
+        entry. Raises records.InvalidBatch for fenced or out-of-sequence producers.
+        """
+        parsed = records.parse_header(header)
+        duplicate = self.producer_state.check(parsed)
+        if duplicate is not None:
+            return AppendResult(duplicate.first_offset, duplicate.last_offset, -1, self.log_start_offset, True)
+        base_offset = self.log_end_offset
+        self.epochs.assign(leader_epoch, base_offset)
+        assigned = bytearray(header[: records.HEADER_SIZE])
+        records.assign_offset(assigned, base_offset, leader_epoch)
+        last = base_offset + parsed.last_offset_delta
+        entry = pointer.encode_entry(assigned, object_key, position, parsed.size)
+        self._append(entry, base_offset, last, parsed.max_timestamp, now_ms, POINTERS)
+        self.producer_state.record(parsed, base_offset, parsed.max_timestamp)
+        log_append_time = parsed.max_timestamp if parsed.is_log_append_time else -1
+        return AppendResult(base_offset, last, log_append_time, self.log_start_offset)
+
+    def append_pointers_as_follower(self, data: bytes | memoryview, now_ms: int) -> int:
+        """Append pointer entries replicated from the leader; returns the new log end offset."""
+        view = memoryview(data)
+        pos = 0
+        while pos < len(view):
+            size = pointer.entry_size_at(view, pos)
+            entry = view[pos : pos + size]
+            pos += size
+            header = records.parse_header(entry, pointer.PREFIX_SIZE)
+            if header.base_offset < self.log_end_offset:
+                continue
+            self.epochs.assign(header.partition_leader_epoch, header.base_offset)
+            self._append(entry, header.base_offset, header.last_offset, header.max_timestamp, now_ms, POINTERS)
+            self.producer_state.record(header, header.base_offset, header.max_timestamp)
+        return self.log_end_offset
+
     def append_as_follower(self, data: bytes | memoryview, now_ms: int) -> int:
         """Append batches whose offsets the leader assigned; returns the new log end offset."""
         for batch in records.split_batches(data):
@@ -180,10 +227,29 @@ class PartitionLog:
             self.producer_state.record(header, header.base_offset, header.max_timestamp)
         return self.log_end_offset
 
-    def _append(self, batch: bytes | bytearray | memoryview, base: int, last: int, max_ts: int, now_ms: int) -> None:
-        if self._should_roll(len(batch), last, max_ts, now_ms):
+    def _append(
+        self,
+        entry: bytes | bytearray | memoryview,
+        base: int,
+        last: int,
+        max_ts: int,
+        now_ms: int,
+        kind: str = RECORDS,
+    ) -> None:
+        active = self.active_segment
+        if active.kind != kind:
+            # diskless.enabled switched: the offset space continues in a segment of the other kind.
+            if active.size == 0:
+                base_offset = active.base_offset
+                self.segments.pop().delete()
+                self.segments.append(
+                    LogSegment(self.directory, base_offset, self.config.index_interval_bytes, now_ms, kind)
+                )
+            else:
+                self.roll(now_ms, kind)
+        elif self._should_roll(len(entry), last, max_ts, now_ms):
             self.roll(now_ms)
-        self.active_segment.append(batch, base, last, max_ts)
+        self.active_segment.append(entry, base, last, max_ts)
 
     def _should_roll(self, size: int, last_offset: int, max_ts: int, now_ms: int) -> bool:
         seg = self.active_segment
@@ -200,13 +266,15 @@ class PartitionLog:
             or (len(seg.offset_index) + 1) * _OFFSET_INDEX_ENTRY > self.config.segment_index_bytes
         )
 
-    def roll(self, now_ms: int) -> LogSegment:
+    def roll(self, now_ms: int, kind: str | None = None) -> LogSegment:
         old = self.active_segment
         if old.size == 0:
             return old
         old.on_roll()
         write_snapshot(self.directory, self.log_end_offset, self.producer_state)
-        segment = LogSegment(self.directory, self.log_end_offset, self.config.index_interval_bytes, now_ms)
+        segment = LogSegment(
+            self.directory, self.log_end_offset, self.config.index_interval_bytes, now_ms, kind or old.kind
+        )
         self.segments.append(segment)
         return segment
 
@@ -218,15 +286,17 @@ class PartitionLog:
         if offset < self.log_start_offset or offset > self.log_end_offset:
             raise OffsetOutOfRange(f"offset {offset} outside [{self.log_start_offset}, {self.log_end_offset}]")
         data = b""
+        kind = RECORDS
         for segment in self._segments_from(offset):
             if segment.base_offset >= limit:
                 break
             data = segment.read(offset, max_bytes, limit, min_one)
+            kind = segment.kind
             if data or segment.next_offset > offset:
                 # Only a segment holding nothing at or after ``offset`` hands the read to the next one;
                 # otherwise a batch too big for max_bytes (min_one off) would be skipped over.
                 break
-        return ReadResult(data, self.log_start_offset, self.log_end_offset)
+        return ReadResult(data, self.log_start_offset, self.log_end_offset, kind)
 
     def _segments_from(self, offset: int) -> list[LogSegment]:
         for i in range(len(self.segments) - 1, -1, -1):
@@ -236,29 +306,69 @@ class PartitionLog:
 
     # --- offsets by time -----------------------------------------------------------------------
 
-    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with timestamp >= ``timestamp``, below the HW."""
+    def batches_reaching(self, timestamp: int) -> Iterator[tuple[LogSegment, BatchLocation]]:
+        """Entries below the HW whose max timestamp is >= ``timestamp``, oldest first.
+
+        The first record with ts >= ``timestamp`` is in the first of these that holds one at or
+        after the log start; finding it needs the records (``first_record_reaching``), which for a
+        pointers segment live in object storage, so the caller loads the batch.
+        """
         for segment in self._segments_from(self.log_start_offset):
             if segment.max_timestamp < timestamp:
                 continue
-            found = segment.find_offset_by_timestamp(timestamp, self.log_start_offset)
-            if found is not None and found[0] < self.high_watermark:
-                return found
-            if found is not None:
-                return None
-        return None
+            start = segment.first_batch_reaching(timestamp, self.log_start_offset)
+            if start is None:
+                continue
+            for location in segment.iter_batches(start.position):
+                if location.base_offset >= self.high_watermark:
+                    return
+                if location.max_timestamp >= timestamp:
+                    yield segment, location
 
-    def offset_of_max_timestamp(self) -> tuple[int, int] | None:
+    def batch_of_max_timestamp(self) -> tuple[LogSegment, BatchLocation] | None:
         best: LogSegment | None = None
         for segment in self._segments_from(self.log_start_offset):
             if segment.offset_of_max_timestamp >= 0 and (best is None or segment.max_timestamp > best.max_timestamp):
                 best = segment
         if best is None:
             return None
-        found = best.exact_offset_of_max_timestamp()
-        if found is None or found[0] < self.log_start_offset:
+        location = best.locate(best.offset_of_max_timestamp)
+        if location is None or location.last_offset < self.log_start_offset:
             return None
-        return found
+        return best, location
+
+    def first_record_reaching(self, batch: bytes, timestamp: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record of ``batch`` in the log with ts >= ``timestamp``."""
+        for offset, record_ts in records.iter_record_timestamps(batch):
+            if self.log_start_offset <= offset < self.high_watermark and record_ts >= timestamp:
+                return offset, record_ts
+        return None
+
+    def record_with_max_timestamp(self, batch: bytes) -> tuple[int, int] | None:
+        header = records.parse_header(batch)
+        for offset, record_ts in records.iter_record_timestamps(batch):
+            if record_ts == header.max_timestamp and offset >= self.log_start_offset:
+                return offset, record_ts
+        return None
+
+    def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
+        """ListOffsets by timestamp over local record batches (see ``batches_reaching``)."""
+        for segment, location in self.batches_reaching(timestamp):
+            if segment.kind != RECORDS:
+                raise ValueError("batch lives in object storage; load it and use first_record_reaching")
+            found = self.first_record_reaching(segment.read_batch(location), timestamp)
+            if found is not None:
+                return found
+        return None
+
+    def offset_of_max_timestamp(self) -> tuple[int, int] | None:
+        found = self.batch_of_max_timestamp()
+        if found is None:
+            return None
+        segment, location = found
+        if segment.kind != RECORDS:
+            raise ValueError("batch lives in object storage; load it and use record_with_max_timestamp")
+        return self.record_with_max_timestamp(segment.read_batch(location))
 
     # --- retention and deletion ------------------------------------------------------------------
 

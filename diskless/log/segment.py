@@ -1,8 +1,11 @@
-"""One log segment: an append-only file of v2 batches plus its offset and time indexes.
+"""One log segment: an append-only file of entries plus its offset and time indexes.
 
-Files are named as in Kafka (``<baseOffset:020d>.log``, ``.index``, ``.timeindex``). The segment
-knows batch boundaries only through headers; it never looks inside records. Recovery walks the
-file batch by batch, checks lengths and CRCs, truncates a torn tail and rebuilds both indexes.
+A segment is of one kind. A *records* segment (``<baseOffset:020d>.log``, Kafka's layout) holds
+v2 record batches. A *pointers* segment (``<baseOffset:020d>.plog``) holds pointer entries
+(``pointer.py``): the batch header plus where the batch lives in a WAL object. Both kinds share
+the indexes (``.index``, ``.timeindex``) and every offset/time lookup, because both start each
+entry with a real v2 batch header. The segment never looks inside records. Recovery walks the
+file entry by entry, checks lengths and CRCs, truncates a torn tail and rebuilds both indexes.
 """
 
 from __future__ import annotations
@@ -15,7 +18,13 @@ from dataclasses import dataclass
 from diskless.protocol import records
 from diskless.protocol.records import HEADER_SIZE, LOG_OVERHEAD
 
+from . import pointer
+
 _INT32_MAX = 2**31 - 1
+RECORDS = "records"
+POINTERS = "pointers"
+SUFFIXES = {RECORDS: ".log", POINTERS: ".plog"}
+_POINTER_READ_CHUNK = 256 * 1024
 
 
 def segment_path(directory: str, base_offset: int, suffix: str) -> str:
@@ -32,11 +41,14 @@ class BatchLocation:
 
 
 class LogSegment:
-    def __init__(self, directory: str, base_offset: int, index_interval_bytes: int, created_ms: int) -> None:
+    def __init__(
+        self, directory: str, base_offset: int, index_interval_bytes: int, created_ms: int, kind: str = RECORDS
+    ) -> None:
         from .index import OffsetIndex, TimeIndex
 
         self.base_offset = base_offset
-        self.log_path = segment_path(directory, base_offset, ".log")
+        self.kind = kind
+        self.log_path = segment_path(directory, base_offset, SUFFIXES[kind])
         self._fd = os.open(self.log_path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         self.offset_index = OffsetIndex(segment_path(directory, base_offset, ".index"), base_offset)
         self.time_index = TimeIndex(segment_path(directory, base_offset, ".timeindex"), base_offset)
@@ -78,34 +90,48 @@ class LogSegment:
 
     # --- reading ---------------------------------------------------------------------------
 
-    def _header_at(self, position: int) -> records.BatchHeader | None:
-        data = os.pread(self._fd, HEADER_SIZE, position)
-        if len(data) < HEADER_SIZE:
+    def _entry_at(self, position: int) -> tuple[records.BatchHeader, int] | None:
+        """The batch header of the entry at ``position`` and the entry's size on disk."""
+        if self.kind == RECORDS:
+            data = os.pread(self._fd, HEADER_SIZE, position)
+            if len(data) < HEADER_SIZE:
+                return None
+            header = records.parse_header(data)
+            return header, header.size
+        data = os.pread(self._fd, pointer.PREFIX_SIZE + HEADER_SIZE, position)
+        if len(data) < pointer.PREFIX_SIZE + HEADER_SIZE:
             return None
-        return records.parse_header(data)
+        return records.parse_header(data, pointer.PREFIX_SIZE), pointer.entry_size_at(data, 0)
+
+    def _header_at(self, position: int) -> records.BatchHeader | None:
+        entry = self._entry_at(position)
+        return entry[0] if entry else None
 
     def locate(self, offset: int) -> BatchLocation | None:
-        """The batch holding ``offset`` (or the first one after it), via the index then a short scan."""
+        """The entry holding ``offset`` (or the first one after it), via the index then a short scan."""
         position = self.offset_index.lookup(offset)
         while position < self.size:
-            header = self._header_at(position)
-            if header is None:
+            entry = self._entry_at(position)
+            if entry is None:
                 return None
+            header, size = entry
             if header.last_offset >= offset:
-                return BatchLocation(
-                    position, header.base_offset, header.last_offset, header.size, header.max_timestamp
-                )
-            position += header.size
+                return BatchLocation(position, header.base_offset, header.last_offset, size, header.max_timestamp)
+            position += size
         return None
 
     def read(self, offset: int, max_bytes: int, max_offset: int, min_one: bool) -> bytes:
-        """Whole batches from the one holding ``offset``, up to ``max_bytes`` and below ``max_offset``.
+        """Whole entries from the one holding ``offset``, up to ``max_bytes`` and below ``max_offset``.
 
         With ``min_one`` the first batch is returned even when larger than ``max_bytes`` (KIP-74).
+        For a pointers segment ``max_bytes`` bounds the size of the batches the entries point to,
+        which is what a fetch will eventually return.
         """
         start = self.locate(offset)
         if start is None or start.base_offset >= max_offset:
             return b""
+        if self.kind == POINTERS:
+            return self._read_pointers(start.position, max_bytes, max_offset, min_one)
         want = min(max(max_bytes, start.size if min_one else 0), self.size - start.position)
         data = os.pread(self._fd, want, start.position)
         end = 0
@@ -116,46 +142,58 @@ class LogSegment:
             end += size
         return data[:end] if end < len(data) else data
 
-    def iter_headers(self, from_position: int = 0) -> Iterator[tuple[int, records.BatchHeader]]:
+    def _read_pointers(self, position: int, max_bytes: int, max_offset: int, min_one: bool) -> bytes:
+        out = bytearray()
+        served = 0
+        while position < self.size:
+            chunk = os.pread(self._fd, min(_POINTER_READ_CHUNK, self.size - position), position)
+            at = 0
+            while at + pointer.PREFIX_SIZE + HEADER_SIZE <= len(chunk):
+                size = pointer.entry_size_at(chunk, at)
+                if at + size > len(chunk):
+                    break
+                base, batch_size = records.peek_offset_and_size(chunk, at + pointer.PREFIX_SIZE)
+                if base >= max_offset or (served + batch_size > max_bytes and (served or not min_one)):
+                    return bytes(out + chunk[:at])
+                served += batch_size
+                at += size
+            if at == 0:
+                break
+            out += chunk[:at]
+            position += at
+        return bytes(out)
+
+    def iter_entries(self, from_position: int = 0) -> Iterator[tuple[int, records.BatchHeader, int]]:
+        """(position, batch header, entry size on disk) of every entry from ``from_position``."""
         position = from_position
         while position < self.size:
-            header = self._header_at(position)
-            if header is None:
+            entry = self._entry_at(position)
+            if entry is None:
                 return
+            yield position, entry[0], entry[1]
+            position += entry[1]
+
+    def iter_headers(self, from_position: int = 0) -> Iterator[tuple[int, records.BatchHeader]]:
+        for position, header, _ in self.iter_entries(from_position):
             yield position, header
-            position += header.size
 
     def iter_batches(self, from_position: int = 0) -> Iterator[BatchLocation]:
-        for position, h in self.iter_headers(from_position):
-            yield BatchLocation(position, h.base_offset, h.last_offset, h.size, h.max_timestamp)
+        for position, h, size in self.iter_entries(from_position):
+            yield BatchLocation(position, h.base_offset, h.last_offset, size, h.max_timestamp)
 
     def read_batch(self, location: BatchLocation) -> bytes:
+        """The on-disk bytes of one entry: a record batch, or a pointer entry."""
         return os.pread(self._fd, location.size, location.position)
 
-    def find_offset_by_timestamp(self, timestamp: int, start_offset: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record at or after ``start_offset`` with ts >= ``timestamp``."""
+    def first_batch_reaching(self, timestamp: int, start_offset: int) -> BatchLocation | None:
+        """The first entry at or after ``start_offset`` whose max timestamp is >= ``timestamp``."""
         scan_from = self.locate(max(self.time_index.lookup(timestamp), start_offset))
         if scan_from is None:
             return None
         for location in self.iter_batches(scan_from.position):
-            if location.max_timestamp < timestamp:
-                continue
-            for record_offset, record_ts in records.iter_record_timestamps(self.read_batch(location)):
-                if record_offset >= start_offset and record_ts >= timestamp:
-                    return record_offset, record_ts
+            if location.max_timestamp >= timestamp:
+                return location
         return None
-
-    def exact_offset_of_max_timestamp(self) -> tuple[int, int] | None:
-        """(offset, timestamp) of the record carrying the segment's max timestamp."""
-        if self.offset_of_max_timestamp < 0:
-            return None
-        location = self.locate(self.offset_of_max_timestamp)
-        if location is None:
-            return None
-        for record_offset, record_ts in records.iter_record_timestamps(self.read_batch(location)):
-            if record_ts == self.max_timestamp:
-                return record_offset, record_ts
-        return location.base_offset, self.max_timestamp
 
     # --- recovery and lifecycle -----------------------------------------------------------------
 
@@ -200,18 +238,23 @@ class LogSegment:
         self._bytes_since_index = 0
         good_end = 0
         while good_end < self.size:
-            data = os.pread(self._fd, HEADER_SIZE, good_end)
-            if len(data) < HEADER_SIZE:
+            entry = self._entry_at(good_end)
+            if entry is None:
                 break
-            header = records.parse_header(data)
-            torn = header.batch_length < HEADER_SIZE - LOG_OVERHEAD or good_end + header.size > self.size
+            header, size = entry
+            too_small = size < (pointer.MIN_ENTRY_SIZE if self.kind == POINTERS else HEADER_SIZE)
+            torn = too_small or good_end + size > self.size
             out_of_order = good_end > 0 and header.base_offset < self.next_offset
             if torn or out_of_order or header.magic != 2:
                 break
-            if records.compute_crc(os.pread(self._fd, header.size, good_end)) != header.crc:
+            on_disk = os.pread(self._fd, size, good_end)
+            intact = (
+                pointer.entry_crc_ok(on_disk) if self.kind == POINTERS else records.compute_crc(on_disk) == header.crc
+            )
+            if not intact:
                 break
-            self._track(good_end, header.base_offset, header.last_offset, header.size, header.max_timestamp)
-            good_end += header.size
+            self._track(good_end, header.base_offset, header.last_offset, size, header.max_timestamp)
+            good_end += size
         truncated = self.size - good_end
         if truncated:
             os.ftruncate(self._fd, good_end)

@@ -223,7 +223,7 @@ class ObjectStore:
             # One pooled connection per thread, so no thread waits for a connection.
             max_pool_connections=max_concurrency,
             # A single attempt: tenacity retries, with backoff that releases the thread slot meanwhile.
-            retries={"max_attempts": 1, "mode": "standard"},
+            retries={"total_max_attempts": 1, "mode": "standard"},
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
         )
@@ -377,8 +377,7 @@ class ObjectStore:
         try:
             async for attempt in retrying:
                 with attempt:
-                    self._count_request(operation)
-                    return await self._run(fn)
+                    return await self._run(operation, fn)
         except ObjectStoreError:
             raise  # a missing key or an unsatisfiable range is an answer, not a failure of the store
         except Exception:
@@ -387,7 +386,7 @@ class ObjectStore:
             raise
         raise AssertionError("unreachable: tenacity either returns or re-raises")
 
-    async def _run(self, fn: Callable[[], T]) -> T:
+    async def _run(self, operation: str, fn: Callable[[], T]) -> T:
         await self._slots.acquire()
         loop = asyncio.get_running_loop()
         try:
@@ -395,6 +394,7 @@ class ObjectStore:
         except BaseException:
             self._slots.release()
             raise
+        self._count_request(operation)  # counted when a thread takes it, i.e. when it is really sent
 
         def release(_: concurrent.futures.Future[T]) -> None:
             # The slot is freed when the thread is done, not when the awaiting task is: a cancelled

@@ -95,7 +95,6 @@ import zstandard
 
 from diskless.protocol import records
 from diskless.protocol.records import HEADER_SIZE as BATCH_HEADER_SIZE
-from diskless.protocol.records import LOG_OVERHEAD
 
 FORMAT_VERSION = 1
 SUPPORTED_VERSIONS = frozenset({FORMAT_VERSION})
@@ -119,7 +118,6 @@ TAIL_READ_HINT = 64 * 1024
 MAX_TRAILER_SIZE = 256 * 1024 * 1024
 
 _INT32_MAX = 2**31 - 1
-_INT16_MIN, _INT16_MAX = -(2**15), 2**15 - 1
 _ZSTD_LEVEL = 3
 
 WAL_KEY_ROOT = "wal/"
@@ -519,38 +517,12 @@ class WalObjectReader:
         The trailer crc does not cover the batches: each carries its producer's CRC instead.
         """
         for entry, view in self.batches():
-            header = records.parse_header(view)
-            if header.magic != 2 or header.size != entry.size:
+            h = records.parse_header(view)
+            described = (h.magic, h.size, h.record_count, h.producer_id, h.producer_epoch, h.base_sequence)
+            described += (h.base_timestamp, h.max_timestamp, h.attributes)
+            expected = (2, entry.size, entry.record_count, entry.producer_id, entry.producer_epoch)
+            expected += (entry.base_sequence, entry.base_timestamp, entry.max_timestamp, entry.attributes)
+            if described != expected:
                 raise CorruptWalObject(f"batch at {entry.offset} does not match its trailer entry")
-            if header.record_count != entry.record_count or header.base_sequence != entry.base_sequence:
-                raise CorruptWalObject(f"batch at {entry.offset} does not match its trailer entry")
-            if records.compute_crc(view) != header.crc:
+            if records.compute_crc(view) != h.crc:
                 raise CorruptWalObject(f"batch at {entry.offset} fails its crc32c")
-
-
-__all__ = [
-    "FOOTER_SIZE",
-    "FORMAT_VERSION",
-    "HOUR_MS",
-    "LOG_OVERHEAD",
-    "OBJECT_HEADER_SIZE",
-    "TAIL_READ_HINT",
-    "BatchRef",
-    "CorruptWalObject",
-    "FinishedWalObject",
-    "Footer",
-    "Trailer",
-    "TrailerEntry",
-    "UnsupportedWalVersion",
-    "WalKeyInfo",
-    "WalObjectReader",
-    "WalObjectWriter",
-    "parse_footer",
-    "parse_tail",
-    "parse_trailer",
-    "parse_wal_object_key",
-    "wal_hour_prefix",
-    "wal_hour_prefixes",
-    "wal_key_lower_bound",
-    "wal_object_key",
-]
