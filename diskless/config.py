@@ -63,6 +63,17 @@ class BrokerConfig:
     replica_fetch_wait_max_ms: int = field(default=500, metadata=_prop("replica.fetch.wait.max.ms"))
     replica_fetch_max_bytes: int = field(default=1048576, metadata=_prop("replica.fetch.max.bytes"))
     controlled_shutdown_timeout_ms: int = field(default=15000, metadata=_prop("controlled.shutdown.timeout.ms"))
+    diskless_s3_endpoint: str | None = field(default=None, metadata=_prop("diskless.s3.endpoint"))
+    diskless_s3_bucket: str = field(default="diskless", metadata=_prop("diskless.s3.bucket"))
+    diskless_s3_access_key: str = field(default="diskless", metadata=_prop("diskless.s3.access.key"))
+    diskless_s3_secret_key: str = field(default="diskless-secret", metadata=_prop("diskless.s3.secret.key"))
+    diskless_s3_region: str = field(default="us-east-1", metadata=_prop("diskless.s3.region"))
+    diskless_wal_linger_ms: int = field(default=100, metadata=_prop("diskless.wal.linger.ms"))
+    diskless_wal_max_bytes: int = field(default=8 * 1024 * 1024, metadata=_prop("diskless.wal.max.bytes"))
+    diskless_wal_commit_timeout_ms: int = field(
+        default=60000, metadata=_prop("diskless.wal.commit.timeout.ms", "Leaders refuse commits of older WAL objects.")
+    )
+    diskless_cache_max_bytes: int = field(default=256 * 1024 * 1024, metadata=_prop("diskless.cache.max.bytes"))
     topic_defaults: Mapping[str, str] = field(default_factory=dict)
 
     @property

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, start_http_server
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 REQUESTS = Counter("diskless_requests_total", "Kafka requests received", ["api"])
 REQUEST_ERRORS = Counter("diskless_request_errors_total", "Connections closed on undecodable input", ["reason"])
@@ -13,7 +13,6 @@ CONNECTION_BYTES = Counter(
     "brokers is counted once, by the broker that accepted the connection",
     ["direction", "local_az", "peer_az"],
 )
-LOG_APPENDED_BYTES = Counter("diskless_log_appended_bytes_total", "Bytes appended to partition logs")
 RETENTION_DELETED_SEGMENTS = Counter("diskless_retention_deleted_segments_total", "Segments deleted by retention")
 
 
@@ -31,3 +30,14 @@ OBJECT_STORE_RETRIES = Counter("diskless_object_store_retries_total", "Object st
 OBJECT_STORE_FAILURES = Counter(
     "diskless_object_store_failures_total", "Object storage operations that failed after retries", ["operation"]
 )
+
+# Diskless produce and fetch.
+DISKLESS_WAL_OBJECT_BYTES = Histogram(
+    "diskless_wal_object_bytes",
+    "Size of WAL objects uploaded",
+    buckets=(16e3, 64e3, 256e3, 1e6, 2e6, 4e6, 8e6, 16e6, 64e6),
+)
+DISKLESS_FLUSH_SECONDS = Histogram("diskless_flush_seconds", "WAL flush: upload plus commits, per object")
+DISKLESS_COMMIT_RPCS = Counter("diskless_commit_rpcs_total", "CommitBatches sent by representatives", ["target"])
+DISKLESS_COMMIT_SECONDS = Histogram("diskless_commit_seconds", "Leader-side commit of one CommitBatches request")
+DISKLESS_CACHE = Counter("diskless_cache_lookups_total", "WAL cache lookups when serving batches", ["result"])

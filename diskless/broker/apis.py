@@ -22,10 +22,13 @@ from kio.schema.errors import ErrorCode
 from diskless.cluster.metadata import MetadataError, TopicMetadata, validate_topic_name
 from diskless.cluster.zones import zone_aligned_leader
 from diskless.log.config import TOPIC_CONFIGS, canonical_name, effective_values
-from diskless.log.partition_log import OffsetOutOfRange, PartitionLog
+from diskless.log.partition_log import OffsetOutOfRange, PartitionLog, timestamp_allowed
+from diskless.log.segment import POINTERS
+from diskless.metrics import DISKLESS_COMMIT_SECONDS
 from diskless.protocol import internal, records
 from diskless.protocol import messages as m
-from diskless.replication.partition import Partition
+from diskless.replication.partition import FOLLOWER, Partition, wrap_pointers
+from diskless.storage import pointer
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -76,7 +79,9 @@ class KafkaApis:
             m.API_INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
             m.API_DESCRIBE_CLUSTER: self.describe_cluster,
         }
-        self._internal_handlers: dict[int, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {}
+        self._internal_handlers: dict[int, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
+            internal.INTERNAL_COMMIT_BATCHES: self.commit_batches_now,
+        }
 
     # --- zones ---------------------------------------------------------------------------------
 
@@ -112,14 +117,21 @@ class KafkaApis:
         return self.broker.metadata
 
     def _leader_log(
-        self, topic: str, partition: int, current_leader_epoch: int = -1
+        self, topic: str, partition: int, current_leader_epoch: int = -1, any_replica: bool = False
     ) -> tuple[ErrorCode, PartitionLog | None, Partition | None]:
-        """The local log of a partition this broker leads, or the Kafka error explaining why not."""
+        """The local log of a partition this broker leads, or the Kafka error explaining why not.
+
+        With ``any_replica`` (reads of diskless partitions) a follower replica serves too, up to
+        the high watermark it learned from its leader.
+        """
         state = self._meta.partition(topic, partition)
         if state is None:
             return ErrorCode.unknown_topic_or_partition, None, None
         replica = self.broker.replicas.partitions.get((topic, partition))
-        if replica is None or replica.leader_state is None:
+        serving = replica is not None and (
+            replica.leader_state is not None or (any_replica and replica.role == FOLLOWER)
+        )
+        if replica is None or not serving:
             code = ErrorCode.leader_not_available if state.leader < 0 else ErrorCode.not_leader_or_follower
             return code, None, None
         if current_leader_epoch >= 0 and current_leader_epoch != replica.leader_epoch:
@@ -257,9 +269,17 @@ class KafkaApis:
         timeout_s = _ms(request.timeout) / 1000
         responses = []
         pending: list[tuple[dict[str, Any], Partition, int]] = []
+        remote: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = []
         for topic_data in request.topic_data:
             parts = []
+            diskless = self._is_diskless(topic_data.name)
             for pdata in topic_data.partition_data:
+                if diskless:
+                    result, future = self._produce_diskless(topic_data.name, pdata.index, pdata.records, acks, now)
+                    if future is not None:
+                        remote.append((result, future))
+                    parts.append(result)
+                    continue
                 result, replica, last_offset = self._produce_partition(
                     topic_data.name, pdata.index, pdata.records, acks, now
                 )
@@ -275,13 +295,28 @@ class KafkaApis:
                 raise CloseConnection(f"acks=0 produce failed: {[e.name for e in errors]}")
             return None
         body = {"responses": responses, "throttle_time": 0}
-        if not pending:
+        if not pending and not remote:
             return body
-        return self._await_replication(body, pending, timeout_s)
+        return self._await_replication(body, pending, remote, timeout_s)
 
     async def _await_replication(
-        self, body: dict[str, Any], pending: list[tuple[dict[str, Any], Partition, int]], timeout_s: float
+        self,
+        body: dict[str, Any],
+        pending: list[tuple[dict[str, Any], Partition, int]],
+        remote: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]],
+        timeout_s: float,
     ) -> dict[str, Any]:
+        if remote:
+            await asyncio.wait([f for _, f in remote], timeout=timeout_s)
+            for entry, future in remote:
+                outcome = future.result() if future.done() else {"error_code": int(ErrorCode.request_timed_out)}
+                code = ErrorCode(outcome["error_code"])
+                entry["error_code"] = code
+                if code == ErrorCode.none:
+                    entry["base_offset"] = outcome["base_offset"]
+                    entry["log_start_offset"] = outcome.get("log_start_offset", -1)
+                    append_time = outcome.get("log_append_time", -1)
+                    entry["log_append_time"] = append_time if append_time >= 0 else None
         results = await asyncio.gather(*(replica.wait_for_commit(last, timeout_s) for _, replica, last in pending))
         for (entry, replica, _), committed in zip(pending, results, strict=True):
             if committed:
@@ -291,6 +326,115 @@ class KafkaApis:
             code = ErrorCode.request_timed_out if replica.leader_state is not None else ErrorCode.not_leader_or_follower
             entry.update(error_code=code, base_offset=-1, log_append_time=None, log_start_offset=-1)
         return body
+
+    def _is_diskless(self, topic: str) -> bool:
+        meta = self._meta.topics.get(topic)
+        return meta is not None and self.broker.is_diskless(meta)
+
+    def _produce_diskless(
+        self, topic: str, partition: int, data: bytes | None, acks: int, now: int
+    ) -> tuple[dict[str, Any], asyncio.Future[dict[str, Any]] | None]:
+        """Any broker accepts diskless produce: validate the header, hand the batch to the representative."""
+        entry: dict[str, Any] = {
+            "index": partition,
+            "error_code": ErrorCode.none,
+            "base_offset": -1,
+            "log_append_time": None,
+            "log_start_offset": -1,
+            "record_errors": [],
+            "error_message": None,
+        }
+
+        def failed(code: ErrorCode, message: str | None = None) -> tuple[dict[str, Any], None]:
+            entry.update(error_code=code, error_message=message)
+            return entry, None
+
+        meta = self._meta.topics.get(topic)
+        state = self._meta.partition(topic, partition)
+        if meta is None or state is None:
+            return failed(ErrorCode.unknown_topic_or_partition)
+        if acks not in (0, 1, -1):
+            return failed(ErrorCode.invalid_required_acks)
+        representative = self.broker.representative
+        if representative is None:
+            return failed(ErrorCode.kafka_storage_error, "diskless topics need diskless.s3.endpoint")
+        if not data:
+            return failed(ErrorCode.invalid_record, "produce request carries no records")
+        config = self.broker.log_config(meta)
+        try:
+            batches = records.split_batches(data)
+            if len(batches) != 1:
+                raise records.InvalidBatch("invalid_record", "produce v3+ must carry exactly one record batch")
+            header = records.validate_batch(batches[0], config.max_message_bytes)
+            if not timestamp_allowed(header, config, now):
+                raise records.InvalidBatch("invalid_timestamp", "timestamp outside the allowed range")
+        except records.InvalidBatch as exc:
+            return failed(ErrorCode[exc.error], str(exc))
+        if acks == -1 and len(state.isr) < config.min_insync_replicas:
+            return failed(ErrorCode.not_enough_replicas)
+        batch = bytearray(batches[0])
+        if config.message_timestamp_type == "LogAppendTime":
+            # Stamped before upload: the bytes in object storage are the bytes consumers get.
+            records.set_log_append_time(batch, now)
+        return entry, representative.submit(topic, meta.topic_id, partition, bytes(batch), acks)
+
+    def commit_batches_now(self, body: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        """CommitBatches on the leader: append every pointer now (in call order), then return what
+        to await for acks=all replication. Called directly by a local representative and by the
+        internal RPC handler, whose handlers start in request order."""
+        now = self.broker.now_ms()
+        key = body["key"]
+        expired = now - int(body["created_ms"]) > self.broker.config.diskless_wal_commit_timeout_ms
+        results: list[dict[str, Any]] = []
+        waits: list[tuple[int, Partition, int]] = []
+        appended = False
+        for entry in body["entries"]:
+            if expired:
+                results.append({"error_code": int(ErrorCode.request_timed_out)})
+                continue
+            code, plog, replica = self._leader_log(entry["topic"], entry["partition"])
+            if plog is None or replica is None:
+                results.append({"error_code": int(code)})
+                continue
+            if entry["acks"] == -1 and len(replica.isr) < plog.config.min_insync_replicas:
+                results.append({"error_code": int(ErrorCode.not_enough_replicas)})
+                continue
+            try:
+                result = plog.append_pointer_as_leader(
+                    entry["header"], key, entry["position"], replica.leader_epoch, now
+                )
+            except records.InvalidBatch as exc:
+                results.append({"error_code": int(ErrorCode[exc.error])})
+                continue
+            if not result.duplicate:
+                self.broker.on_leader_append(replica)
+                appended = True
+            results.append(
+                {
+                    "error_code": 0,
+                    "base_offset": result.base_offset,
+                    "log_append_time": result.log_append_time,
+                    "log_start_offset": result.log_start_offset,
+                }
+            )
+            if entry["acks"] == -1:
+                waits.append((len(results) - 1, replica, result.last_offset))
+        if appended:
+            self.broker.prefetch_objects({key})
+
+        async def replicated() -> dict[str, Any]:
+            started = time.monotonic()
+            outcomes = await asyncio.gather(*(r.wait_for_commit(last, 30.0) for _, r, last in waits))
+            for (index, replica, _), committed in zip(waits, outcomes, strict=True):
+                if not committed:
+                    lost = replica.leader_state is None
+                    results[index] = {
+                        "error_code": int(ErrorCode.not_leader_or_follower if lost else ErrorCode.request_timed_out)
+                    }
+            DISKLESS_COMMIT_SECONDS.observe(time.monotonic() - started)
+            return {"results": results}
+
+        return replicated()
 
     def _produce_partition(
         self, topic: str, partition: int, data: bytes | None, acks: int, now: int
@@ -374,23 +518,45 @@ class KafkaApis:
         max_wait_ms = _ms(request.max_wait)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
-            responses, total, has_error = self._fetch_once(request)
+            responses, total, has_error, remote = self._fetch_once(request)
             remaining = deadline - time.monotonic()
             if total >= request.min_bytes or has_error or remaining <= 0 or (total > 0 and request.min_bytes <= 1):
+                if remote:
+                    await self._serve_pointers(remote)
                 return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": responses}
             await self.broker.replicas.wait_for_append(remaining)
 
-    def _fetch_once(self, request: Any) -> tuple[list[dict[str, Any]], int, bool]:
+    async def _serve_pointers(self, remote: list[tuple[dict[str, Any], bytes]]) -> None:
+        """Replace pointer entries by the batches they point to (cache, else ranged GETs)."""
+        reader = self.broker.wal_reader
+
+        async def one(entry: dict[str, Any], raw: bytes) -> None:
+            pointers = [e for e in pointer.iter_entries(raw) if isinstance(e, pointer.PointerEntry)]
+            try:
+                served = await reader.batches(pointers) if reader is not None else []
+            except Exception as exc:
+                log.warning("serving diskless batches failed", error=str(exc))
+                entry["error_code"] = ErrorCode.kafka_storage_error
+                return
+            entry["records"] = b"".join(served)
+
+        await asyncio.gather(*(one(entry, raw) for entry, raw in remote))
+
+    def _fetch_once(self, request: Any) -> tuple[list[dict[str, Any]], int, bool, list[tuple[dict[str, Any], bytes]]]:
         max_bytes = getattr(request, "max_bytes", 2**31 - 1)
         committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
         follower = getattr(request, "replica_id", -1)
         total = 0
         has_error = False
         responses = []
+        remote: list[tuple[dict[str, Any], bytes]] = []
         for topic in request.topics:
             parts = []
+            any_replica = follower < 0 and self._is_diskless(topic.topic)
             for p in topic.partitions:
-                code, plog, replica = self._leader_log(topic.topic, p.partition, getattr(p, "current_leader_epoch", -1))
+                code, plog, replica = self._leader_log(
+                    topic.topic, p.partition, getattr(p, "current_leader_epoch", -1), any_replica
+                )
                 entry: dict[str, Any] = {
                     "partition_index": p.partition,
                     "error_code": code,
@@ -411,14 +577,23 @@ class KafkaApis:
                         diverging = replica.diverging_epoch(getattr(p, "last_fetched_epoch", -1), p.fetch_offset)
                         if diverging is None and p.fetch_offset <= plog.log_end_offset:
                             self.broker.on_follower_fetch(replica, follower, p.fetch_offset)
+                            if replica.hw_news_for(follower):
+                                has_error = True  # answer now: the follower serves reads up to this HW
                     try:
                         if diverging is not None:
                             entry["diverging_epoch"] = {"epoch": diverging.epoch, "end_offset": diverging.end_offset}
                             has_error = True  # answer now: the follower must truncate before fetching on
                         else:
                             result = plog.read(p.fetch_offset, limit, max_offset=max_offset, min_one=total == 0)
-                            entry["records"] = result.records
-                            total += len(result.records)
+                            if result.kind == POINTERS and follower >= 0:
+                                entry["records"] = wrap_pointers(result.records)
+                                total += len(result.records)
+                            elif result.kind == POINTERS:
+                                remote.append((entry, result.records))
+                                total += pointer.served_size(result.records)
+                            else:
+                                entry["records"] = result.records
+                                total += len(result.records)
                     except OffsetOutOfRange:
                         entry["error_code"] = ErrorCode.offset_out_of_range
                     entry["high_watermark"] = plog.high_watermark
@@ -427,16 +602,19 @@ class KafkaApis:
                 has_error = has_error or entry["error_code"] != ErrorCode.none
                 parts.append(entry)
             responses.append({"topic": topic.topic, "partitions": parts})
-        return responses, total, has_error
+        return responses, total, has_error, remote
 
     # --- ListOffsets / OffsetForLeaderEpoch ---------------------------------------------------
 
-    def list_offsets(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+    async def list_offsets(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         topics = []
         for topic in request.topics:
             parts = []
+            any_replica = self._is_diskless(topic.name)
             for p in topic.partitions:
-                code, plog, _ = self._leader_log(topic.name, p.partition_index, getattr(p, "current_leader_epoch", -1))
+                code, plog, _ = self._leader_log(
+                    topic.name, p.partition_index, getattr(p, "current_leader_epoch", -1), any_replica
+                )
                 entry = {
                     "partition_index": p.partition_index,
                     "error_code": code,
@@ -445,7 +623,7 @@ class KafkaApis:
                     "leader_epoch": -1,
                 }
                 if plog is not None:
-                    found = self._offset_for(plog, p.timestamp)
+                    found = await self._offset_for(plog, p.timestamp)
                     if found is not None:
                         entry["offset"], entry["timestamp"] = found
                         entry["leader_epoch"] = plog.epochs.epoch_for_offset(found[0])
@@ -453,22 +631,32 @@ class KafkaApis:
             topics.append({"name": topic.name, "partitions": parts})
         return {"throttle_time": 0, "topics": topics}
 
-    @staticmethod
-    def _offset_for(plog: PartitionLog, timestamp: int) -> tuple[int, int] | None:
+    async def _offset_for(self, plog: PartitionLog, timestamp: int) -> tuple[int, int] | None:
         if timestamp == LATEST:
             return plog.high_watermark, -1
         if timestamp == EARLIEST:
             return plog.log_start_offset, -1
         if timestamp == MAX_TIMESTAMP:
-            return plog.offset_of_max_timestamp()
-        return plog.offset_for_timestamp(timestamp)
+            found = plog.batch_of_max_timestamp()
+            if found is None:
+                return None
+            return plog.record_with_max_timestamp(await self.broker.batch_bytes(*found))
+        # The first batch reaching the timestamp normally holds the answer; record timestamps need
+        # not be monotonic, so keep going if it does not.
+        for segment, location in plog.batches_reaching(timestamp):
+            hit = plog.first_record_reaching(await self.broker.batch_bytes(segment, location), timestamp)
+            if hit is not None:
+                return hit
+        return None
 
     def offset_for_leader_epoch(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         topics = []
         for topic in request.topics:
             parts = []
             for p in topic.partitions:
-                code, plog, _ = self._leader_log(topic.topic, p.partition, getattr(p, "current_leader_epoch", -1))
+                code, plog, _ = self._leader_log(
+                    topic.topic, p.partition, getattr(p, "current_leader_epoch", -1), self._is_diskless(topic.topic)
+                )
                 epoch, end = -1, -1
                 if plog is not None:
                     epoch, end = plog.epochs.end_offset_for(p.leader_epoch, plog.log_end_offset)

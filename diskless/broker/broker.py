@@ -31,9 +31,14 @@ from diskless.cluster.metadata import (
 )
 from diskless.cluster.producer_ids import ProducerIdBlock
 from diskless.config import BrokerConfig
+from diskless.fetch.wal_reader import WalCache, WalReader
 from diskless.log.config import LogConfig, effective_values
+from diskless.log.segment import POINTERS, BatchLocation, LogSegment
 from diskless.metrics import RETENTION_DELETED_SEGMENTS, serve_metrics
+from diskless.produce.representative import Representative
 from diskless.replication.partition import Partition
+from diskless.storage import pointer
+from diskless.storage.object_store import ObjectStore
 
 from .apis import KafkaApis
 from .replica_manager import ReplicaManager
@@ -63,7 +68,22 @@ class Broker:
             self.metadata.brokers.get,
             config.replica_fetch_wait_max_ms,
             config.replica_fetch_max_bytes,
+            self.prefetch_entries,
         )
+        self.store: ObjectStore | None = None
+        self.wal_reader: WalReader | None = None
+        self.representative: Representative | None = None
+        if config.diskless_s3_endpoint:
+            self.store = ObjectStore(
+                config.diskless_s3_endpoint,
+                config.diskless_s3_bucket,
+                config.diskless_s3_access_key,
+                config.diskless_s3_secret_key,
+                config.diskless_s3_region,
+            )
+            self.wal_reader = WalReader(self.store, WalCache(config.diskless_cache_max_bytes))
+            self.representative = Representative(self, self.store, self.wal_reader.cache.put)
+        self._metadata_event = asyncio.Event()
         self.apis = KafkaApis(self)
         self.server = KafkaServer(self.apis, config.socket_request_max_bytes)
         self._pid_block = ProducerIdBlock()
@@ -86,6 +106,8 @@ class Broker:
 
     async def start(self) -> None:
         os.makedirs(self.config.log_dirs, exist_ok=True)
+        if self.store is not None:
+            await self.store.ensure_bucket()
         listener = self.config.listener
         if self.clustered:
             await self.backend.connect()
@@ -107,6 +129,8 @@ class Broker:
         else:
             self.metadata.brokers = {self.node_id: me}
         await self._apply_all()
+        if self.representative is not None:
+            await self.representative.connect_leaders()
         if self.config.metrics_port >= 0:
             self.metrics_port = serve_metrics(self.config.metrics_host, self.config.metrics_port)
         self._tasks.append(
@@ -164,8 +188,12 @@ class Broker:
         for task in self._tasks:
             with contextlib.suppress(BaseException):
                 await task
+        if self.representative is not None:
+            await self.representative.close()
         await self.server.stop()
         await self.replicas.close()
+        if self.store is not None:
+            await self.store.close()
         if self.clustered:
             await self.backend.close()
         log.info("broker stopped", node_id=self.node_id)
@@ -213,7 +241,16 @@ class Broker:
             changes += [("partition", topic.name, str(i)) for i in range(len(topic.partitions))]
         await self._on_metadata_change(changes)
 
+    async def metadata_changed(self, timeout: float) -> None:
+        """Wait until the metadata changes (or ``timeout`` seconds pass)."""
+        self._metadata_event.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._metadata_event.wait(), timeout)
+
     async def _on_metadata_change(self, changes: list[RecordKey]) -> None:
+        self._metadata_event.set()
+        if self.representative is not None and any(c[0] == "broker" for c in changes):
+            await self.representative.connect_leaders()
         now = self.now_ms()
         for change in changes:
             kind = change[0]
@@ -233,6 +270,28 @@ class Broker:
                 await self._campaign()
             elif kind == "broker" and self.clustered and self._is_controller():
                 await self._reconcile()
+
+    # --- diskless data ---------------------------------------------------------------------------
+
+    def prefetch_objects(self, keys: set[str]) -> None:
+        if self.wal_reader is not None:
+            self.wal_reader.prefetch(keys)
+
+    def prefetch_entries(self, entries: bytes) -> None:
+        """Pointers just appended here: fetch their WAL objects so tail reads hit memory."""
+        self.prefetch_objects({e.key for e in pointer.iter_entries(entries) if isinstance(e, pointer.PointerEntry)})
+
+    async def batch_bytes(self, segment: LogSegment, location: BatchLocation) -> bytes:
+        """One batch of a log, local or (for a pointers segment) from object storage."""
+        raw = segment.read_batch(location)
+        if segment.kind != POINTERS:
+            return raw
+        entry, _ = pointer.decode_entry(raw, 0)
+        if isinstance(entry, pointer.InlineEntry):
+            return entry.batch
+        if self.wal_reader is None:
+            raise RuntimeError("diskless storage is not configured")
+        return (await self.wal_reader.batches([entry]))[0]
 
     def on_leader_append(self, partition: Partition) -> None:
         partition.on_local_append()

@@ -36,12 +36,14 @@ class ReplicaManager:
         lookup: Callable[[int], BrokerInfo | None],
         fetch_wait_max_ms: int = 500,
         fetch_max_bytes: int = 1048576,
+        on_pointers: Callable[[bytes], None] = lambda entries: None,
     ) -> None:
         self.log_dir = log_dir
         self.node_id = node_id
         self.lookup = lookup
         self.fetch_wait_max_ms = fetch_wait_max_ms
         self.fetch_max_bytes = fetch_max_bytes
+        self.on_pointers = on_pointers
         os.makedirs(log_dir, exist_ok=True)
         self.partitions: dict[tuple[str, int], Partition] = {}
         self.fetchers: dict[int, ReplicaFetcher] = {}
@@ -144,7 +146,13 @@ class ReplicaManager:
         fetcher = self.fetchers.get(leader_id)
         if fetcher is None:
             fetcher = ReplicaFetcher(
-                self.node_id, leader_id, self.lookup, self.fetch_wait_max_ms, self.fetch_max_bytes, self.notify_append
+                self.node_id,
+                leader_id,
+                self.lookup,
+                self.fetch_wait_max_ms,
+                self.fetch_max_bytes,
+                self.notify_append,
+                self.on_pointers,
             )
             fetcher.start()
             self.fetchers[leader_id] = fetcher

@@ -232,7 +232,7 @@ class S3Server(ManagedProcess):
     def stop(self, timeout: float = 20.0) -> int | None:
         code = super().stop(timeout)
         for port in self._ports:
-            for path in glob.glob(f"/tmp/seaweedfs-*-{port}.sock"):
+            for path in glob.glob(f"/tmp/seaweedfs-*-{port}.sock") + glob.glob(f"/tmp/seaweedfs-*-{port + 10000}.sock"):
                 with contextlib.suppress(OSError):
                     os.unlink(path)
         return code

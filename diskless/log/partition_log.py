@@ -15,8 +15,8 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from diskless.protocol import records
+from diskless.storage import pointer
 
-from . import pointer
 from .config import LogConfig
 from .leader_epoch import LeaderEpochCache
 from .producer_state import ProducerStateManager, load_latest_snapshot, write_snapshot
@@ -27,6 +27,15 @@ LOG_START_FILE = "log-start-offset"
 EPOCH_FILE = "leader-epoch-checkpoint"
 HW_FILE = "high-watermark-checkpoint"
 _OFFSET_INDEX_ENTRY = 8
+
+
+def timestamp_allowed(header: records.BatchHeader, config: LogConfig, now_ms: int) -> bool:
+    """message.timestamp.before/after.max.ms for CreateTime topics, checked on the batch header."""
+    if config.message_timestamp_type != "CreateTime":
+        return True
+    too_new = header.max_timestamp > now_ms + config.message_timestamp_after_max_ms
+    too_old = 0 <= header.base_timestamp < now_ms - config.message_timestamp_before_max_ms
+    return not (too_new or too_old)
 
 
 class OffsetOutOfRange(Exception):
@@ -142,15 +151,10 @@ class PartitionLog:
         headers = []
         for batch in batches:
             header = records.validate_batch(batch, self.config.max_message_bytes)
-            if self.config.message_timestamp_type == "CreateTime" and not self._timestamp_allowed(header, now_ms):
+            if not timestamp_allowed(header, self.config, now_ms):
                 raise records.InvalidBatch("invalid_timestamp", "timestamp outside the allowed range")
             headers.append(header)
         return headers
-
-    def _timestamp_allowed(self, header: records.BatchHeader, now_ms: int) -> bool:
-        too_new = header.max_timestamp > now_ms + self.config.message_timestamp_after_max_ms
-        too_old = 0 <= header.base_timestamp < now_ms - self.config.message_timestamp_before_max_ms
-        return not (too_new or too_old)
 
     def append_as_leader(self, batches: Sequence[memoryview], leader_epoch: int, now_ms: int) -> AppendResult:
         """Assign offsets to validated producer batches and append them."""
@@ -194,7 +198,7 @@ class PartitionLog:
         assigned = bytearray(header[: records.HEADER_SIZE])
         records.assign_offset(assigned, base_offset, leader_epoch)
         last = base_offset + parsed.last_offset_delta
-        entry = pointer.encode_entry(assigned, object_key, position, parsed.size)
+        entry = pointer.encode_pointer_entry(assigned, object_key, position, parsed.size)
         self._append(entry, base_offset, last, parsed.max_timestamp, now_ms, POINTERS)
         self.producer_state.record(parsed, base_offset, parsed.max_timestamp)
         log_append_time = parsed.max_timestamp if parsed.is_log_append_time else -1
@@ -205,10 +209,10 @@ class PartitionLog:
         view = memoryview(data)
         pos = 0
         while pos < len(view):
-            size = pointer.entry_size_at(view, pos)
+            size = pointer.pointer_entry_size(view, pos)
             entry = view[pos : pos + size]
             pos += size
-            header = records.parse_header(entry, pointer.PREFIX_SIZE)
+            header = records.parse_header(entry, pointer.ENTRY_HEADER_POS)
             if header.base_offset < self.log_end_offset:
                 continue
             self.epochs.assign(header.partition_leader_epoch, header.base_offset)
@@ -452,6 +456,11 @@ class PartitionLog:
             self.segments.append(LogSegment(self.directory, offset, self.config.index_interval_bytes, now_ms))
         else:
             self.active_segment.truncate_to(offset)
+        if self.log_end_offset < self.log_start_offset:
+            # The removed batch straddled the log start (DeleteRecords mid-batch): as Kafka does,
+            # continue empty at the log start instead of below it.
+            self.truncate_fully_and_start_at(self.log_start_offset, now_ms)
+            return
         self.epochs.truncate_from_end(self.log_end_offset)
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
         self._rebuild_producer_state()

@@ -2,7 +2,7 @@
 
 A segment is of one kind. A *records* segment (``<baseOffset:020d>.log``, Kafka's layout) holds
 v2 record batches. A *pointers* segment (``<baseOffset:020d>.plog``) holds pointer entries
-(``pointer.py``): the batch header plus where the batch lives in a WAL object. Both kinds share
+(``diskless/storage/pointer.py``): the batch header plus where the batch lives in a WAL object. Both kinds share
 the indexes (``.index``, ``.timeindex``) and every offset/time lookup, because both start each
 entry with a real v2 batch header. The segment never looks inside records. Recovery walks the
 file entry by entry, checks lengths and CRCs, truncates a torn tail and rebuilds both indexes.
@@ -17,14 +17,21 @@ from dataclasses import dataclass
 
 from diskless.protocol import records
 from diskless.protocol.records import HEADER_SIZE, LOG_OVERHEAD
-
-from . import pointer
+from diskless.storage import pointer
 
 _INT32_MAX = 2**31 - 1
 RECORDS = "records"
 POINTERS = "pointers"
 SUFFIXES = {RECORDS: ".log", POINTERS: ".plog"}
 _POINTER_READ_CHUNK = 256 * 1024
+
+
+def _entry_intact(entry: bytes) -> bool:
+    try:
+        pointer.decode_entry(entry, 0)
+    except (pointer.CorruptEntry, ValueError):
+        return False
+    return True
 
 
 def segment_path(directory: str, base_offset: int, suffix: str) -> str:
@@ -98,10 +105,10 @@ class LogSegment:
                 return None
             header = records.parse_header(data)
             return header, header.size
-        data = os.pread(self._fd, pointer.PREFIX_SIZE + HEADER_SIZE, position)
-        if len(data) < pointer.PREFIX_SIZE + HEADER_SIZE:
+        data = os.pread(self._fd, pointer.ENTRY_HEADER_POS + HEADER_SIZE, position)
+        if len(data) < pointer.ENTRY_HEADER_POS + HEADER_SIZE:
             return None
-        return records.parse_header(data, pointer.PREFIX_SIZE), pointer.entry_size_at(data, 0)
+        return records.parse_header(data, pointer.ENTRY_HEADER_POS), pointer.pointer_entry_size(data, 0)
 
     def _header_at(self, position: int) -> records.BatchHeader | None:
         entry = self._entry_at(position)
@@ -148,11 +155,11 @@ class LogSegment:
         while position < self.size:
             chunk = os.pread(self._fd, min(_POINTER_READ_CHUNK, self.size - position), position)
             at = 0
-            while at + pointer.PREFIX_SIZE + HEADER_SIZE <= len(chunk):
-                size = pointer.entry_size_at(chunk, at)
+            while at + pointer.ENTRY_HEADER_POS + HEADER_SIZE <= len(chunk):
+                size = pointer.pointer_entry_size(chunk, at)
                 if at + size > len(chunk):
                     break
-                base, batch_size = records.peek_offset_and_size(chunk, at + pointer.PREFIX_SIZE)
+                base, batch_size = records.peek_offset_and_size(chunk, at + pointer.ENTRY_HEADER_POS)
                 if base >= max_offset or (served + batch_size > max_bytes and (served or not min_one)):
                     return bytes(out + chunk[:at])
                 served += batch_size
@@ -242,15 +249,13 @@ class LogSegment:
             if entry is None:
                 break
             header, size = entry
-            too_small = size < (pointer.MIN_ENTRY_SIZE if self.kind == POINTERS else HEADER_SIZE)
+            too_small = size < (pointer.ENTRY_FRAME_SIZE + HEADER_SIZE if self.kind == POINTERS else HEADER_SIZE)
             torn = too_small or good_end + size > self.size
             out_of_order = good_end > 0 and header.base_offset < self.next_offset
             if torn or out_of_order or header.magic != 2:
                 break
             on_disk = os.pread(self._fd, size, good_end)
-            intact = (
-                pointer.entry_crc_ok(on_disk) if self.kind == POINTERS else records.compute_crc(on_disk) == header.crc
-            )
+            intact = _entry_intact(on_disk) if self.kind == POINTERS else records.compute_crc(on_disk) == header.crc
             if not intact:
                 break
             self._track(good_end, header.base_offset, header.last_offset, size, header.max_timestamp)

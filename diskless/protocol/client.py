@@ -15,6 +15,7 @@ from typing import Any
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
+from . import internal
 from . import messages as m
 from .framing import FrameDecoder, encode_frame
 
@@ -34,7 +35,7 @@ class KafkaClientConnection:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._next_correlation = 0
-        self._waiting: dict[int, tuple[asyncio.Future[Any], type]] = {}
+        self._waiting: dict[int, tuple[asyncio.Future[Any], Any]] = {}
         self._read_task: asyncio.Task[None] | None = None
 
     @property
@@ -63,28 +64,51 @@ class KafkaClientConnection:
                 future.set_exception(exc)
         self._waiting.clear()
 
-    async def request(self, api_key: int, version: int, body: dict[str, Any], timeout: float = 30.0) -> Any:
+    def _send(self, api_key: int, version: int, flexible: bool, body: bytes, decode: Any) -> asyncio.Future[Any]:
+        """Write one request now (so request order on the wire is call order); returns its future."""
         if not self.connected:
             raise ClientError("not connected")
         assert self._writer is not None
-        request_cls = load_request_schema(api_key, version)
         self._next_correlation = (self._next_correlation + 1) & 0x7FFFFFFF
         correlation = self._next_correlation
-        out = io.BytesIO()
-        out.write(_HEADER.pack(api_key, version, correlation))
         client_id = self.client_id.encode()
-        out.write(struct.pack(">h", len(client_id)) + client_id)
-        if request_cls.__flexible__:
-            out.write(b"\x00")
-        entity_writer(request_cls)(out, m.build(request_cls, body))
+        header = _HEADER.pack(api_key, version, correlation) + struct.pack(">h", len(client_id)) + client_id
+        if flexible:
+            header += b"\x00"
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._waiting[correlation] = (future, load_response_schema(api_key, version))
-        self._writer.write(encode_frame(out.getvalue()))
+        self._waiting[correlation] = (future, decode)
+        self._writer.write(encode_frame(header + body))
+        return future
+
+    async def _await(self, future: asyncio.Future[Any], timeout: float) -> Any:
+        assert self._writer is not None
         await self._writer.drain()
         try:
-            return await asyncio.wait_for(future, timeout)
+            return await asyncio.wait_for(asyncio.shield(future), timeout)
         finally:
-            self._waiting.pop(correlation, None)
+            for correlation, (waiting, _) in list(self._waiting.items()):
+                if waiting is future:
+                    self._waiting.pop(correlation, None)
+
+    async def request(self, api_key: int, version: int, body: dict[str, Any], timeout: float = 30.0) -> Any:
+        request_cls = load_request_schema(api_key, version)
+        response_cls = load_response_schema(api_key, version)
+        out = io.BytesIO()
+        entity_writer(request_cls)(out, m.build(request_cls, body))
+        skip = 5 if response_cls.__flexible__ and api_key != m.API_API_VERSIONS else 4
+
+        def decode(frame: bytes) -> Any:
+            return entity_reader(response_cls)(memoryview(frame)[skip:], 0)[0]
+
+        future = self._send(api_key, version, bool(request_cls.__flexible__), out.getvalue(), decode)
+        return await self._await(future, timeout)
+
+    def send_internal(self, api_key: int, body: dict[str, Any]) -> asyncio.Future[Any]:
+        """Write an internal (msgpack) request now; await ``wait`` on the returned future."""
+        return self._send(api_key, 0, False, internal.pack(body), lambda frame: internal.unpack(memoryview(frame)[4:]))
+
+    async def wait(self, future: asyncio.Future[Any], timeout: float = 30.0) -> Any:
+        return await self._await(future, timeout)
 
     async def _read_loop(self) -> None:
         assert self._reader is not None
@@ -100,13 +124,12 @@ class KafkaClientConnection:
                     waiting = self._waiting.get(correlation)
                     if waiting is None:
                         continue
-                    future, response_cls = waiting
-                    pos = 4
-                    if response_cls.__flexible__ and response_cls.__api_key__ != m.API_API_VERSIONS:
-                        pos += 1  # empty tagged fields of response header v1
-                    entity, _ = entity_reader(response_cls)(memoryview(frame)[pos:], 0)
+                    future, decode = waiting
                     if not future.done():
-                        future.set_result(entity)
+                        try:
+                            future.set_result(decode(frame))
+                        except Exception as exc:
+                            future.set_exception(ClientError(f"undecodable response: {exc}"))
         except Exception as exc:  # connection lost or garbage: fail every waiter
             self._fail_all(exc if isinstance(exc, ClientError) else ClientError(str(exc)))
             if self._writer is not None:

@@ -40,6 +40,7 @@ class ReplicaFetcher:
         wait_max_ms: int,
         fetch_max_bytes: int,
         on_progress: Callable[[], None],
+        on_pointers: Callable[[bytes], None] = lambda entries: None,
     ) -> None:
         self.node_id = node_id
         self.leader_id = leader_id
@@ -47,6 +48,7 @@ class ReplicaFetcher:
         self.wait_max_ms = wait_max_ms
         self.fetch_max_bytes = fetch_max_bytes
         self.on_progress = on_progress
+        self.on_pointers = on_pointers
         self.partitions: dict[tuple[str, int], Partition] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -153,8 +155,12 @@ class ReplicaFetcher:
                     if diverging is not None and (diverging.epoch >= 0 or diverging.end_offset >= 0):
                         partition.truncate_on_divergence(DivergingEpoch(diverging.epoch, diverging.end_offset), now)
                     else:
-                        partition.on_fetched(data.records or b"", data.high_watermark, now)
-                    progressed = progressed or bool(data.records)
+                        entries = partition.on_fetched(
+                            data.records or b"", data.high_watermark, data.log_start_offset, now
+                        )
+                        if entries:
+                            self.on_pointers(entries)
+                    progressed = True
                 elif code == ErrorCode.offset_out_of_range and partition.log.log_end_offset < data.log_start_offset:
                     partition.log.truncate_fully_and_start_at(data.log_start_offset, now)
                 elif code in (

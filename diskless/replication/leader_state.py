@@ -20,6 +20,7 @@ class FollowerProgress:
     log_end_offset: int = UNKNOWN
     last_caught_up_ms: int = 0
     last_fetch_ms: int = 0
+    last_sent_hw: int = UNKNOWN  # the high watermark this follower was last told
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import struct
 from dataclasses import dataclass
 
 from diskless.cluster.metadata import PartitionState
@@ -21,6 +22,24 @@ from .leader_state import LeaderState
 LEADER = "leader"
 FOLLOWER = "follower"
 OFFLINE = "offline"
+
+
+# Replica fetches of a pointers segment carry pointer entries, not record batches. They travel in
+# the same ``records`` field behind this 12-byte envelope: a batch frame whose base offset is -1,
+# which no record batch in a log ever has, followed by the entries' total length.
+_POINTER_ENVELOPE = struct.Struct(">qi")
+
+
+def wrap_pointers(entries: bytes) -> bytes:
+    return _POINTER_ENVELOPE.pack(-1, len(entries)) + entries
+
+
+def unwrap_pointers(data: bytes) -> bytes | None:
+    """The pointer entries inside a replica fetch's records, or None for record batches."""
+    if len(data) >= _POINTER_ENVELOPE.size and data[:8] == b"\xff" * 8:
+        _, length = _POINTER_ENVELOPE.unpack_from(data, 0)
+        return data[_POINTER_ENVELOPE.size : _POINTER_ENVELOPE.size + length]
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +119,19 @@ class Partition:
             self._on_hw_advanced()
         return advanced
 
+    def hw_news_for(self, follower: int) -> bool:
+        """True (once) when ``follower`` has not yet been told the current high watermark.
+
+        Followers serve diskless reads up to the HW they know, so a HW change must reach them
+        now rather than with the next batch of data."""
+        if self.leader_state is None:
+            return False
+        progress = self.leader_state.followers.get(follower)
+        if progress is None or progress.last_sent_hw >= self.log.high_watermark:
+            return False
+        progress.last_sent_hw = self.log.high_watermark
+        return True
+
     def diverging_epoch(self, last_fetched_epoch: int, fetch_offset: int) -> DivergingEpoch | None:
         """Where a follower's log diverges from ours, if it does (Kafka's Partition.fetchRecords check)."""
         if last_fetched_epoch == UNDEFINED_EPOCH:
@@ -140,10 +172,18 @@ class Partition:
 
     # --- follower side --------------------------------------------------------------------------
 
-    def on_fetched(self, records: bytes, leader_hw: int, now_ms: int) -> None:
-        if records:
+    def on_fetched(self, records: bytes, leader_hw: int, leader_log_start: int, now_ms: int) -> bytes | None:
+        """Append what the leader sent; returns pointer entries appended (for prefetching)."""
+        entries = unwrap_pointers(records) if records else None
+        if entries is not None:
+            self.log.append_pointers_as_follower(entries, now_ms)
+        elif records:
             self.log.append_as_follower(records, now_ms)
         self.log.high_watermark = max(self.log.high_watermark, min(leader_hw, self.log.log_end_offset))
+        if leader_log_start > self.log.log_start_offset:
+            # Retention and DeleteRecords on the leader move our start too (references drop).
+            self.log.delete_records_before(min(leader_log_start, self.log.high_watermark))
+        return entries
 
     def truncate_on_divergence(self, diverging: DivergingEpoch, now_ms: int) -> None:
         if diverging.end_offset < 0:

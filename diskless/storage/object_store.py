@@ -223,6 +223,8 @@ class ObjectStore:
             # One pooled connection per thread, so no thread waits for a connection.
             max_pool_connections=max_concurrency,
             # A single attempt: tenacity retries, with backoff that releases the thread slot meanwhile.
+            # total_max_attempts, not max_attempts: the latter counts *retries*, so max_attempts=1 still
+            # sent every failed request twice (seen against a server answering 503).
             retries={"total_max_attempts": 1, "mode": "standard"},
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,

@@ -58,7 +58,7 @@ ENTRY_CRC_START = 8  # the crc covers everything from the kind byte on
 ENTRY_FRAME_SIZE = _FRAME.size  # 9: bytes before the batch header, whatever the kind
 ENTRY_HEADER_POS = ENTRY_FRAME_SIZE
 POINTER_ENTRY_OVERHEAD = ENTRY_FRAME_SIZE + HEADER_SIZE + _KEY_LENGTH.size + _LOCATION.size  # 84, + key length
-_MIN_ENTRY_LENGTH = ENTRY_FRAME_SIZE + HEADER_SIZE - ENTRY_LENGTH_SIZE  # smallest valid entryLength
+MIN_ENTRY_SIZE = ENTRY_FRAME_SIZE + HEADER_SIZE  # 70: an inline entry of a header-only batch
 _MAX_KEY_BYTES = 2**16 - 1
 _INT32_MAX = 2**31 - 1
 
@@ -150,14 +150,13 @@ def encode_inline_entry(batch: bytes | bytearray | memoryview) -> bytes:
 def pointer_entry_size(buf: bytes | bytearray | memoryview, pos: int) -> int:
     """Total size of the entry at ``pos`` (any kind), reading only its 4-byte length.
 
-    The caller checks that ``pos + size`` is within its data; ``decode_entry`` checks the rest.
+    Nothing else is checked, so garbage (e.g. a zero-filled tail after a crash) can yield a size
+    below ``MIN_ENTRY_SIZE`` or past the end of the data: a scanner must treat both as the end of
+    the valid entries. ``decode_entry`` checks everything.
     """
     if len(buf) - pos < ENTRY_LENGTH_SIZE:
         raise CorruptEntry(f"truncated entry length at {pos}")
-    (length,) = _LENGTH.unpack_from(buf, pos)
-    if length < _MIN_ENTRY_LENGTH:
-        raise CorruptEntry(f"impossible entry length {length} at {pos}")
-    return ENTRY_LENGTH_SIZE + length
+    return ENTRY_LENGTH_SIZE + _LENGTH.unpack_from(buf, pos)[0]
 
 
 def entry_header_at(buf: bytes | bytearray | memoryview, pos: int) -> BatchHeader:
@@ -167,7 +166,10 @@ def entry_header_at(buf: bytes | bytearray | memoryview, pos: int) -> BatchHeade
 
 def decode_entry(buf: bytes | bytearray | memoryview, pos: int) -> tuple[PointerEntry | InlineEntry, int]:
     """The fully validated entry at ``pos`` and the position just after it."""
-    end = pos + pointer_entry_size(buf, pos)
+    size = pointer_entry_size(buf, pos)
+    if size < MIN_ENTRY_SIZE:
+        raise CorruptEntry(f"impossible entry size {size} at {pos}")
+    end = pos + size
     if end > len(buf):
         raise CorruptEntry(f"entry at {pos} runs past the end of the data ({end} > {len(buf)})")
     view = memoryview(buf)[pos:end]
@@ -185,6 +187,8 @@ def decode_entry(buf: bytes | bytearray | memoryview, pos: int) -> tuple[Pointer
     if kind != KIND_POINTER:
         raise CorruptEntry(f"unknown entry kind {kind} at {pos}")
     key_pos = ENTRY_HEADER_POS + HEADER_SIZE + _KEY_LENGTH.size
+    if len(view) < key_pos + _LOCATION.size:
+        raise CorruptEntry(f"pointer entry at {pos} is too short for a pointer")
     (key_length,) = _KEY_LENGTH.unpack_from(view, key_pos - _KEY_LENGTH.size)
     if key_pos + key_length + _LOCATION.size != len(view):
         raise CorruptEntry(f"pointer entry at {pos} has an inconsistent key length")
@@ -221,3 +225,23 @@ def serve_batch(wal_bytes_range: bytes | bytearray | memoryview, base_offset: in
         raise CorruptWalObject("WAL byte range is not exactly one v2 record batch")
     records.assign_offset(out, base_offset, leader_epoch)
     return out
+
+
+def iter_entries(buf: bytes | bytearray | memoryview) -> list[PointerEntry | InlineEntry]:
+    """Every entry of a run of whole entries (as a segment read returns them), validated."""
+    out: list[PointerEntry | InlineEntry] = []
+    pos = 0
+    while pos < len(buf):
+        entry, pos = decode_entry(buf, pos)
+        out.append(entry)
+    return out
+
+
+def served_size(buf: bytes | bytearray | memoryview) -> int:
+    """Bytes the batches behind a run of entries will take in a fetch response (headers only)."""
+    total = 0
+    pos = 0
+    while pos < len(buf):
+        total += entry_header_at(buf, pos).size
+        pos += pointer_entry_size(buf, pos)
+    return total

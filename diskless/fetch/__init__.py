@@ -1,0 +1,1 @@
+"""Diskless fetch path: turning pointer entries into record batches from object storage."""

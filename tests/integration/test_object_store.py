@@ -1,0 +1,332 @@
+"""``ObjectStore`` against a real SeaweedFS (``weed mini``) started by ``diskless.local.servers.S3Server``.
+
+One server serves the module; each test works under its own key prefix. The retry tests use an
+address where nothing listens, a tiny HTTP server that always answers 503, and (once) a second
+SeaweedFS that is stopped and restarted while a request is retrying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import os
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import botocore.exceptions
+import pytest
+
+from diskless.local.servers import S3Server, free_port
+from diskless.storage.object_store import (
+    InvalidRange,
+    NoSuchKey,
+    ObjectStore,
+    is_retriable,
+)
+
+pytestmark = pytest.mark.integration
+
+BUCKET = "diskless-test"
+MiB = 1024 * 1024
+
+
+def processes_using(path: Path) -> list[str]:
+    """PIDs of processes whose command line mentions ``path`` (our server's data dir)."""
+    result = subprocess.run(["pgrep", "-f", str(path)], capture_output=True, text=True, check=False)
+    return [pid for pid in result.stdout.split() if pid != str(os.getpid())]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    data_dir = tmp_path_factory.mktemp("object-store") / "s3"
+    server = S3Server(data_dir).start()
+    try:
+        server.create_bucket(BUCKET)
+        yield server
+    finally:
+        server.stop()
+        assert processes_using(data_dir) == [], "the S3 server outlived its fixture"
+
+
+def make_store(server: S3Server, **kwargs: object) -> ObjectStore:
+    return ObjectStore(server.endpoint, BUCKET, server.access_key, server.secret_key, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def store(s3: S3Server) -> AsyncIterator[ObjectStore]:
+    async with make_store(s3) as object_store:
+        yield object_store
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}/"
+
+
+async def test_put_get_head(store: ObjectStore, prefix: str) -> None:
+    body = os.urandom(MiB + 7)
+    await store.put(prefix + "big", body)
+    await store.put(prefix + "empty", b"")
+    assert await store.get(prefix + "big") == body
+    assert await store.get(prefix + "empty") == b""
+    assert await store.head(prefix + "big") == len(body)
+    assert await store.head(prefix + "empty") == 0
+    assert await store.head(prefix + "missing") is None
+    # Overwrite replaces.
+    await store.put(prefix + "big", b"small")
+    assert await store.get(prefix + "big") == b"small"
+    assert store.stats.puts == 3 and store.stats.gets == 3 and store.stats.heads == 3
+    assert store.stats.put_bytes == len(body) + 5
+    assert store.stats.get_bytes == len(body) + 5
+    assert store.stats.retries == 0 and store.stats.failures == 0
+
+
+async def test_get_range_edges(store: ObjectStore, prefix: str) -> None:
+    body = bytes(range(256)) * 40  # 10240 bytes
+    key = prefix + "obj"
+    await store.put(key, body)
+    assert await store.get_range(key, 0, 0) == body[:1]
+    assert await store.get_range(key, 0, len(body) - 1) == body
+    assert await store.get_range(key, len(body) - 1, len(body) - 1) == body[-1:]
+    assert await store.get_range(key, 1000, 4999) == body[1000:5000]
+    # Past the end: cut at the end, as HTTP ranges are; starting at the end is unsatisfiable.
+    assert await store.get_range(key, len(body) - 3, len(body) + 100) == body[-3:]
+    with pytest.raises(InvalidRange):
+        await store.get_range(key, len(body), len(body) + 10)
+    with pytest.raises(ValueError):
+        await store.get_range(key, 10, 9)
+    with pytest.raises(ValueError):
+        await store.get_range(key, -1, 9)
+    # InvalidRange is an answer: no retries, not a failure.
+    assert store.stats.retries == 0 and store.stats.failures == 0
+
+
+async def test_get_ranges_coalesces(store: ObjectStore, prefix: str) -> None:
+    body = os.urandom(100_000)
+    key = prefix + "wal"
+    await store.put(key, body)
+    ranges = [(90_000, 95_000), (0, 100), (200, 300), (300, 300), (50_000, 50_010), (150, 250)]
+    gets_before = store.stats.gets
+    parts = await store.get_ranges(key, ranges, max_gap=1_000, max_size=50_000)
+    assert parts == [body[s:e] for s, e in ranges]
+    # [0, 300) in one GET, then 50_000 and 90_000 alone.
+    assert store.stats.gets - gets_before == 3
+    with pytest.raises(InvalidRange):
+        await store.get_ranges(key, [(99_990, 100_010)])
+
+
+async def test_missing_key_raises_no_such_key_without_retries(store: ObjectStore, prefix: str) -> None:
+    with pytest.raises(NoSuchKey) as info:
+        await store.get(prefix + "missing")
+    assert info.value.key == prefix + "missing"
+    with pytest.raises(NoSuchKey):
+        await store.get_range(prefix + "missing", 0, 10)
+    assert store.stats.gets == 2 and store.stats.retries == 0 and store.stats.failures == 0
+
+
+async def test_missing_bucket_is_not_retried(s3: S3Server) -> None:
+    async with ObjectStore(s3.endpoint, "no-such-bucket-here", s3.access_key, s3.secret_key) as store:
+        with pytest.raises(botocore.exceptions.ClientError) as info:
+            await store.put("k", b"v")
+        # SeaweedFS answers AccessDenied here, S3 and MinIO NoSuchBucket: a 4xx either way, not retried.
+        assert info.value.response["Error"]["Code"] in ("NoSuchBucket", "AccessDenied")
+        assert store.stats.puts == 1 and store.stats.retries == 0 and store.stats.failures == 1
+
+
+async def test_ensure_bucket_creates_once(s3: S3Server) -> None:
+    bucket = f"made-{uuid.uuid4().hex[:8]}"
+    async with ObjectStore(s3.endpoint, bucket, s3.access_key, s3.secret_key) as store:
+        await store.ensure_bucket()
+        await store.ensure_bucket()  # idempotent
+        await store.put("k", b"v")
+        assert await store.get("k") == b"v"
+
+
+async def test_list_pagination_prefix_start_after_and_delete_many(store: ObjectStore, prefix: str) -> None:
+    keys = [f"{prefix}wal/{i:05d}" for i in range(2_500)]
+    others = [f"{prefix}other/{i}" for i in range(5)]
+    await asyncio.gather(*(store.put(key, key.encode()) for key in keys + others))
+
+    lists_before = store.stats.lists
+    listed = [info async for info in store.list(prefix + "wal/", page_size=1000)]
+    assert [info.key for info in listed] == keys  # complete, sorted, nothing from other/
+    assert store.stats.lists - lists_before == 3  # 1000 + 1000 + 500
+    assert all(info.size == len(info.key) for info in listed)
+    now_ms = time.time() * 1000
+    assert all(now_ms - 600_000 < info.last_modified_ms <= now_ms + 5_000 for info in listed)
+
+    assert [info.key async for info in store.list(prefix + "other/")] == others
+    assert [info.key async for info in store.list(prefix + "wal/", start_after=keys[1_234])] == keys[1_235:]
+    assert [info.key async for info in store.list(prefix + "wal/", start_after=keys[-1])] == []
+    assert [info.key async for info in store.list(prefix + "nothing/")] == []
+    # Stopping early fetches no further page.
+    lists_before = store.stats.lists
+    async for _ in store.list(prefix + "wal/", page_size=100):
+        break
+    assert store.stats.lists - lists_before == 1
+
+    # 2,500 keys -> 3 DeleteObjects requests; missing and duplicate keys are not failures.
+    deletes_before = store.stats.deletes
+    failed = await store.delete_many(keys + keys[:10] + [prefix + "wal/never-existed"])
+    assert failed == []
+    assert store.stats.deletes - deletes_before == 3
+    assert [info.key async for info in store.list(prefix)] == others
+    assert await store.delete_many([]) == []
+
+
+async def test_concurrency_is_bounded(s3: S3Server, prefix: str) -> None:
+    async with make_store(s3, max_concurrency=4) as store:
+        in_flight, peak = 0, 0
+        lock = threading.Lock()
+        real_put = store._client.put_object
+
+        def counting_put(**kwargs: object) -> object:
+            nonlocal in_flight, peak
+            with lock:
+                in_flight += 1
+                peak = max(peak, in_flight)
+            try:
+                time.sleep(0.01)  # keep requests overlapping so the bound is actually reached
+                return real_put(**kwargs)
+            finally:
+                with lock:
+                    in_flight -= 1
+
+        store._client.put_object = counting_put
+        bodies = {f"{prefix}c/{i:02d}": os.urandom(1_000 + i) for i in range(64)}
+        await asyncio.gather(*(store.put(k, v) for k, v in bodies.items()))
+        assert peak == 4
+        assert store.stats.puts == 64 and store.stats.put_bytes == sum(map(len, bodies.values()))
+        got = await asyncio.gather(*(store.get(k) for k in bodies))
+        assert got == list(bodies.values())
+        assert store.stats.gets == 64 and store.stats.get_bytes == store.stats.put_bytes
+
+
+async def test_cancelled_caller_does_not_free_a_busy_slot(s3: S3Server, prefix: str) -> None:
+    async with make_store(s3, max_concurrency=1) as store:
+        release = threading.Event()
+        real_put = store._client.put_object
+
+        def blocking_put(**kwargs: object) -> object:
+            release.wait(10)
+            return real_put(**kwargs)
+
+        store._client.put_object = blocking_put
+        first = asyncio.create_task(store.put(prefix + "a", b"a"))
+        await asyncio.sleep(0.1)
+        first.cancel()
+        second = asyncio.create_task(store.put(prefix + "b", b"b"))
+        await asyncio.sleep(0.1)
+        # The only thread is still busy with the cancelled request, so the second one waits for it.
+        assert not second.done() and store.stats.puts == 1
+        release.set()
+        await second
+        assert store.stats.puts == 2
+
+
+async def test_unreachable_endpoint_fails_after_max_attempts() -> None:
+    port = free_port()  # nothing listens here
+    store = ObjectStore(
+        f"http://127.0.0.1:{port}", BUCKET, "k", "s", max_attempts=3, backoff_initial=0.01, backoff_max=0.05
+    )
+    async with store:
+        started = time.monotonic()
+        with pytest.raises(botocore.exceptions.EndpointConnectionError):
+            await store.put("k", b"v")
+        elapsed = time.monotonic() - started
+        assert store.stats.puts == 3 and store.stats.retries == 2 and store.stats.failures == 1
+        assert store.stats.put_bytes == 0
+        assert elapsed < 2.0
+        # delete_many reports the keys instead of raising.
+        assert await store.delete_many(["a", "b"]) == ["a", "b"]
+        assert store.stats.deletes == 3
+
+
+class _Always503(http.server.BaseHTTPRequestHandler):
+    """An S3 endpoint that is permanently overloaded."""
+
+    requests = 0
+
+    def _slow_down(self) -> None:
+        type(self).requests += 1
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        body = b"<?xml version='1.0'?><Error><Code>SlowDown</Code><Message>Reduce your rate</Message></Error>"
+        self.send_response(503)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_PUT = do_HEAD = do_POST = do_DELETE = _slow_down
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+async def test_503_slow_down_is_retried_up_to_max_attempts() -> None:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Always503)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        async with ObjectStore(endpoint, BUCKET, "k", "s", max_attempts=4, backoff_initial=0.01) as store:
+            with pytest.raises(botocore.exceptions.ClientError) as info:
+                await store.get("k")
+            assert info.value.response["Error"]["Code"] == "SlowDown"
+            assert store.stats.gets == 4 and store.stats.retries == 3
+            assert _Always503.requests == 4  # botocore itself did not retry
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+async def test_request_survives_s3_restart(tmp_path: Path) -> None:
+    server = S3Server(tmp_path / "s3").start()
+    try:
+        server.create_bucket(BUCKET)
+        async with make_store(server, max_attempts=30, backoff_initial=0.05, backoff_max=0.5) as store:
+            await store.put("k", b"survives")
+            await asyncio.to_thread(server.stop)
+            reading = asyncio.create_task(store.get("k"))
+            await asyncio.sleep(0.5)
+            assert not reading.done()  # retrying against a dead endpoint
+            await asyncio.to_thread(server.start)
+            assert await asyncio.wait_for(reading, 30) == b"survives"
+            assert store.stats.retries >= 1 and store.stats.failures == 0
+    finally:
+        server.stop()
+    assert processes_using(tmp_path / "s3") == []
+
+
+async def test_closed_store_refuses_calls(s3: S3Server) -> None:
+    store = make_store(s3)
+    await store.close()
+    await store.close()  # idempotent
+    with pytest.raises(RuntimeError):
+        await store.head("k")
+
+
+def test_retriable_classification() -> None:
+    def client_error(status: int, code: str) -> botocore.exceptions.ClientError:
+        response = {"Error": {"Code": code, "Message": ""}, "ResponseMetadata": {"HTTPStatusCode": status}}
+        return botocore.exceptions.ClientError(response, "GetObject")  # type: ignore[arg-type]
+
+    assert is_retriable(client_error(503, "SlowDown"))
+    assert is_retriable(client_error(500, "InternalError"))
+    assert is_retriable(client_error(502, "BadGateway"))
+    assert is_retriable(client_error(400, "RequestTimeout"))
+    assert is_retriable(botocore.exceptions.EndpointConnectionError(endpoint_url="http://x"))
+    assert is_retriable(botocore.exceptions.ReadTimeoutError(endpoint_url="http://x"))
+    assert is_retriable(botocore.exceptions.ConnectionClosedError(endpoint_url="http://x"))
+    assert not is_retriable(client_error(404, "NoSuchKey"))
+    assert not is_retriable(client_error(403, "AccessDenied"))
+    assert not is_retriable(client_error(416, "InvalidRange"))
+    assert not is_retriable(NoSuchKey("k"))
+    assert not is_retriable(ValueError("bug"))
