@@ -46,7 +46,7 @@ async def _run_broker(args: argparse.Namespace) -> int:
     await broker.start()
     if args.ready_file:
         with open(args.ready_file, "w") as f:
-            f.write(f"{broker.port}\n")
+            f.write(f"{broker.port} {broker.metrics_port}\n")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -52,7 +52,7 @@ class BrokerConfig:
     log_retention_check_interval_ms: int = field(default=300000, metadata=_prop("log.retention.check.interval.ms"))
     socket_request_max_bytes: int = field(default=104857600, metadata=_prop("socket.request.max.bytes"))
     metrics_port: int = field(default=-1, metadata=_prop("metrics.port", "Prometheus endpoint port; -1 disables it."))
-    metrics_host: str = field(default="127.0.0.1", metadata=_prop("metrics.host"))
+    metrics_host: str | None = field(default=None, metadata=_prop("metrics.host", "Defaults to the listener's host."))
     metadata_etcd_endpoints: str | None = field(
         default=None, metadata=_prop("metadata.etcd.endpoints", "host:port of etcd; unset runs a standalone broker.")
     )

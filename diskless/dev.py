@@ -124,8 +124,15 @@ class DevCluster:
         return [*head, *self.brokers]
 
     def start(self) -> None:
+        """S3 (brokers check their bucket at startup), then etcd, then all brokers booting in parallel."""
         self.root.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
+        self.s3 = S3Server(self.root / "s3")
+        self.s3.detached = True
+        self.s3.start()
+        self.s3.create_bucket(BUCKET)
+        self.say(f"  s3         {self.s3.endpoint}  ({self.s3.kind}, bucket '{BUCKET}')  pid {self.s3.pid}")
+        self.request.check()
         self.etcd = self._start_etcd()
         self.say(f"  etcd       http://{self.etcd.endpoint}  pid {self.etcd.pid}")
         self.request.check()
@@ -133,6 +140,10 @@ class DevCluster:
             "broker.session.timeout.ms": str(SESSION_TIMEOUT_MS),
             "controlled.shutdown.timeout.ms": str(CONTROLLED_SHUTDOWN_TIMEOUT_MS),
             "default.replication.factor": str(min(3, len(self.slots))),
+            "diskless.s3.endpoint": self.s3.endpoint,
+            "diskless.s3.bucket": BUCKET,
+            "diskless.s3.access.key": self.s3.access_key,
+            "diskless.s3.secret.key": self.s3.secret_key,
         }
         for index, slot in enumerate(self.slots):
             broker = BrokerServer(
@@ -142,12 +153,6 @@ class DevCluster:
             broker.port = self._broker_port(slot.host, index)
             self.brokers.append(broker)
             broker.spawn()
-        # The brokers boot while the object store starts.
-        self.s3 = S3Server(self.root / "s3")
-        self.s3.detached = True
-        self.s3.start()
-        self.s3.create_bucket(BUCKET)
-        self.say(f"  s3         {self.s3.endpoint}  ({self.s3.kind}, bucket '{BUCKET}')  pid {self.s3.pid}")
         for broker in self.brokers:
             self.request.check()
             self._wait_broker(broker)
@@ -486,6 +491,8 @@ def _run(cluster: DevCluster, demo: bool) -> int:
     (cluster.root / "cluster.json").unlink(missing_ok=True)
     azs = sorted({slot.az for slot in cluster.slots})
     say(f"diskless dev: {_count(len(cluster.slots), 'broker')} in {_count(len(azs), 'AZ')}, data in {cluster.root}")
+    if (cluster.root / "broker-0" / "cluster-metadata.json").exists():
+        say(f"  note: {cluster.root / 'broker-0'} is from the former single-broker `diskless dev`; it is not used")
     code = 0
     try:
         cluster.start()

@@ -35,11 +35,12 @@ def broker(broker_factory: Callable[..., BrokerProcess]) -> BrokerProcess:
 class LocalCluster:
     """etcd plus N brokers spread over AZs, each AZ on its own loopback network (127.0.<az>.x)."""
 
-    def __init__(self, root: Path, brokers: int, azs: int, overrides: dict[str, str]) -> None:
-        from diskless.local.servers import BrokerServer, EtcdServer
+    def __init__(self, root: Path, brokers: int, azs: int, overrides: dict[str, str], s3: bool = False) -> None:
+        from diskless.local.servers import BrokerServer, EtcdServer, S3Server
 
         self.root = root
         self.etcd = EtcdServer(root / "etcd")
+        self.s3 = S3Server(root / "s3") if s3 else None
         self.brokers = []
         for node_id in range(brokers):
             az = node_id % azs
@@ -50,10 +51,17 @@ class LocalCluster:
 
     def start(self) -> LocalCluster:
         self.etcd.start()
+        if self.s3 is not None:
+            self.s3.start()
         for broker in self.brokers:
             broker.etcd = self.etcd.endpoint
+            if self.s3 is not None:
+                broker.overrides.setdefault("diskless.s3.endpoint", self.s3.endpoint)
             broker.start()
         return self
+
+    def bootstrap_in(self, az: str) -> str:
+        return ",".join(b.bootstrap for b in self.brokers if b.rack == az and b.alive())
 
     @property
     def bootstrap(self) -> str:
@@ -68,20 +76,25 @@ class LocalCluster:
         for broker in self.brokers:
             broker.stop()
         self.etcd.stop()
+        if self.s3 is not None:
+            self.s3.stop()
 
     def kill_all(self) -> None:
         for broker in self.brokers:
             broker.kill()
         self.etcd.kill()
+        if self.s3 is not None:
+            self.s3.kill()
 
 
 @pytest.fixture
 def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     started: list[LocalCluster] = []
 
-    def make(brokers: int = 3, azs: int = 3, overrides: dict[str, str] | None = None) -> LocalCluster:
-        defaults = {"broker.session.timeout.ms": "3000", "replica.lag.time.max.ms": "5000"}
-        cluster = LocalCluster(tmp_path / f"cluster-{len(started)}", brokers, azs, {**defaults, **(overrides or {})})
+    def make(brokers: int = 3, azs: int = 3, overrides: dict[str, str] | None = None, s3: bool = False) -> LocalCluster:
+        defaults = {"broker.session.timeout.ms": "3000", "replica.lag.time.max.ms": "5000", "metrics.port": "0"}
+        root = tmp_path / f"cluster-{len(started)}"
+        cluster = LocalCluster(root, brokers, azs, {**defaults, **(overrides or {})}, s3)
         started.append(cluster)
         return cluster.start()
 

@@ -132,7 +132,7 @@ class Broker:
         if self.representative is not None:
             await self.representative.connect_leaders()
         if self.config.metrics_port >= 0:
-            self.metrics_port = serve_metrics(self.config.metrics_host, self.config.metrics_port)
+            self.metrics_port = serve_metrics(self.config.metrics_host or listener.host, self.config.metrics_port)
         self._tasks.append(
             asyncio.create_task(self._every(self.config.log_retention_check_interval_ms / 1000, self.apply_retention))
         )

@@ -314,4 +314,17 @@ class BrokerServer(ManagedProcess):
         ready = self.ready_file
         assert self.proc is not None
         _wait(lambda: ready.exists() and bool(ready.read_text().strip()), timeout, self.proc, f"broker {self.node_id}")
+        fields = ready.read_text().split()
+        self.metrics_port = int(fields[1]) if len(fields) > 1 else -1
         return self
+
+    def metrics(self) -> dict[str, float]:
+        """This broker's Prometheus samples, ``name{labels}`` -> value (needs metrics.port >= 0)."""
+        with urllib.request.urlopen(f"http://{self.host}:{self.metrics_port}/metrics", timeout=5) as response:
+            text = response.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                out[name] = float(value)
+        return out

@@ -424,12 +424,9 @@ def parse_trailer(buf: bytes | bytearray | memoryview, footer: Footer) -> Traile
     try:
         raw = _decompress_trailer(bytes(buf)) if footer.compressed else buf
         document = msgpack.unpackb(raw, raw=False, use_list=True)
-        return _trailer_from_document(document, footer)
-    except CorruptWalObject:
-        raise
-    except (ValueError, TypeError, KeyError, IndexError, zstandard.ZstdError) as exc:
-        # msgpack's errors are ValueError subclasses; a bad UUID is a ValueError too.
+    except (ValueError, zstandard.ZstdError) as exc:  # msgpack's errors are ValueErrors
         raise CorruptWalObject(f"undecodable trailer: {exc}") from None
+    return _trailer_from_document(document, footer)
 
 
 def parse_tail(tail: bytes | bytearray | memoryview, object_size: int | None = None) -> tuple[Footer, Trailer | None]:
@@ -453,25 +450,37 @@ def _decompress_trailer(data: bytes) -> bytes:
 
 
 def _trailer_from_document(document: Any, footer: Footer) -> Trailer:
+    # The crc proves the bytes are what some writer wrote, not that the writer was right: check
+    # every type, so a bad trailer surfaces as CorruptWalObject and not as an arbitrary error.
     if not isinstance(document, dict):
         raise CorruptWalObject("trailer is not a msgpack map")
-    version = document["format_version"]
+    version = document.get("format_version")
     if version != footer.version:
-        raise CorruptWalObject(f"trailer version {version} differs from footer version {footer.version}")
+        raise CorruptWalObject(f"trailer version {version!r} differs from footer version {footer.version}")
+    created_ms, broker_id, az = document.get("created_ms"), document.get("broker_id"), document.get("az")
+    if type(created_ms) is not int or type(broker_id) is not int or not isinstance(az, str):
+        raise CorruptWalObject("trailer lacks a valid created_ms, broker_id or az")
+    groups = document.get("partitions")
+    if not isinstance(groups, list):
+        raise CorruptWalObject("trailer lacks its partitions list")
     entries = []
-    for group in document["partitions"]:
-        topic_id = UUID(bytes=bytes(group[0]))
-        partition = group[1]
-        for row in group[2]:
+    for group in groups:
+        if not (isinstance(group, list) and len(group) >= 3 and isinstance(group[0], bytes) and len(group[0]) == 16):
+            raise CorruptWalObject(f"malformed trailer group {group!r:.80}")
+        topic_id, partition, rows = UUID(bytes=group[0]), group[1], group[2]
+        if type(partition) is not int or not isinstance(rows, list):
+            raise CorruptWalObject(f"malformed trailer group {group!r:.80}")
+        for row in rows:
+            if not isinstance(row, list) or len(row) < 9 or not all(type(v) is int for v in row[:9]):
+                raise CorruptWalObject(f"malformed trailer entry {row!r:.80}")
             entry = TrailerEntry(topic_id, partition, *row[:9])
-            # The trailer's crc proves it is what the writer wrote; these checks catch writer bugs
-            # and pointers into the trailer or footer before anyone slices with them.
+            # Catch writer bugs and pointers into the trailer or footer before anyone slices with them.
             if entry.offset < OBJECT_HEADER_SIZE or entry.offset + entry.size > footer.trailer_offset:
                 raise CorruptWalObject(f"trailer entry {entry.offset}+{entry.size} lies outside the batch area")
             if entry.size < BATCH_HEADER_SIZE:
                 raise CorruptWalObject(f"trailer entry at {entry.offset} is smaller than a batch header")
             entries.append(entry)
-    return Trailer(version, document["created_ms"], document["broker_id"], document["az"], tuple(entries))
+    return Trailer(version, created_ms, broker_id, az, tuple(entries))
 
 
 class WalObjectReader:

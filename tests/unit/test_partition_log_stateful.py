@@ -122,6 +122,22 @@ class PartitionLogMachine(RuleBasedStateMachine):
         assert first.size == 0 or self.log.size_bytes - first.size < limit
         self._advance_start(new_start)
 
+    @rule(retention_ms=st.integers(0, 400), wait=st.integers(0, 200))
+    def retention_by_time(self, retention_ms: int, wait: int) -> None:
+        self.now += wait
+        before = [(s.next_offset, s.max_timestamp, s.size) for s in self.log.segments]
+        self.log.update_config(dataclasses.replace(self.log.config, retention_ms=retention_ms))
+        self.log.apply_retention(self.now)
+        self.log.update_config(dataclasses.replace(self.log.config, retention_ms=604800000))
+        new_start = self.log.log_start_offset
+        for next_offset, max_ts, size in before:
+            if next_offset <= new_start and next_offset > self.log_start and size:
+                assert self.now - max_ts > retention_ms, "deleted a segment within retention.ms"
+        # the oldest remaining segment with data is still within retention (or everything went)
+        first = self.log.segments[0]
+        assert first.size == 0 or first.next_offset <= self.log_start or self.now - first.max_timestamp <= retention_ms
+        self._advance_start(new_start)
+
     @precondition(lambda self: self.leo > self.log_start)
     @rule(data=st.data())
     def delete_records(self, data: st.DataObject) -> None:
@@ -139,6 +155,22 @@ class PartitionLogMachine(RuleBasedStateMachine):
         self.batch_bases = [b for b in self.batch_bases if b < target]
         self.leo = target
         assert self.log.log_end_offset == target
+
+    @precondition(lambda self: self.leo > self.log_start)
+    @rule(data=st.data())
+    def truncate_anywhere(self, data: st.DataObject) -> None:
+        target = data.draw(st.integers(self.log_start, self.leo - 1), label="target")
+        holder = max(b for b in self.batch_bases if b <= target)
+        cut = holder  # the batch holding the target goes whole, as Kafka's LogSegment.truncateTo
+        if cut < self.log_start:
+            cut = self.log_start  # ... but the log never ends below its start: it restarts empty there
+            self.batch_bases = []
+        self.log.truncate_to(target, self.now)
+        for offset in range(cut, self.leo):
+            self.model.pop(offset, None)
+        self.batch_bases = [b for b in self.batch_bases if b < cut]
+        self.leo = cut
+        assert self.log.log_end_offset == cut
 
     def _advance_start(self, new_start: int) -> None:
         assert new_start >= self.log_start
