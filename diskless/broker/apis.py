@@ -27,6 +27,7 @@ from diskless.log.segment import POINTERS
 from diskless.metrics import DISKLESS_COMMIT_SECONDS
 from diskless.protocol import internal, records
 from diskless.protocol import messages as m
+from diskless.protocol.client import ClientError
 from diskless.replication.partition import FOLLOWER, Partition, wrap_pointers
 from diskless.storage import pointer
 
@@ -81,6 +82,7 @@ class KafkaApis:
         }
         self._internal_handlers: dict[int, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
             internal.INTERNAL_COMMIT_BATCHES: self.commit_batches_now,
+            internal.INTERNAL_FETCH_POINTERS: self.fetch_pointers_rpc,
         }
 
     # --- zones ---------------------------------------------------------------------------------
@@ -518,13 +520,68 @@ class KafkaApis:
         max_wait_ms = _ms(request.max_wait)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
-            responses, total, has_error, remote = self._fetch_once(request)
+            responses, total, has_error, remote, forwards = self._fetch_once(request)
+            if forwards:
+                total += await self._fetch_from_leaders(forwards, remote)
             remaining = deadline - time.monotonic()
             if total >= request.min_bytes or has_error or remaining <= 0 or (total > 0 and request.min_bytes <= 1):
                 if remote:
                     await self._serve_pointers(remote)
                 return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": responses}
-            await self.broker.replicas.wait_for_append(remaining)
+            # Partitions read through their leader get no local wake-up: poll them at a short interval.
+            await self.broker.replicas.wait_for_append(min(remaining, 0.1) if forwards else remaining)
+
+    async def _fetch_from_leaders(
+        self, forwards: list[tuple[dict[str, Any], str, int, int, int, int]], remote: list[tuple[dict[str, Any], bytes]]
+    ) -> int:
+        """Diskless partitions with no replica here: pointers (metadata only) come from the leader,
+        the data from object storage in this AZ. Returns the bytes the batches will take."""
+
+        async def one(item: tuple[dict[str, Any], str, int, int, int, int]) -> int:
+            entry, topic, partition, offset, limit, leader = item
+            body = {"topic": topic, "partition": partition, "offset": offset, "max_bytes": limit}
+            try:
+                conn = await self.broker.peers.get(leader)
+                answer = await conn.wait(conn.send_internal(internal.INTERNAL_FETCH_POINTERS, body), timeout=10)
+            except (ClientError, OSError, TimeoutError):
+                entry["error_code"] = ErrorCode.not_leader_or_follower
+                return 0
+            entry["error_code"] = ErrorCode(answer["error_code"])
+            for field in ("high_watermark", "log_start_offset"):
+                entry[field] = answer.get(field, -1)
+            entry["last_stable_offset"] = entry["high_watermark"]
+            data = answer.get("data", b"")
+            if answer.get("kind") == POINTERS and data:
+                remote.append((entry, data))
+                return pointer.served_size(data)
+            entry["records"] = data
+            return len(data)
+
+        sizes = await asyncio.gather(*(one(item) for item in forwards))
+        return sum(sizes)
+
+    async def fetch_pointers_rpc(self, body: dict[str, Any]) -> dict[str, Any]:
+        """FetchPointers on the leader: a slice of the log for a broker that has no replica."""
+        code, plog, _ = self._leader_log(body["topic"], body["partition"])
+        if plog is None:
+            return {"error_code": int(code)}
+        answer = {"high_watermark": plog.high_watermark, "log_start_offset": plog.log_start_offset}
+        try:
+            result = plog.read(body["offset"], body["max_bytes"], min_one=True)
+        except OffsetOutOfRange:
+            return {"error_code": int(ErrorCode.offset_out_of_range), **answer}
+        return {"error_code": 0, "kind": result.kind, "data": result.records, **answer}
+
+    def _preferred_read_replica(self, replica: Partition | None, rack: str) -> int:
+        """KIP-392 for classic topics: a consumer that sent its rack is sent to an in-sync replica
+        there (diskless topics need none of this: metadata already points clients into their AZ)."""
+        if not rack or replica is None or replica.leader_state is None or rack == self.local_az:
+            return -1
+        for node_id in replica.isr:
+            info = self._meta.brokers.get(node_id)
+            if node_id != self.broker.node_id and info is not None and info.rack == rack:
+                return node_id
+        return -1
 
     async def _serve_pointers(self, remote: list[tuple[dict[str, Any], bytes]]) -> None:
         """Replace pointer entries by the batches they point to (cache, else ranged GETs)."""
@@ -542,7 +599,15 @@ class KafkaApis:
 
         await asyncio.gather(*(one(entry, raw) for entry, raw in remote))
 
-    def _fetch_once(self, request: Any) -> tuple[list[dict[str, Any]], int, bool, list[tuple[dict[str, Any], bytes]]]:
+    def _fetch_once(
+        self, request: Any
+    ) -> tuple[
+        list[dict[str, Any]],
+        int,
+        bool,
+        list[tuple[dict[str, Any], bytes]],
+        list[tuple[dict[str, Any], str, int, int, int, int]],
+    ]:
         max_bytes = getattr(request, "max_bytes", 2**31 - 1)
         committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
         follower = getattr(request, "replica_id", -1)
@@ -550,9 +615,13 @@ class KafkaApis:
         has_error = False
         responses = []
         remote: list[tuple[dict[str, Any], bytes]] = []
+        forwards: list[tuple[dict[str, Any], str, int, int, int, int]] = []
         for topic in request.topics:
             parts = []
-            any_replica = follower < 0 and self._is_diskless(topic.topic)
+            diskless = self._is_diskless(topic.topic)
+            # Consumers may read from any replica (KIP-392); followers serve up to the HW they know.
+            any_replica = follower < 0
+            rack = getattr(request, "rack_id", "") if follower < 0 and not self._is_diskless(topic.topic) else ""
             for p in topic.partitions:
                 code, plog, replica = self._leader_log(
                     topic.topic, p.partition, getattr(p, "current_leader_epoch", -1), any_replica
@@ -567,7 +636,21 @@ class KafkaApis:
                     "preferred_read_replica": -1,
                     "records": b"",
                 }
-                if plog is not None and replica is not None:
+                preferred = self._preferred_read_replica(replica, rack)
+                state = self._meta.partition(topic.topic, p.partition)
+                if diskless and follower < 0 and replica is None and state is not None and state.leader >= 0:
+                    limit = min(p.partition_max_bytes, max(max_bytes - total, 0))
+                    forwards.append((entry, topic.topic, p.partition, p.fetch_offset, limit, state.leader))
+                    entry["error_code"] = ErrorCode.none
+                elif preferred >= 0 and plog is not None:
+                    entry.update(
+                        preferred_read_replica=preferred,
+                        high_watermark=plog.high_watermark,
+                        last_stable_offset=plog.high_watermark,
+                        log_start_offset=plog.log_start_offset,
+                    )
+                    has_error = True  # answer now: the consumer moves to the replica in its rack
+                elif plog is not None and replica is not None:
                     limit = min(p.partition_max_bytes, max(max_bytes - total, 0))
                     max_offset = None
                     diverging = None
@@ -602,18 +685,19 @@ class KafkaApis:
                 has_error = has_error or entry["error_code"] != ErrorCode.none
                 parts.append(entry)
             responses.append({"topic": topic.topic, "partitions": parts})
-        return responses, total, has_error, remote
+        return responses, total, has_error, remote, forwards
 
     # --- ListOffsets / OffsetForLeaderEpoch ---------------------------------------------------
 
     async def list_offsets(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         topics = []
+        forwards: dict[int, list[tuple[dict[str, Any], str, int, int]]] = {}
         for topic in request.topics:
             parts = []
-            any_replica = self._is_diskless(topic.name)
+            diskless = self._is_diskless(topic.name)
             for p in topic.partitions:
-                code, plog, _ = self._leader_log(
-                    topic.name, p.partition_index, getattr(p, "current_leader_epoch", -1), any_replica
+                code, plog, replica = self._leader_log(
+                    topic.name, p.partition_index, getattr(p, "current_leader_epoch", -1), diskless
                 )
                 entry = {
                     "partition_index": p.partition_index,
@@ -622,14 +706,55 @@ class KafkaApis:
                     "offset": -1,
                     "leader_epoch": -1,
                 }
-                if plog is not None:
+                leader = self._forward_target(topic.name, p.partition_index, diskless, replica)
+                if leader is not None:
+                    forwards.setdefault(leader, []).append((entry, topic.name, p.partition_index, p.timestamp))
+                elif plog is not None:
                     found = await self._offset_for(plog, p.timestamp)
                     if found is not None:
                         entry["offset"], entry["timestamp"] = found
                         entry["leader_epoch"] = plog.epochs.epoch_for_offset(found[0])
                 parts.append(entry)
             topics.append({"name": topic.name, "partitions": parts})
+        for leader, items in forwards.items():
+            body = {
+                "replica_id": -1,
+                "isolation_level": getattr(request, "isolation_level", 0),
+                "topics": [
+                    {"name": t, "partitions": [{"partition_index": i, "timestamp": ts}]} for _, t, i, ts in items
+                ],
+            }
+            answer = await self._forward(leader, m.API_LIST_OFFSETS, 7, body)
+            for entry, topic_name, index, _ in items:
+                found = _find_partition(answer, topic_name, index, "name", "partition_index")
+                if found is None:
+                    entry["error_code"] = ErrorCode.not_leader_or_follower
+                    continue
+                entry.update(
+                    error_code=found.error_code,
+                    timestamp=found.timestamp,
+                    offset=found.offset,
+                    leader_epoch=found.leader_epoch,
+                )
         return {"throttle_time": 0, "topics": topics}
+
+    def _forward_target(self, topic: str, partition: int, diskless: bool, replica: Partition | None) -> int | None:
+        """Where a request about a diskless partition goes when no replica here can answer it: zone-
+        aligned metadata sends clients to a broker of their AZ, which may host no replica."""
+        if not diskless or replica is not None:
+            return None
+        state = self._meta.partition(topic, partition)
+        if state is None or state.leader < 0 or state.leader == self.broker.node_id:
+            return None
+        return int(state.leader)
+
+    async def _forward(self, leader: int, api_key: int, version: int, body: dict[str, Any]) -> Any | None:
+        try:
+            conn = await self.broker.peers.get(leader)
+            return await conn.request(api_key, version, body, timeout=30)
+        except (ClientError, OSError, TimeoutError) as exc:
+            log.info("forwarding to the leader failed", leader=leader, api=api_key, error=str(exc))
+            return None
 
     async def _offset_for(self, plog: PartitionLog, timestamp: int) -> tuple[int, int] | None:
         if timestamp == LATEST:
@@ -764,23 +889,41 @@ class KafkaApis:
             results.append(entry)
         return {"throttle_time": 0, "results": results}
 
-    def delete_records(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+    async def delete_records(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         topics = []
+        forwards: dict[int, list[tuple[dict[str, Any], str, int, int]]] = {}
         for topic in request.topics:
             parts = []
+            diskless = self._is_diskless(topic.name)
             for p in topic.partitions:
                 code, plog, _ = self._leader_log(topic.name, p.partition_index)
-                low = -1
-                if plog is not None:
+                entry = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": code}
+                local = self.broker.replicas.partitions.get((topic.name, p.partition_index))
+                leader = self._forward_target(topic.name, p.partition_index, diskless, None if plog is None else local)
+                if plog is None and leader is not None:
+                    forwards.setdefault(leader, []).append((entry, topic.name, p.partition_index, p.offset))
+                elif plog is not None:
                     target = plog.high_watermark if p.offset == -1 else p.offset
                     try:
                         if target < 0:
                             raise OffsetOutOfRange("negative offset")
-                        low = plog.delete_records_before(target)
+                        entry["low_watermark"] = plog.delete_records_before(target)
                     except OffsetOutOfRange:
-                        code = ErrorCode.offset_out_of_range
-                parts.append({"partition_index": p.partition_index, "low_watermark": low, "error_code": code})
+                        entry["error_code"] = ErrorCode.offset_out_of_range
+                parts.append(entry)
             topics.append({"name": topic.name, "partitions": parts})
+        for leader, items in forwards.items():
+            body = {
+                "topics": [{"name": t, "partitions": [{"partition_index": i, "offset": o}]} for _, t, i, o in items],
+                "timeout": 30000,
+            }
+            answer = await self._forward(leader, m.API_DELETE_RECORDS, 2, body)
+            for entry, topic_name, index, _ in items:
+                found = _find_partition(answer, topic_name, index, "name", "partition_index")
+                if found is None:
+                    entry["error_code"] = ErrorCode.not_leader_or_follower
+                else:
+                    entry.update(error_code=found.error_code, low_watermark=found.low_watermark)
         return {"throttle_time": 0, "topics": topics}
 
     # --- configs --------------------------------------------------------------------------------
@@ -941,6 +1084,18 @@ class KafkaApis:
 # otherwise silently sends those batches uncompressed. Clients use the highest common version,
 # so v0-2 are never sent; one that is closes its connection like any unsupported version.
 ADVERTISED_MIN_VERSIONS = {m.API_PRODUCE: 0}
+
+
+def _find_partition(answer: Any, topic: str, index: int, topic_field: str, index_field: str) -> Any | None:
+    """The partition entry of a forwarded response (kio entity), if the leader answered for it."""
+    if answer is None:
+        return None
+    for t in answer.topics:
+        if getattr(t, topic_field) == topic:
+            for p in t.partitions:
+                if getattr(p, index_field) == index:
+                    return p
+    return None
 
 
 def api_version_entries() -> list[dict[str, int]]:

@@ -41,6 +41,7 @@ from diskless.storage import pointer
 from diskless.storage.object_store import ObjectStore
 
 from .apis import KafkaApis
+from .peers import PeerPool
 from .replica_manager import ReplicaManager
 from .server import KafkaServer
 
@@ -70,6 +71,7 @@ class Broker:
             config.replica_fetch_max_bytes,
             self.prefetch_entries,
         )
+        self.peers = PeerPool(self.node_id, self.metadata.brokers.get)
         self.store: ObjectStore | None = None
         self.wal_reader: WalReader | None = None
         self.representative: Representative | None = None
@@ -191,6 +193,7 @@ class Broker:
         if self.representative is not None:
             await self.representative.close()
         await self.server.stop()
+        await self.peers.close()
         await self.replicas.close()
         if self.store is not None:
             await self.store.close()

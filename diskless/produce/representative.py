@@ -16,7 +16,6 @@ committed object is garbage for the WAL file manager.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -27,7 +26,7 @@ from kio.schema.errors import ErrorCode
 
 from diskless.metrics import DISKLESS_COMMIT_RPCS, DISKLESS_FLUSH_SECONDS, DISKLESS_WAL_OBJECT_BYTES
 from diskless.protocol import internal
-from diskless.protocol.client import ClientError, KafkaClientConnection
+from diskless.protocol.client import ClientError
 from diskless.storage.object_store import ObjectStore
 from diskless.storage.wal_format import WalObjectWriter, wal_object_key
 
@@ -79,7 +78,6 @@ class Representative:
         self._send_order = _Ordered()
         self._retry_order = _Ordered()
         self._timer: asyncio.TimerHandle | None = None
-        self._connections: dict[int, KafkaClientConnection] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self.stats = {"flushes": 0, "puts": 0, "commit_rpcs": 0, "objects": 0}
 
@@ -115,8 +113,6 @@ class Representative:
         self._flush_now()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
-        for conn in self._connections.values():
-            await conn.close()
 
     # --- one flush ----------------------------------------------------------------------------
 
@@ -227,28 +223,15 @@ class Representative:
         """Start a commit now (appends happen in call order); returns what to await for the answer."""
         if leader == self.broker.node_id:
             return self.broker.apis.commit_batches_now(body)
-        conn = self._connections.get(leader)
-        if conn is None or not conn.connected:
+        conn = self.broker.peers.connected(leader)
+        if conn is None:
             raise ClientError(f"no connection to leader {leader}")
         future = conn.send_internal(internal.INTERNAL_COMMIT_BATCHES, body)
         return conn.wait(future, timeout=60)
 
     async def connect_leaders(self) -> None:
         """Keep a connection to every other broker (commits must not wait for a TCP handshake)."""
-        for node_id, info in list(self.broker.metadata.brokers.items()):
-            if node_id == self.broker.node_id:
-                continue
-            conn = self._connections.get(node_id)
-            if conn is not None and conn.connected and (conn.host, conn.port) == (info.host, info.port):
-                continue
-            if conn is not None:
-                await conn.close()
-            conn = KafkaClientConnection(
-                info.host, info.port, internal.broker_client_id(self.broker.node_id, "representative")
-            )
-            with contextlib.suppress(OSError, TimeoutError):
-                await conn.connect()
-                self._connections[node_id] = conn
+        await self.broker.peers.connect_all(list(self.broker.metadata.brokers))
 
 
 def _resolve(item: BufferedBatch, result: dict[str, Any]) -> None:

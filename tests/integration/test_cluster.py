@@ -202,3 +202,39 @@ async def test_leader_sigkill_under_acks_all_load(cluster_factory) -> None:
         logs = [replica_batches(b.data_dir / f"{TOPIC}-{partition}") for b in cluster.brokers]
         assert logs[0] == logs[1] == logs[2], f"replicas of partition {partition} diverge"
         assert logs[0] and logs[0][-1][1] + 1 == ends[partition]
+
+
+def test_consumer_with_a_rack_fetches_from_the_replica_in_its_rack(cluster_factory) -> None:
+    """KIP-392 on classic topics: the leader points a consumer that sent client.rack at the
+    in-sync replica in that rack, and the consumer's data then comes from there."""
+    cluster = cluster_factory()
+    create_topic(cluster.bootstrap, "racked", 1)
+    leader = partition_states(cluster.bootstrap, "racked")[0][0]
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(2000):
+        producer.produce("racked", value=f"value-{i}".encode().ljust(500, b"."))
+    assert producer.flush(30) == 0
+    other = next(b for b in cluster.brokers if b.node_id != leader)
+    before = other.metrics()
+    consumer = Consumer(
+        {
+            "bootstrap.servers": cluster.bootstrap,
+            "group.id": "racked",
+            "client.rack": other.rack,
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign([TopicPartition("racked", 0, 0)])
+    seen = 0
+    deadline = time.monotonic() + 30
+    while seen < 2000 and time.monotonic() < deadline:
+        seen += sum(1 for m in consumer.consume(1000, 1.0) if m.error() is None)
+    consumer.close()
+    assert seen == 2000
+    after = other.metrics()
+    served = sum(
+        after[k] - before.get(k, 0.0)
+        for k in after
+        if k.startswith("diskless_connection_bytes_total{") and 'direction="out"' in k
+    )
+    assert served > 2000 * 500, f"the follower in {other.rack} sent only {served} bytes"

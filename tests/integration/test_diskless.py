@@ -238,3 +238,46 @@ async def test_switching_a_topic_to_diskless_and_back_while_producing(cluster_fa
             log.close(clean=False)
         assert layouts[0] == layouts[1] == layouts[2], f"replicas of partition {partition} differ"
     assert kinds_seen == {"records", "pointers"}
+
+
+async def test_an_az_without_a_replica_still_serves_reads(cluster_factory) -> None:
+    """RF=1: two of the three AZs hold no replica; their brokers fetch pointers from the leader
+    and the data from object storage, answer ListOffsets and forward DeleteRecords."""
+    cluster = cluster_factory(s3=True)
+    topic = "single-replica"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, 3, 1, config={"diskless.enabled": "true"})])[topic].result(30)
+    acked = await produce_from("az-1", cluster.bootstrap_in("az-1"), topic, 3_000)
+    for az in AZS:
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=cluster.bootstrap_in(az), client_id=f"c diskless_az={az}", group_id=None
+        )
+        await consumer.start()
+        try:
+            partitions = [TopicPartition(topic, p) for p in range(3)]
+            consumer.assign(partitions)
+            await consumer.seek_to_beginning()
+            got: dict[tuple[int, int], bytes] = {}
+            deadline = time.monotonic() + 60
+            while len(got) < len(acked) and time.monotonic() < deadline:
+                for tp, messages in (await consumer.getmany(timeout_ms=1000)).items():
+                    got.update({(tp.partition, m.offset): m.value for m in messages})
+            assert got == acked, f"consumer in {az} read something else"
+            ends = await consumer.end_offsets(partitions)
+            assert sum(ends.values()) == len(acked)
+            # Everything this consumer talked to was in its own AZ.
+            metadata = consumer._client.cluster
+            for p in range(3):
+                leader = metadata.leader_for_partition(TopicPartition(topic, p))
+                assert cluster.rack_of(leader) == az
+        finally:
+            await consumer.stop()
+
+    from confluent_kafka import TopicPartition as ConfluentPartition
+
+    remote_admin = AdminClient(
+        {"bootstrap.servers": cluster.bootstrap_in("az-3"), "client.id": "admin diskless_az=az-3"}
+    )
+    futures = remote_admin.delete_records([ConfluentPartition(topic, p, 10) for p in range(3)])
+    for tp, future in futures.items():
+        assert future.result(30).low_watermark == 10, f"partition {tp.partition}"
