@@ -48,6 +48,7 @@ MAX_TIMESTAMP = -3
 READ_COMMITTED = 1
 NO_AUTHORIZED_OPERATIONS = -(2**31)
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
+REF_NO, REF_YES, REF_UNKNOWN = 0, 1, 2
 
 
 def _ms(value: Any) -> int:
@@ -83,6 +84,7 @@ class KafkaApis:
         self._internal_handlers: dict[int, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
             internal.INTERNAL_COMMIT_BATCHES: self.commit_batches_now,
             internal.INTERNAL_FETCH_POINTERS: self.fetch_pointers_rpc,
+            internal.INTERNAL_WAL_REFERENCES: self.wal_references_rpc,
         }
 
     # --- zones ---------------------------------------------------------------------------------
@@ -559,6 +561,23 @@ class KafkaApis:
 
         sizes = await asyncio.gather(*(one(item) for item in forwards))
         return sum(sizes)
+
+    async def wal_references_rpc(self, body: dict[str, Any]) -> dict[str, Any]:
+        """WalReferences from the WAL file manager: for each (object, topic id, partition), does that
+        partition, answered by its leader (us), still reference the object? 0 no, 1 yes, 2 cannot
+        say (not the leader). A topic id that no longer exists references nothing."""
+        answers = []
+        for key, topic_id, index in body["queries"]:
+            topic = self._meta.topic_by_id(topic_id)
+            if topic is None or index >= len(topic.partitions):
+                answers.append(REF_NO)
+                continue
+            replica = self.broker.replicas.partitions.get((topic.name, index))
+            if replica is None or replica.leader_state is None:
+                answers.append(REF_UNKNOWN)
+            else:
+                answers.append(REF_YES if replica.log.references(key) else REF_NO)
+        return {"answers": answers}
 
     async def fetch_pointers_rpc(self, body: dict[str, Any]) -> dict[str, Any]:
         """FetchPointers on the leader: a slice of the log for a broker that has no replica."""

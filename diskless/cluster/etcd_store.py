@@ -41,7 +41,7 @@ from .producer_ids import BLOCK_SIZE, ProducerIdBlock
 log = structlog.get_logger(__name__)
 
 ChangeCallback = Callable[[list[RecordKey]], Awaitable[None]]
-_LOAD_ORDER = {"brokers": 0, "controller": 1, "topics": 2, "partitions": 3}
+_LOAD_ORDER = {"brokers": 0, "controller": 1, "wal-manager": 1, "topics": 2, "partitions": 3}
 
 
 def _retrying() -> AsyncRetrying:
@@ -105,6 +105,7 @@ class EtcdMetadataStore:
         self.metadata.brokers.clear()
         self.metadata.topics.clear()
         self.metadata.controller_id = -1
+        self.metadata.wal_manager = None
         self.revisions.clear()
         for path, value, revision in records:
             self.revisions[path] = revision

@@ -67,6 +67,7 @@ class ClusterMetadata:
         self.brokers: dict[int, BrokerInfo] = {}
         self.topics: dict[str, TopicMetadata] = {}
         self.controller_id = -1
+        self.wal_manager: tuple[str, int] | None = None  # where representatives send commit notices
 
     # --- queries -------------------------------------------------------------------------------
 
@@ -261,6 +262,10 @@ def apply_record(metadata: ClusterMetadata, path: str, value: bytes | None) -> R
     if parts[0] == "controller" and len(parts) == 1:
         metadata.controller_id = -1 if value is None else int(json.loads(value)["node_id"])
         return ("controller",)
+    if parts[0] == "wal-manager" and len(parts) == 1:
+        raw = None if value is None else json.loads(value)
+        metadata.wal_manager = None if raw is None else (raw["host"], int(raw["port"]))
+        return ("wal-manager",)
     if parts[0] == "topics" and len(parts) == 2:
         name = parts[1]
         if value is None:

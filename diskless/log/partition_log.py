@@ -11,6 +11,7 @@ timestamp, truncation, and recovery after a crash.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -71,6 +72,8 @@ class PartitionLog:
         self.recovered_bytes_truncated = 0
         self.producer_state = ProducerStateManager()
         self._checkpointed_hw = -1
+        self._wal_refs: Counter[str] = Counter()
+        self._wal_refs_stale = True
         self._load(now_ms)
 
     # --- loading ------------------------------------------------------------------------------
@@ -98,6 +101,7 @@ class PartitionLog:
         except (FileNotFoundError, ValueError):
             self.log_start_offset = 0
         self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
+        self._apply_ref_floor(self.log_start_offset)
         self.epochs.truncate_from_end(self.log_end_offset)
         # A stale checkpoint only under-reports; the leader role recomputes the HW from the ISR.
         self.high_watermark = min(self._read_checkpointed_hw(), self.log_end_offset)
@@ -200,6 +204,7 @@ class PartitionLog:
         last = base_offset + parsed.last_offset_delta
         entry = pointer.encode_pointer_entry(assigned, object_key, position, parsed.size)
         self._append(entry, base_offset, last, parsed.max_timestamp, now_ms, POINTERS)
+        self._note_pointer(entry)
         self.producer_state.record(parsed, base_offset, parsed.max_timestamp)
         log_append_time = parsed.max_timestamp if parsed.is_log_append_time else -1
         return AppendResult(base_offset, last, log_append_time, self.log_start_offset)
@@ -217,6 +222,7 @@ class PartitionLog:
                 continue
             self.epochs.assign(header.partition_leader_epoch, header.base_offset)
             self._append(entry, header.base_offset, header.last_offset, header.max_timestamp, now_ms, POINTERS)
+            self._note_pointer(entry)
             self.producer_state.record(header, header.base_offset, header.max_timestamp)
         return self.log_end_offset
 
@@ -435,7 +441,36 @@ class PartitionLog:
             deleted += 1
         return deleted
 
+    # --- WAL object references (diskless) ------------------------------------------------------
+
+    def references(self, object_key: str) -> bool:
+        """Whether any pointer at or after the log start points into ``object_key``.
+
+        Kept incrementally on append; rebuilt from the segments' counts after the rare changes that
+        drop references (retention, DeleteRecords, truncation), so answers are O(1).
+        """
+        return self._refs()[object_key] > 0
+
+    def referenced_objects(self) -> set[str]:
+        return {key for key, count in self._refs().items() if count > 0}
+
+    def _refs(self) -> Counter[str]:
+        if self._wal_refs_stale:
+            total: Counter[str] = Counter()
+            for segment in self.segments:
+                total.update(segment.wal_refs)
+            self._wal_refs = total
+            self._wal_refs_stale = False
+        return self._wal_refs
+
+    def _note_pointer(self, entry: bytes | bytearray | memoryview) -> None:
+        if not self._wal_refs_stale:
+            key = pointer.entry_key(entry, 0)
+            if key is not None:
+                self._wal_refs[key] += 1
+
     def _set_log_start(self, offset: int) -> None:
+        self._apply_ref_floor(offset)
         self.log_start_offset = offset
         self.epochs.truncate_from_start(offset)
         tmp = os.path.join(self.directory, LOG_START_FILE + ".tmp")
@@ -443,12 +478,25 @@ class PartitionLog:
             f.write(str(offset))
         os.replace(tmp, os.path.join(self.directory, LOG_START_FILE))
 
+    def _apply_ref_floor(self, offset: int) -> None:
+        """References below the log start are gone: recount the segment the start falls into."""
+        self._wal_refs_stale = True
+        for segment in self.segments:
+            if segment.kind != POINTERS or segment.ref_floor >= offset:
+                continue
+            if segment.next_offset <= offset:
+                segment.ref_floor = offset
+                segment.wal_refs.clear()
+            else:
+                segment.set_ref_floor(offset)
+
     # --- truncation (replication) ----------------------------------------------------------------
 
     def truncate_to(self, offset: int, now_ms: int) -> None:
         """Remove everything at or after ``offset`` (a follower diverged from its leader)."""
         if offset >= self.log_end_offset:
             return
+        self._wal_refs_stale = True
         while len(self.segments) > 1 and self.active_segment.base_offset >= offset:
             self.segments.pop().delete()
         if self.active_segment.base_offset >= offset:
@@ -467,6 +515,7 @@ class PartitionLog:
 
     def truncate_fully_and_start_at(self, offset: int, now_ms: int) -> None:
         """Drop the whole log and continue at ``offset`` (a follower behind the leader's log start)."""
+        self._wal_refs_stale = True
         for segment in self.segments:
             segment.delete()
         self.segments = [LogSegment(self.directory, offset, self.config.index_interval_bytes, now_ms)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -67,6 +68,9 @@ class LogSegment:
         self.first_batch_timestamp: int | None = None
         self.created_ms = created_ms
         self._bytes_since_index = 0
+        # Pointers segments: WAL object key -> entries at or after ``ref_floor`` pointing into it.
+        self.wal_refs: Counter[str] = Counter()
+        self.ref_floor = base_offset
 
     # --- appending -------------------------------------------------------------------------
 
@@ -78,6 +82,36 @@ class LogSegment:
         os.write(self._fd, batch)
         self.size += len(batch)
         self._track(position, base_offset, last_offset, len(batch), max_ts)
+        if self.kind == POINTERS:
+            key = pointer.entry_key(batch, 0)
+            if key is not None:
+                self.wal_refs[key] += 1
+
+    def set_ref_floor(self, offset: int) -> None:
+        """The log start moved into this segment: entries wholly below it reference nothing."""
+        self.ref_floor = offset
+        self.count_refs()
+
+    def count_refs(self) -> None:
+        self.wal_refs = Counter()
+        if self.kind != POINTERS:
+            return
+        position = 0
+        while position < self.size:
+            chunk = os.pread(self._fd, min(_POINTER_READ_CHUNK, self.size - position), position)
+            at = 0
+            while at + pointer.ENTRY_HEADER_POS + HEADER_SIZE + 2 <= len(chunk):
+                size = pointer.pointer_entry_size(chunk, at)
+                if at + size > len(chunk):
+                    break
+                if records.last_offset_at(chunk, at + pointer.ENTRY_HEADER_POS) >= self.ref_floor:
+                    key = pointer.entry_key(chunk, at)
+                    if key is not None:
+                        self.wal_refs[key] += 1
+                at += size
+            if at == 0:
+                break
+            position += at
 
     def _track(self, position: int, base_offset: int, last_offset: int, size: int, max_ts: int) -> None:
         if self.first_batch_timestamp is None:
@@ -211,6 +245,11 @@ class LogSegment:
         checked while both indexes are rebuilt. Otherwise the index files are trusted when they
         are consistent, and only the batches after the last index entry are walked.
         """
+        truncated = self._load_state(verify)
+        self.count_refs()
+        return truncated
+
+    def _load_state(self, verify: bool) -> int:
         # The first batch is always indexed, so empty indexes over a non-empty log (missing or
         # emptied files) are inconsistent too: trusting them would lose the max timestamp.
         if (
@@ -282,6 +321,7 @@ class LogSegment:
         self.offset_index.clear()
         self.time_index.clear()
         self._rebuild()
+        self.count_refs()
         return removed
 
     def on_roll(self) -> None:

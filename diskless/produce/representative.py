@@ -26,7 +26,7 @@ from kio.schema.errors import ErrorCode
 
 from diskless.metrics import DISKLESS_COMMIT_RPCS, DISKLESS_FLUSH_SECONDS, DISKLESS_WAL_OBJECT_BYTES
 from diskless.protocol import internal
-from diskless.protocol.client import ClientError
+from diskless.protocol.client import ClientError, KafkaClientConnection
 from diskless.storage.object_store import ObjectStore
 from diskless.storage.wal_format import WalObjectWriter, wal_object_key
 
@@ -79,6 +79,7 @@ class Representative:
         self._retry_order = _Ordered()
         self._timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._manager_conn: KafkaClientConnection | None = None
         self.stats = {"flushes": 0, "puts": 0, "commit_rpcs": 0, "objects": 0}
 
     # --- accepting batches ------------------------------------------------------------------
@@ -113,6 +114,8 @@ class Representative:
         self._flush_now()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=10)
+        if self._manager_conn is not None:
+            await self._manager_conn.close()
 
     # --- one flush ----------------------------------------------------------------------------
 
@@ -121,6 +124,7 @@ class Representative:
         created = _now_ms()
         key = wal_object_key(created, self.az, self.broker.node_id)
         uploaded = False
+        size = 0
         refs: list[Any] = []
         try:
             writer = WalObjectWriter()
@@ -128,6 +132,7 @@ class Representative:
                 writer.add(uuid.UUID(item.topic_id), item.partition, item.data)
             finished = writer.finish(created, self.broker.node_id, self.az)
             refs = finished.refs
+            size = len(finished.data)
             await self.store.put(key, finished.data)
             self.stats["puts"] += 1
             self.stats["objects"] += 1
@@ -159,6 +164,32 @@ class Representative:
             await self._retry_order.done(sequence)
         self.stats["flushes"] += 1
         DISKLESS_FLUSH_SECONDS.observe(time.monotonic() - started)
+        if uploaded:
+            partitions = sorted({(item.topic_id, item.partition) for item in batches})
+            self._notify_manager({"key": key, "size": size, "partitions": [list(p) for p in partitions]})
+
+    def _notify_manager(self, notice: dict[str, Any]) -> None:
+        """Tell the WAL file manager about the object now, so it need not wait for a scan. Best
+        effort: a lost notice only delays cleanup until the next scan finds the object."""
+        address = self.broker.metadata.wal_manager
+        if address is None:
+            return
+
+        async def send() -> None:
+            conn = self._manager_conn
+            if conn is None or not conn.connected or (conn.host, conn.port) != address:
+                if conn is not None:
+                    await conn.close()
+                conn = KafkaClientConnection(
+                    address[0], address[1], internal.broker_client_id(self.broker.node_id, "notice")
+                )
+                await conn.connect(timeout=2)
+                self._manager_conn = conn
+            await conn.wait(conn.send_internal(internal.INTERNAL_WAL_NOTICE, notice), timeout=5)
+
+        task = asyncio.create_task(send())
+        self._tasks.add(task)
+        task.add_done_callback(lambda t: (self._tasks.discard(t), t.cancelled() or t.exception()))
 
     async def _commit_all(
         self,

@@ -18,6 +18,7 @@ import msgpack
 INTERNAL_COMMIT_BATCHES = 32001  # representative -> leader: append pointer batches
 INTERNAL_FETCH_POINTERS = 32002  # broker without a replica -> leader: pointer entries of a range
 INTERNAL_WAL_REFERENCES = 32003  # WAL file manager -> leader: does a partition reference a WAL object
+INTERNAL_WAL_NOTICE = 32004  # representative -> WAL file manager: a WAL object was committed (best effort)
 INTERNAL_APIS = frozenset({INTERNAL_COMMIT_BATCHES, INTERNAL_FETCH_POINTERS, INTERNAL_WAL_REFERENCES})
 
 BROKER_CLIENT_PREFIX = "diskless-broker-"

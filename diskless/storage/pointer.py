@@ -245,3 +245,12 @@ def served_size(buf: bytes | bytearray | memoryview) -> int:
         total += entry_header_at(buf, pos).size
         pos += pointer_entry_size(buf, pos)
     return total
+
+
+def entry_key(buf: bytes | bytearray | memoryview, pos: int) -> str | None:
+    """The WAL object key of the pointer entry at ``pos`` (None for an inline entry), unvalidated."""
+    if buf[pos + ENTRY_LENGTH_SIZE + 4] != KIND_POINTER:
+        return None
+    key_pos = pos + ENTRY_HEADER_POS + HEADER_SIZE
+    (key_length,) = _KEY_LENGTH.unpack_from(buf, key_pos)
+    return str(memoryview(buf)[key_pos + _KEY_LENGTH.size : key_pos + _KEY_LENGTH.size + key_length], "utf-8")
