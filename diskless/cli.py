@@ -56,6 +56,20 @@ async def _run_broker(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _run_wal_manager(args: argparse.Namespace) -> int:
+    from wal_manager.service import run_service
+
+    overrides = _overrides(args.override)
+    if args.listeners:
+        overrides["listeners"] = args.listeners
+    try:
+        config = load_config(args.config, overrides=overrides)
+        return await run_service(config, args.ready_file)
+    except (ConfigError, OSError) as exc:
+        log.error("invalid configuration", error=str(exc))
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="diskless", description="Kafka-compatible broker with diskless topics")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -85,6 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_dev(args.data_dir, args.brokers, args.azs, args.port, not args.no_demo)
     configure_logging(args.log_level)
+    if args.command == "wal-manager":
+        return asyncio.run(_run_wal_manager(args))
     return asyncio.run(_run_broker(args))
 
 

@@ -74,6 +74,23 @@ class BrokerConfig:
         default=60000, metadata=_prop("diskless.wal.commit.timeout.ms", "Leaders refuse commits of older WAL objects.")
     )
     diskless_cache_max_bytes: int = field(default=256 * 1024 * 1024, metadata=_prop("diskless.cache.max.bytes"))
+    wal_manager_grace_ms: int = field(
+        default=600000,
+        metadata=_prop(
+            "wal.manager.grace.ms",
+            "Objects younger than this are never deleted; must exceed the commit timeout plus skew.",
+        ),
+    )
+    wal_manager_clock_skew_ms: int = field(default=30000, metadata=_prop("wal.manager.clock.skew.ms"))
+    wal_manager_confirm_ms: int = field(
+        default=30000,
+        metadata=_prop("wal.manager.confirm.ms", "Unreferenced must hold across two checks this far apart."),
+    )
+    wal_manager_check_interval_ms: int = field(default=30000, metadata=_prop("wal.manager.check.interval.ms"))
+    wal_manager_scan_interval_ms: int = field(default=300000, metadata=_prop("wal.manager.scan.interval.ms"))
+    wal_manager_delete_rate: int = field(
+        default=1000, metadata=_prop("wal.manager.delete.rate", "Objects deleted per second at most.")
+    )
     topic_defaults: Mapping[str, str] = field(default_factory=dict)
 
     @property

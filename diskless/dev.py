@@ -46,6 +46,9 @@ SESSION_TIMEOUT_MS = 6000
 # A broker hands its leaderships over in well under a second here; the last broker to stop has
 # nobody to hand them to and would otherwise wait the full default (15 s).
 CONTROLLED_SHUTDOWN_TIMEOUT_MS = 3000
+# A broker still running this long after SIGTERM (controlled shutdown, then closing connections
+# and logs) is stuck: it gets SIGKILL, which its logs recover from at the next start.
+BROKER_STOP_TIMEOUT_S = 15.0
 MAX_PER_OCTET = 254
 
 
@@ -117,7 +120,9 @@ class DevCluster:
     # --- start -----------------------------------------------------------------------------------
 
     def say(self, line: str = "") -> None:
-        print(line, file=self.out, flush=True)
+        # A closed stdout (piped into `head`, terminal gone) must not stop the shutdown sequence.
+        with contextlib.suppress(OSError, ValueError):
+            print(line, file=self.out, flush=True)
 
     def processes(self) -> list[ManagedProcess]:
         head: list[ManagedProcess] = [p for p in (self.s3, self.etcd) if p is not None]
@@ -271,7 +276,7 @@ class DevCluster:
         """Brokers one at a time (controlled shutdown), then etcd, then S3; SIGKILL on a second signal."""
         self.request.stopping = True
         for broker in self.brokers:
-            self._stop_one(broker, f"broker {broker.node_id}", timeout=30.0)
+            self._stop_one(broker, f"broker {broker.node_id}", timeout=BROKER_STOP_TIMEOUT_S)
         if self.etcd is not None:
             self._stop_one(self.etcd, "etcd", timeout=10.0)
         if self.s3 is not None:
@@ -327,16 +332,16 @@ def _demo(cluster: DevCluster) -> None:
     # clients (and their threads, logging connection errors) outlive the demo until a gc pass.
     del future
 
-    def partitions() -> dict[int, Any]:
+    def led_partitions() -> dict[int, Any] | None:
+        """The demo topic's partitions by id, once every one has a leader."""
         topic = admin.list_topics(DEMO_TOPIC, timeout=5).topics[DEMO_TOPIC]
-        return {p.id: p for p in topic.partitions.values()} if topic.error is None else {}
+        if topic.error is not None or not topic.partitions:
+            return None
+        if any(p.leader < 0 for p in topic.partitions.values()):
+            return None
+        return {p.id: p for p in topic.partitions.values()}
 
-    layout_now = _until(
-        lambda: (lambda ps: ps if ps and all(p.leader >= 0 for p in ps.values()) else None)(partitions()),
-        20,
-        check,
-        "demo topic has partitions without a leader",
-    )
+    layout_now = _until(led_partitions, 20, check, "demo topic has partitions without a leader")
     first = next(iter(layout_now.values()))
     say(
         f"demo: topic '{DEMO_TOPIC}' {'created' if created else 'exists'}: "
@@ -464,7 +469,7 @@ def run_dev(data_dir: str, brokers: int = 3, azs: int = 3, port: int = 9092, dem
         print("diskless dev: --brokers and --azs must be at least 1", file=sys.stderr)
         return 2
     if azs > brokers:
-        print(f"diskless dev: {_count(brokers, 'broker')} fill only {brokers}; using --azs {brokers}", file=out)
+        print(f"diskless dev: {_count(brokers, 'broker')} cannot fill {azs} AZs; using --azs {brokers}", file=out)
         azs = brokers
     if azs > MAX_PER_OCTET or -(-brokers // azs) > MAX_PER_OCTET:
         print(f"diskless dev: at most {MAX_PER_OCTET} AZs and {MAX_PER_OCTET} brokers per AZ", file=sys.stderr)
@@ -527,7 +532,7 @@ def _run(cluster: DevCluster, demo: bool) -> int:
             say(f"  {process.name} (pid {process.pid}) exited, code {process.proc.returncode}; see {process.log_path}")
     finally:
         began = time.monotonic()
-        say("stopping: brokers first (controlled shutdown), then etcd and S3")
+        say("\nstopping: brokers first (controlled shutdown), then etcd and S3")
         cluster.stop()
         say(f"diskless dev stopped in {time.monotonic() - began:.1f}s")
     return code

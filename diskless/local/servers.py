@@ -328,3 +328,39 @@ class BrokerServer(ManagedProcess):
                 name, _, value = line.rpartition(" ")
                 out[name] = float(value)
         return out
+
+
+class WalManagerServer(ManagedProcess):
+    """One ``diskless wal-manager`` process (active or standby, decided through etcd)."""
+
+    def __init__(
+        self,
+        name: str,
+        data_dir: Path,
+        etcd: str,
+        s3: str,
+        host: str = "127.0.0.1",
+        overrides: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(name, data_dir / f"{name}.log")
+        self.data_dir = data_dir
+        self.host = host
+        self.etcd = etcd
+        self.s3 = s3
+        self.overrides = dict(overrides or {})
+        self.port = -1
+
+    def start(self, timeout: float = 30.0) -> WalManagerServer:
+        ready = self.data_dir / f"{self.name}.ready"
+        ready.unlink(missing_ok=True)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "diskless", "wal-manager", "--listeners", f"PLAINTEXT://{self.host}:0"]
+        cmd += ["--ready-file", str(ready)]
+        overrides = {"metadata.etcd.endpoints": self.etcd, "diskless.s3.endpoint": self.s3, **self.overrides}
+        for name, value in overrides.items():
+            cmd += ["--override", f"{name}={value}"]
+        self._spawn(cmd, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        assert self.proc is not None
+        _wait(lambda: ready.exists() and bool(ready.read_text().strip()), timeout, self.proc, self.name)
+        self.port = int(ready.read_text().split()[0])
+        return self

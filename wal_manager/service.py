@@ -1,0 +1,323 @@
+"""The WAL file manager service (``diskless wal-manager``): the asyncio shell around the core.
+
+One instance is active at a time: it holds the ``wal-manager`` key in etcd under its lease (which
+also tells representatives where to send commit notices); standbys wait for that key to vanish
+and then campaign. The active instance starts with an empty ``WalManagerCore`` every time it wins
+(its state may be lost at any moment, by design) and loops: scan the bucket (paged listing, only
+the trailer of objects it does not know is read), ask the current leader of every partition named
+in a due object whether it still references it (one WalReferences RPC per broker), and delete what
+is confirmed unreferenced, rate limited, with batched DeleteObjects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import structlog
+from prometheus_client import Gauge, Histogram
+
+from diskless.cluster.etcd_store import EtcdMetadataStore
+from diskless.cluster.metadata import ClusterMetadata
+from diskless.config import BrokerConfig, ConfigError
+from diskless.metrics import serve_metrics
+from diskless.protocol import internal
+from diskless.protocol import messages as m
+from diskless.protocol.client import ClientError, KafkaClientConnection
+from diskless.protocol.framing import FrameDecoder, FrameError
+from diskless.storage.object_store import NoSuchKey, ObjectStore
+from diskless.storage.wal_format import TAIL_READ_HINT, WAL_KEY_ROOT, CorruptWalObject, parse_tail
+
+from .core import Answer, ManagerConfig, PartitionRef, WalManagerCore
+
+log = structlog.get_logger(__name__)
+
+MANAGER_STATE = Gauge("diskless_wal_manager", "WAL file manager state", ["quantity"])
+SCAN_SECONDS = Histogram("diskless_wal_manager_scan_seconds", "Duration of one bucket scan")
+ACTIVE = Gauge("diskless_wal_manager_active", "1 while this instance is the active manager")
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def check_config(config: BrokerConfig) -> None:
+    """Safety rule 3 at startup: a commit can never arrive for an object old enough to delete."""
+    floor = config.diskless_wal_commit_timeout_ms + config.wal_manager_clock_skew_ms
+    if config.wal_manager_grace_ms <= floor:
+        raise ConfigError(
+            f"wal.manager.grace.ms ({config.wal_manager_grace_ms}) must exceed diskless.wal.commit.timeout.ms "
+            f"plus wal.manager.clock.skew.ms ({floor})"
+        )
+    if not config.metadata_etcd_endpoints or not config.diskless_s3_endpoint:
+        raise ConfigError("the WAL manager needs metadata.etcd.endpoints and diskless.s3.endpoint")
+
+
+class WalManagerService:
+    def __init__(self, config: BrokerConfig) -> None:
+        check_config(config)
+        self.config = config
+        self.instance = uuid.uuid4().hex[:12]
+        self.metadata = ClusterMetadata(config.cluster_id)
+        assert config.metadata_etcd_endpoints and config.diskless_s3_endpoint
+        self.etcd = EtcdMetadataStore(config.metadata_etcd_endpoints, config.cluster_id, self.metadata)
+        self.store = ObjectStore(
+            config.diskless_s3_endpoint,
+            config.diskless_s3_bucket,
+            config.diskless_s3_access_key,
+            config.diskless_s3_secret_key,
+            config.diskless_s3_region,
+        )
+        self.core: WalManagerCore | None = None
+        self.port = -1
+        self.metrics_port = -1
+        self._server: asyncio.Server | None = None
+        self._leaders: dict[int, KafkaClientConnection] = {}
+        self._stop = asyncio.Event()
+        self.deleted_total = 0
+
+    def _manager_config(self) -> ManagerConfig:
+        return ManagerConfig(
+            grace_ms=self.config.wal_manager_grace_ms,
+            confirm_ms=self.config.wal_manager_confirm_ms,
+            check_interval_ms=self.config.wal_manager_check_interval_ms,
+        )
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.etcd.connect()
+        await self.etcd.load_and_watch()
+        await self.store.ensure_bucket()
+        listener = self.config.listener
+        self._server = await asyncio.start_server(self._on_connection, listener.host, listener.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        if self.config.metrics_port >= 0:
+            self.metrics_port = serve_metrics(self.config.metrics_host or listener.host, self.config.metrics_port)
+        log.info("WAL manager started", instance=self.instance, port=self.port, metrics_port=self.metrics_port)
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._server is not None:
+            self._server.close()
+        for conn in self._leaders.values():
+            await conn.close()
+        await self.store.close()
+        await self.etcd.close()
+
+    async def run(self) -> None:
+        """Campaign, serve while active, fall back to standby when the lease is lost."""
+        ttl = max(1, round(self.config.broker_session_timeout_ms / 1000))
+        while not self._stop.is_set():
+            lease = await self.etcd.client.lease(ttl)
+            if not await self._campaign(lease):
+                ACTIVE.set(0)
+                await self._wait_for_vacancy()
+                with contextlib.suppress(Exception):
+                    await lease.revoke()
+                continue
+            log.info("became the active WAL manager", instance=self.instance)
+            ACTIVE.set(1)
+            self.core = WalManagerCore(self._manager_config())
+            keepalive = asyncio.create_task(self._keep_alive(lease, ttl / 3))
+            active = asyncio.create_task(self._active_loop())
+            stopper = asyncio.create_task(self._stop.wait())
+            await asyncio.wait([keepalive, active, stopper], return_when="FIRST_COMPLETED")
+            for task in (keepalive, active, stopper):
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+            self.core = None
+            ACTIVE.set(0)
+            with contextlib.suppress(Exception):
+                await lease.revoke()
+            log.warning("no longer the active WAL manager", instance=self.instance)
+
+    async def _campaign(self, lease: Any) -> bool:
+        key = self.etcd._key("wal-manager")
+        tx = self.etcd.client.transactions
+        advertised = self.config.advertised(self.port)
+        value = json.dumps({"host": advertised.host, "port": advertised.port, "instance": self.instance}).encode()
+        won, _ = await self.etcd.client.transaction(
+            compare=[tx.version(key) == 0], success=[tx.put(key, value, lease=lease)], failure=[]
+        )
+        return bool(won)
+
+    async def _wait_for_vacancy(self) -> None:
+        while not self._stop.is_set() and self.metadata.wal_manager is not None:
+            await asyncio.sleep(0.2)
+
+    async def _keep_alive(self, lease: Any, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            reply = await lease.refresh()
+            if reply is not None and getattr(reply, "TTL", 1) <= 0:
+                return  # lease gone: another instance may take over
+
+    # --- the active loop ----------------------------------------------------------------------
+
+    async def _active_loop(self) -> None:
+        next_scan = 0
+        tick = max(0.05, min(self.config.wal_manager_check_interval_ms, 1000) / 1000)
+        while True:
+            try:
+                if _now_ms() >= next_scan:
+                    await self.scan()
+                    next_scan = _now_ms() + self.config.wal_manager_scan_interval_ms
+                await self._read_trailers()
+                await self._check_references()
+                await self._delete()
+                self._publish_stats()
+            except Exception:
+                log.exception("WAL manager pass failed")
+            await asyncio.sleep(tick)
+
+    async def scan(self) -> None:
+        core = self._core()
+        started = time.monotonic()
+        listed: set[str] = set()
+        async for info in self.store.list(WAL_KEY_ROOT):
+            core.on_listed(info.key, info.size, _now_ms())
+            listed.add(info.key)
+        core.on_scan_complete(listed, _now_ms())
+        SCAN_SECONDS.observe(time.monotonic() - started)
+
+    async def _read_trailers(self) -> None:
+        core = self._core()
+        for key in core.trailers_needed():
+            try:
+                size = await self.store.head(key)
+                if size is None:
+                    core.on_deleted([key], _now_ms())
+                    continue
+                start = max(0, size - TAIL_READ_HINT)
+                footer, trailer = parse_tail(await self.store.get_range(key, start, size - 1), size)
+                if trailer is None:
+                    start = size - footer.tail_size
+                    footer, trailer = parse_tail(await self.store.get_range(key, start, size - 1), size)
+                if trailer is None:
+                    raise CorruptWalObject("trailer unreadable")
+                refs = [PartitionRef(str(topic_id), partition) for topic_id, partition in trailer.partitions()]
+                core.on_trailer(key, refs, _now_ms())
+            except (CorruptWalObject, ValueError) as exc:
+                log.warning("unreadable WAL object trailer", key=key, error=str(exc))
+                core.on_trailer_unreadable(key, _now_ms())
+            except NoSuchKey:
+                core.on_deleted([key], _now_ms())
+
+    async def _check_references(self) -> None:
+        core = self._core()
+        answers: list[tuple[str, PartitionRef, Answer]] = []
+        by_leader: dict[int, list[tuple[str, PartitionRef]]] = defaultdict(list)
+        for key, ref in core.checks_due(_now_ms()):
+            topic = self.metadata.topic_by_id(ref.topic_id)
+            if topic is None or ref.partition >= len(topic.partitions):
+                answers.append((key, ref, Answer.UNREFERENCED))  # deleted topics reference nothing
+                continue
+            leader = topic.partitions[ref.partition].leader
+            if leader < 0:
+                answers.append((key, ref, Answer.UNKNOWN))  # an offline partition blocks deletion
+            else:
+                by_leader[leader].append((key, ref))
+        for leader, queries in by_leader.items():
+            answers += await self._ask(leader, queries)
+        core.on_answers(answers, _now_ms())
+
+    async def _ask(
+        self, leader: int, queries: list[tuple[str, PartitionRef]]
+    ) -> list[tuple[str, PartitionRef, Answer]]:
+        body = {"queries": [[key, ref.topic_id, ref.partition] for key, ref in queries]}
+        try:
+            conn = await self._connection(leader)
+            reply = await conn.wait(conn.send_internal(internal.INTERNAL_WAL_REFERENCES, body), timeout=10)
+            return [(key, ref, Answer(code)) for (key, ref), code in zip(queries, reply["answers"], strict=True)]
+        except (ClientError, OSError, TimeoutError, KeyError, ValueError) as exc:
+            log.info("leader could not answer reference queries", leader=leader, error=str(exc))
+            return [(key, ref, Answer.UNKNOWN) for key, ref in queries]
+
+    async def _connection(self, broker: int) -> KafkaClientConnection:
+        info = self.metadata.brokers.get(broker)
+        if info is None:
+            raise ClientError(f"broker {broker} is not registered")
+        conn = self._leaders.get(broker)
+        if conn is None or not conn.connected or (conn.host, conn.port) != (info.host, info.port):
+            if conn is not None:
+                await conn.close()
+            conn = KafkaClientConnection(info.host, info.port, f"diskless-wal-manager-{self.instance}")
+            await conn.connect()
+            self._leaders[broker] = conn
+        return conn
+
+    async def _delete(self) -> None:
+        core = self._core()
+        keys = core.deletable(_now_ms())[: max(1, self.config.wal_manager_delete_rate)]
+        if not keys:
+            return
+        started = time.monotonic()
+        failed = set(await self.store.delete_many(keys))
+        if failed:
+            core.on_delete_failed(sorted(failed), _now_ms())
+        done = [k for k in keys if k not in failed]
+        core.on_deleted(done, _now_ms())
+        self.deleted_total += len(done)
+        log.info("deleted unreferenced WAL objects", count=len(done), failed=len(failed))
+        # Rate limit: at most wal.manager.delete.rate objects per second.
+        await asyncio.sleep(max(0.0, len(keys) / self.config.wal_manager_delete_rate - (time.monotonic() - started)))
+
+    def _publish_stats(self) -> None:
+        for name, value in self._core().stats().items():
+            MANAGER_STATE.labels(name).set(value)
+
+    def _core(self) -> WalManagerCore:
+        assert self.core is not None
+        return self.core
+
+    # --- commit notices from representatives ------------------------------------------------------
+
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        decoder = FrameDecoder(16 * 1024 * 1024)
+        try:
+            while data := await reader.read(65536):
+                decoder.feed(data)
+                for frame in decoder.frames():
+                    header, pos = m.parse_header(frame)
+                    if header.api_key != internal.INTERNAL_WAL_NOTICE:
+                        return
+                    self._on_notice(internal.unpack(memoryview(frame)[pos:]))
+                    writer.write(internal.encode_response(header.correlation_id, {}))
+        except (FrameError, m.MalformedRequest, ValueError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def _on_notice(self, notice: dict[str, Any]) -> None:
+        if self.core is None:
+            return  # standby: the active instance gets the next notices
+        refs = [PartitionRef(str(topic_id), int(partition)) for topic_id, partition in notice["partitions"]]
+        self.core.on_notice(notice["key"], int(notice["size"]), refs, _now_ms())
+
+
+async def run_service(config: BrokerConfig, ready_file: str | None) -> int:
+    import signal
+
+    service = WalManagerService(config)
+    await service.start()
+    if ready_file:
+        with open(ready_file, "w") as f:
+            f.write(f"{service.port} {service.metrics_port}\n")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    runner = asyncio.create_task(service.run())
+    await stop.wait()
+    runner.cancel()
+    with contextlib.suppress(BaseException):
+        await runner
+    await service.stop()
+    return 0
