@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 from prometheus_client import Gauge, Histogram
 
+from diskless.aio import cancel_and_wait
 from diskless.cluster.etcd_store import EtcdMetadataStore
 from diskless.cluster.metadata import ClusterMetadata
 from diskless.config import BrokerConfig, ConfigError
@@ -128,10 +129,7 @@ class WalManagerService:
             active = asyncio.create_task(self._active_loop())
             stopper = asyncio.create_task(self._stop.wait())
             await asyncio.wait([keepalive, active, stopper], return_when="FIRST_COMPLETED")
-            for task in (keepalive, active, stopper):
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+            await cancel_and_wait(keepalive, active, stopper)
             self.core = None
             ACTIVE.set(0)
             with contextlib.suppress(Exception):
@@ -316,8 +314,6 @@ async def run_service(config: BrokerConfig, ready_file: str | None) -> int:
         loop.add_signal_handler(sig, stop.set)
     runner = asyncio.create_task(service.run())
     await stop.wait()
-    runner.cancel()
-    with contextlib.suppress(BaseException):
-        await runner
+    await cancel_and_wait(runner)
     await service.stop()
     return 0

@@ -19,6 +19,7 @@ from typing import Any
 import structlog
 from kio.schema.errors import ErrorCode
 
+from diskless.aio import cancel_and_wait
 from diskless.cluster.controller import elect_on_broker_change
 from diskless.cluster.metadata import (
     BrokerInfo,
@@ -70,8 +71,9 @@ class Broker:
             config.replica_fetch_wait_max_ms,
             config.replica_fetch_max_bytes,
             self.prefetch_entries,
+            self._source_host(),
         )
-        self.peers = PeerPool(self.node_id, self.metadata.brokers.get)
+        self.peers = PeerPool(self.node_id, self.metadata.brokers.get, self._source_host())
         self.store: ObjectStore | None = None
         self.wal_reader: WalReader | None = None
         self.representative: Representative | None = None
@@ -95,6 +97,11 @@ class Broker:
         self._stopping = False
         self.port = -1
         self.metrics_port = -1
+
+    def _source_host(self) -> str | None:
+        """Bind outgoing broker connections to our listener address when it is a specific one."""
+        host = self.config.listener.host
+        return None if host in ("", "0.0.0.0", "::") else host
 
     @property
     def clustered(self) -> bool:
@@ -167,7 +174,7 @@ class Broker:
             state = self.metadata.partition(topic, index)
             if state is not None and state.leader == self.node_id and state.leader_epoch == epoch:
                 bumped = PartitionState(state.replicas, state.leader, epoch + 1, state.isr)
-                await self.backend.update_partition(topic, index, bumped)
+                await self.backend.update_partition(topic, index, bumped, self.backend.revision_of(topic, index))
 
         def fenced() -> bool:
             for (topic, index), epoch in stale.items():
@@ -187,9 +194,7 @@ class Broker:
             await self._controlled_shutdown()
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
+        await cancel_and_wait(*self._tasks)
         if self.representative is not None:
             await self.representative.close()
         await self.server.stop()
@@ -209,7 +214,9 @@ class Broker:
             await self._wait_for(lambda: not self._leads_any_with_others(), deadline)
 
     def _leads_any_with_others(self) -> bool:
-        return any(len(p.replicas) > 1 for p in self.replicas.leading())
+        """Whether some partition we lead still has a live in-sync replica to hand leadership to."""
+        live = set(self.metadata.brokers) - {self.node_id}
+        return any(live.intersection(p.isr) for p in self.replicas.leading())
 
     @staticmethod
     async def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
@@ -323,10 +330,14 @@ class Broker:
             return
         self._isr_updates.add(key)
 
+        # The compare-and-swap is against the state this decision was made from, not whatever the
+        # store holds when the request goes out: a stale proposal must lose to newer changes.
+        expected = self.backend.revision_of(partition.topic, partition.index)
+        state = PartitionState(partition.replicas, self.node_id, partition.leader_epoch, isr)
+
         async def propose() -> None:
             try:
-                state = PartitionState(partition.replicas, self.node_id, partition.leader_epoch, isr)
-                ok = await self.backend.update_partition(partition.topic, partition.index, state)
+                ok = await self.backend.update_partition(partition.topic, partition.index, state, expected)
                 if ok:
                     log.info("ISR changed", topic=partition.topic, partition=partition.index, isr=isr)
             finally:
@@ -373,8 +384,12 @@ class Broker:
 
     async def _reconcile(self) -> None:
         live = set(self.metadata.brokers)
-        for change in elect_on_broker_change(self.metadata, live):
-            ok = await self.backend.update_partition(change.topic, change.partition, change.state)
+        decided = [
+            (change, self.backend.revision_of(change.topic, change.partition))
+            for change in elect_on_broker_change(self.metadata, live)
+        ]
+        for change, expected in decided:
+            ok = await self.backend.update_partition(change.topic, change.partition, change.state, expected)
             if ok:
                 log.info(
                     "partition state changed by controller",

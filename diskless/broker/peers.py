@@ -17,8 +17,9 @@ from diskless.protocol.client import ClientError, KafkaClientConnection
 
 
 class PeerPool:
-    def __init__(self, node_id: int, lookup: Callable[[int], BrokerInfo | None]) -> None:
+    def __init__(self, node_id: int, lookup: Callable[[int], BrokerInfo | None], local_host: str | None = None) -> None:
         self.node_id = node_id
+        self.local_host = local_host
         self.lookup = lookup
         self._connections: dict[int, KafkaClientConnection] = {}
         self._locks: dict[int, asyncio.Lock] = {}
@@ -43,7 +44,9 @@ class PeerPool:
             old = self._connections.pop(node_id, None)
             if old is not None:
                 await old.close()
-            conn = KafkaClientConnection(info.host, info.port, internal.broker_client_id(self.node_id, "peer"))
+            conn = KafkaClientConnection(
+                info.host, info.port, internal.broker_client_id(self.node_id, "peer"), local_host=self.local_host
+            )
             try:
                 await conn.connect()
             except (OSError, TimeoutError) as exc:

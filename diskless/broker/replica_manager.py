@@ -37,7 +37,9 @@ class ReplicaManager:
         fetch_wait_max_ms: int = 500,
         fetch_max_bytes: int = 1048576,
         on_pointers: Callable[[bytes], None] = lambda entries: None,
+        local_host: str | None = None,
     ) -> None:
+        self.local_host = local_host
         self.log_dir = log_dir
         self.node_id = node_id
         self.lookup = lookup
@@ -153,6 +155,7 @@ class ReplicaManager:
                 self.fetch_max_bytes,
                 self.notify_append,
                 self.on_pointers,
+                self.local_host,
             )
             fetcher.start()
             self.fetchers[leader_id] = fetcher

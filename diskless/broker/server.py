@@ -16,6 +16,7 @@ from typing import Any
 import structlog
 from kio.schema.errors import ErrorCode
 
+from diskless.aio import cancel_and_wait
 from diskless.metrics import CONNECTION_BYTES, CONNECTIONS, REQUEST_ERRORS, REQUESTS
 from diskless.protocol import internal
 from diskless.protocol import messages as m
@@ -47,7 +48,7 @@ class KafkaServer:
         for connection in list(self._open):
             connection.writer.close()
         if self._connections:
-            _done, stragglers = await asyncio.wait(list(self._connections), timeout=5)
+            _done, stragglers = await asyncio.wait(list(self._connections), timeout=1)
             for task in stragglers:
                 task.cancel()
         if self._server is not None:
@@ -93,9 +94,7 @@ class Connection:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
-            writer_task.cancel()
-            with contextlib.suppress(BaseException):
-                await writer_task
+            await cancel_and_wait(writer_task)
             self._abandon_pending()
             self.writer.close()
             with contextlib.suppress(Exception):

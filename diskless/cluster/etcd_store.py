@@ -25,6 +25,8 @@ import aetcd
 import structlog
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from diskless.aio import cancel_and_wait
+
 from .metadata import (
     BrokerInfo,
     ClusterMetadata,
@@ -81,11 +83,7 @@ class EtcdMetadataStore:
                 await self.client.status()
 
     async def close(self) -> None:
-        for task in (self._keepalive, self._watch_task):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
+        await cancel_and_wait(self._keepalive, self._watch_task)
         with contextlib.suppress(Exception):
             await self.client.close()
 
@@ -256,13 +254,20 @@ class EtcdMetadataStore:
         )
         return bool(ok)
 
-    async def update_partition(self, topic: str, partition: int, state: PartitionState) -> bool:
-        """CAS one partition state against the revision we last saw (AlterPartition semantics)."""
+    def revision_of(self, topic: str, partition: int) -> int:
+        """The revision of a partition's state as we last saw it (what a CAS must compare to)."""
+        return self.revisions.get(f"partitions/{topic}/{partition}", 0)
+
+    async def update_partition(
+        self, topic: str, partition: int, state: PartitionState, expected_revision: int | None = None
+    ) -> bool:
+        """CAS one partition state against the revision its change was decided on (AlterPartition)."""
         path = f"partitions/{topic}/{partition}"
         key = self._key(path)
         tx = self.client.transactions
+        expected = self.revisions.get(path, 0) if expected_revision is None else expected_revision
         ok, _ = await self.client.transaction(
-            compare=[tx.mod(key) == self.revisions.get(path, 0)],
+            compare=[tx.mod(key) == expected],
             success=[tx.put(key, partition_record(state))],
             failure=[],
         )

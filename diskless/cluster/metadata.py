@@ -345,7 +345,12 @@ class LocalBackend:
         await self._changed([("topic", topic.name)] + [("partition", topic.name, str(i)) for i in new_partitions])
         return True
 
-    async def update_partition(self, topic: str, partition: int, state: PartitionState) -> bool:
+    def revision_of(self, topic: str, partition: int) -> int:
+        return 0  # one writer: nothing to compare against
+
+    async def update_partition(
+        self, topic: str, partition: int, state: PartitionState, expected_revision: int | None = None
+    ) -> bool:
         meta = self.metadata.topics.get(topic)
         if meta is None or partition >= len(meta.partitions):
             return False

@@ -15,6 +15,8 @@ from typing import Any
 from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
+from diskless.aio import cancel_and_wait
+
 from . import internal
 from . import messages as m
 from .framing import FrameDecoder, encode_frame
@@ -27,8 +29,16 @@ class ClientError(Exception):
 
 
 class KafkaClientConnection:
-    def __init__(self, host: str, port: int, client_id: str, max_frame_bytes: int = 200 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        client_id: str,
+        max_frame_bytes: int = 200 * 1024 * 1024,
+        local_host: str | None = None,
+    ) -> None:
         self.host = host
+        self.local_host = local_host  # bind here so peers see which AZ a connection comes from
         self.port = port
         self.client_id = client_id
         self._max = max_frame_bytes
@@ -43,7 +53,10 @@ class KafkaClientConnection:
         return self._writer is not None and not self._writer.is_closing()
 
     async def connect(self, timeout: float = 5.0) -> None:
-        self._reader, self._writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), timeout)
+        local = (self.local_host, 0) if self.local_host else None
+        self._reader, self._writer = await asyncio.wait_for(
+            asyncio.open_connection(self.host, self.port, local_addr=local), timeout
+        )
         self._read_task = asyncio.create_task(self._read_loop())
 
     async def close(self) -> None:
@@ -51,10 +64,7 @@ class KafkaClientConnection:
             self._writer.close()
             with contextlib.suppress(Exception):
                 await self._writer.wait_closed()
-        if self._read_task is not None:
-            self._read_task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._read_task
+        await cancel_and_wait(self._read_task)
         self._fail_all(ClientError("connection closed"))
         self._writer = None
 

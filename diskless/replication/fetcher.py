@@ -16,7 +16,9 @@ from collections.abc import Callable
 import structlog
 from kio.schema.errors import ErrorCode
 
+from diskless.aio import cancel_and_wait
 from diskless.cluster.metadata import BrokerInfo
+from diskless.protocol import internal
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError, KafkaClientConnection
 
@@ -41,7 +43,9 @@ class ReplicaFetcher:
         fetch_max_bytes: int,
         on_progress: Callable[[], None],
         on_pointers: Callable[[bytes], None] = lambda entries: None,
+        local_host: str | None = None,
     ) -> None:
+        self.local_host = local_host
         self.node_id = node_id
         self.leader_id = leader_id
         self.lookup = lookup
@@ -58,10 +62,7 @@ class ReplicaFetcher:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._task
+        await cancel_and_wait(self._task)
         if self._conn is not None:
             await self._conn.close()
 
@@ -76,7 +77,9 @@ class ReplicaFetcher:
         info = self.lookup(self.leader_id)
         if info is None:
             return None
-        conn = KafkaClientConnection(info.host, info.port, f"replica-fetcher-{self.node_id}")
+        conn = KafkaClientConnection(
+            info.host, info.port, internal.broker_client_id(self.node_id, "replica-fetcher"), local_host=self.local_host
+        )
         try:
             await conn.connect()
         except (OSError, TimeoutError):

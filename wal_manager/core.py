@@ -1,0 +1,489 @@
+"""Sans-IO core of the WAL file manager: decides which WAL objects are safe to delete.
+
+The core performs no I/O and reads no clock. The service around it lists the bucket, reads
+trailers, asks partition leaders whether they still reference an object, deletes objects, and
+reports every result here together with the current wall-clock time ``now_ms`` (the same clock
+the brokers use to stamp WAL keys, within the configured skew).
+
+Life of an object in the core
+=============================
+1. *Learned*: from a representative's best-effort notice (key, size, partitions) or from a
+   bucket listing (key, size). A listed object's partitions are unknown until its trailer is read
+   (``trailers_needed`` / ``on_trailer``). Keys that do not parse as WAL keys are *foreign*: they
+   are counted, never checked, never deleted.
+2. *In grace*: nothing happens until the object is older than ``grace_ms`` by the creation time
+   in its key.
+3. *Checking*: in *rounds*. A round asks the current leader of every partition in the object's
+   partition set (``checks_due``) and is complete when every answer is in (``on_answers``).
+   A complete round whose answers are all UNREFERENCED is a *confirmation*. Any REFERENCED or
+   UNKNOWN answer discards every confirmation so far and the object is asked again after
+   ``check_interval_ms``.
+4. *Garbage*: the first confirmation completed at time ``c1``; a second complete round issued at
+   or after ``c1 + confirm_ms`` is also all UNREFERENCED. ``deletable`` hands such keys out,
+   ``on_deleted`` / ``on_delete_failed`` report the outcome.
+
+Safety argument (DESIGN.md, safety rules 3-5)
+=============================================
+*No later commit can make an old object referenced.* A commit carries the object's creation
+time ``created_ms`` (from the representative's clock, the same value as in the key), and a
+leader accepts it only while ``leader_now - created_ms <= commit_timeout``. The leader's clock
+is at most ``skew`` ahead of or behind the manager's, so every accepted commit was appended
+while ``manager_now <= created_ms + commit_timeout + skew``. The representative's own skew
+cancels out because leader and manager both judge the same ``created_ms``. The core asks
+nothing before ``manager_now - created_ms > grace_ms``; with ``grace_ms > commit_timeout +
+skew`` every commit that will ever exist for the object has already been appended to some
+leader's log when the first question is asked. From then on references only disappear
+(retention, DeleteRecords, truncation of uncommitted tails, tiering, topic deletion; rule 4).
+A leader answers REFERENCED for its whole log from the log start, uncommitted tail included,
+so an UNREFERENCED answer from the true leader of a partition after grace is final.
+
+*Why two confirmations, ``confirm_ms`` apart.* The only remaining way to be wrong is an answer
+from a broker that is no longer the true leader but does not know it yet (a deposed leader
+within its lease, or the service's leadership view lagging), whose log lacks commits the new
+leader accepted before the timeout. Such a window is bounded (lease TTL plus metadata
+propagation); ``confirm_ms`` must exceed it. The first confirmation's answers were computed no
+later than ``c1`` (when the core received the last of them); the second round's answers were
+computed no earlier than its issue time, ``>= c1 + confirm_ms``. So at least one of the two
+answers for each partition comes from outside any stale window that could hide a commit: the
+second one was computed after the stale window of any failover that happened before the first
+one ended, and a failover after the first answer happened after grace, when no more commits
+could arrive, so even that deposed leader's log was complete. This requires that an answer is
+delivered at most once and only to the core that asked (see ``on_answers``); the core never has
+two questions for the same (object, partition) outstanding, so attribution is exact.
+
+*Lost state is safe.* Deletion needs positive evidence gathered by this very instance: the
+partition set (from a notice or the trailer, both written by the object's writer), and two
+confirmations. A new core starts with no evidence and therefore deletes nothing until it has
+gathered all of it again; forgetting an object (a complete scan that no longer lists it, a
+vanished object) likewise only removes evidence. Nothing the core could have forgotten is ever
+needed to stay safe, only to make progress.
+
+*Unreadable trailers are never garbage.* An object under ``wal/`` with a parseable key whose
+trailer cannot be read (corrupt footer, a newer format version written by upgraded brokers while
+this manager is older) is quarantined: never checked, never deleted, counted in ``stats`` for an
+operator. Treating it as garbage after grace would be unsafe: readers locate batches through
+pointers (object, offset, size), not through the trailer, so a damaged or unknown trailer does
+not mean nobody references the data, and without the partition list there is nobody to ask. A
+new core (restart, upgrade) tries the trailer again.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from uuid import UUID
+
+from diskless.storage.wal_format import parse_wal_object_key
+
+__all__ = ["Answer", "ManagerConfig", "PartitionRef", "WalManagerCore"]
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class PartitionRef:
+    """One partition, as named in WAL trailers: topic id (canonical ``str(uuid)``) and index."""
+
+    topic_id: str
+    partition: int
+
+    def __post_init__(self) -> None:
+        # The canonical spelling matters for safety: a differently spelled topic id would be
+        # asked about as an unknown ("gone") topic, which the service maps to UNREFERENCED.
+        canonical = str(self.topic_id if isinstance(self.topic_id, UUID) else UUID(self.topic_id))
+        if canonical != self.topic_id:
+            object.__setattr__(self, "topic_id", canonical)
+        if isinstance(self.partition, bool) or not isinstance(self.partition, int) or self.partition < 0:
+            raise ValueError(f"partition {self.partition!r} must be a non-negative int")
+
+
+class Answer(enum.IntEnum):
+    """A partition's current leader about one WAL object."""
+
+    UNREFERENCED = 0  # nothing in the leader's log (from log start, uncommitted tail included) points into it
+    REFERENCED = 1
+    UNKNOWN = 2  # the leader cannot answer (not leader any more, loading, RPC failed): blocks deletion
+
+
+@dataclass(frozen=True)
+class ManagerConfig:
+    grace_ms: int  # never ask about (hence never delete) an object younger than this; > commit timeout + skew
+    confirm_ms: int  # second confirming round issued at least this long after the first completed
+    check_interval_ms: int  # re-ask about a referenced/unknown object (and retry a failed delete) this often
+    max_delete_batch: int = 1000  # keys per deletable() call (S3 DeleteObjects takes at most 1000)
+    max_check_batch: int = 10_000  # (object, partition) questions per checks_due() call; whole objects only
+
+    def __post_init__(self) -> None:
+        if self.grace_ms <= 0 or self.confirm_ms < 0 or self.check_interval_ms <= 0:
+            raise ValueError("grace_ms and check_interval_ms must be positive, confirm_ms non-negative")
+        if self.max_delete_batch <= 0 or self.max_check_batch <= 0:
+            raise ValueError("batch limits must be positive")
+
+    def check_against(self, commit_timeout_ms: int, max_clock_skew_ms: int) -> None:
+        """Raise ``ValueError`` unless the grace period outlasts every possible commit."""
+        if self.grace_ms <= commit_timeout_ms + max_clock_skew_ms:
+            raise ValueError(
+                f"grace_ms={self.grace_ms} must exceed wal.commit.timeout.ms={commit_timeout_ms}"
+                f" + clock skew {max_clock_skew_ms}"
+            )
+
+
+@dataclass(slots=True)
+class _Object:
+    key: str
+    created_ms: int
+    size: int
+    first_seen_ms: int
+    partitions: frozenset[PartitionRef] | None = None  # None: unknown until notice or trailer
+    unreadable: bool = False  # quarantined: trailer unreadable and partitions unknown
+    # The round in progress, if any.
+    round_issued_ms: int | None = None
+    round_asked: frozenset[PartitionRef] = frozenset()
+    round_pending: set[PartitionRef] = field(default_factory=set)
+    round_clean: bool = True  # every answer so far in this round was UNREFERENCED
+    confirmed_ms: int | None = None  # completion time of the first confirmation since the last reset
+    next_check_ms: int = 0  # earliest issue time of the next round (or retry time of a failed delete)
+    due_ms: int | None = None  # time under which the object currently sits in the check heap
+    garbage: bool = False  # two confirmations: deletable (or deleting)
+
+
+class WalManagerCore:
+    """Decision state of the WAL file manager (one active instance, see module docstring)."""
+
+    def __init__(self, config: ManagerConfig) -> None:
+        self.config = config
+        self._objects: dict[str, _Object] = {}
+        self._foreign: dict[str, int] = {}  # key -> size; keys that are not WAL keys, never deleted
+        self._foreign_seen: dict[str, int] = {}  # key -> first seen, for scan-based forgetting
+        self._needs_trailer: dict[str, None] = {}  # ordered set
+        # Questions asked and not answered yet, per key. Survives forgetting the object, so that a
+        # relearned object never gets a second question for a pair whose answer is still coming.
+        self._outstanding: dict[str, set[PartitionRef]] = {}
+        self._check_heap: list[tuple[int, str]] = []  # (due_ms, key), lazily invalidated
+        self._confirmed_once: set[str] = set()
+        self._deletable: dict[str, None] = {}  # ordered set: garbage not handed out
+        self._deleting: set[str] = set()  # handed out by deletable(), outcome not reported yet
+        self._bytes_known = 0
+        self._deleted_objects = 0
+        self._deleted_bytes = 0
+        self._delete_failures = 0
+
+    # --- learning objects ----------------------------------------------------------------------
+
+    def on_notice(self, key: str, size: int, partitions: Iterable[PartitionRef], now_ms: int) -> None:
+        """A representative's notice after its commits; may be lost, duplicated, late or early.
+
+        ``partitions`` must be every partition with batches in the object (what its trailer
+        lists), not only those whose commit succeeded. Arriving for an object that was already
+        deleted, it just makes the core check it again (then delete a missing key, or forget it
+        at the next scan): harmless.
+        """
+        obj = self._learn(key, size, now_ms)
+        if obj is not None:
+            self._add_partitions(obj, partitions, now_ms)
+
+    def on_listed(self, key: str, size: int, now_ms: int) -> None:
+        """A bucket listing shows ``key``. Unknown objects then need their trailer."""
+        obj = self._learn(key, size, now_ms)
+        if obj is not None and obj.partitions is None and not obj.unreadable:
+            self._needs_trailer[key] = None
+
+    def on_scan_complete(
+        self, listed: Iterable[str], scanned_prefixes: Iterable[str], started_ms: int, now_ms: int
+    ) -> None:
+        """A listing of every key under each of ``scanned_prefixes`` finished.
+
+        ``listed`` holds the keys it returned (the same keys the service passed to ``on_listed``
+        while paging), ``started_ms`` is when the first LIST request was sent. Objects under a
+        scanned prefix that the scan did not list and that the core learned before the scan
+        started are gone (deleted by someone else, or a late notice for an object deleted long
+        ago) and are forgotten. Objects first learned during the scan are kept: a notice can
+        arrive for an object PUT after the listing passed its position. Forgetting only drops
+        evidence, so it can never make the core delete something.
+        """
+        prefixes = tuple(scanned_prefixes)
+        if not prefixes:
+            return
+        listed_set = listed if isinstance(listed, set | frozenset) else set(listed)
+        for key in [k for k, o in self._objects.items() if o.first_seen_ms < started_ms and k.startswith(prefixes)]:
+            if key not in listed_set:
+                self._forget(key)
+        for key in [k for k, seen in self._foreign_seen.items() if seen < started_ms and k.startswith(prefixes)]:
+            if key not in listed_set:
+                del self._foreign[key], self._foreign_seen[key]
+
+    def trailers_needed(self, limit: int | None = None) -> list[str]:
+        """Listed objects whose partitions are unknown, oldest first: read only their trailer.
+
+        A query, not a hand-out: keys stay here until ``on_trailer``, ``on_trailer_unreadable``
+        or ``on_gone`` reports on them, so the service should skip reads it already has in
+        flight.
+        """
+        keys = sorted(self._needs_trailer)  # WAL keys sort by creation time
+        return keys if limit is None else keys[:limit]
+
+    def on_trailer(self, key: str, partitions: Iterable[PartitionRef], now_ms: int) -> None:
+        """The trailer of ``key`` lists these partitions. Ignored for keys the core does not know."""
+        obj = self._objects.get(key)
+        if obj is None:
+            return
+        obj.unreadable = False
+        self._needs_trailer.pop(key, None)
+        self._add_partitions(obj, partitions, now_ms)
+
+    def on_trailer_unreadable(self, key: str, now_ms: int) -> None:
+        """The object exists but its trailer cannot be parsed (``CorruptWalObject``).
+
+        Transient read errors must be retried by the service and not reported here, and a
+        missing object is ``on_gone``. Decision (see module docstring): an object whose
+        partitions are still unknown is quarantined: never checked, never deleted, counted in
+        ``stats``; a new core instance tries again. If a notice already gave the partitions the
+        trailer was not needed and this report is ignored.
+        """
+        obj = self._objects.get(key)
+        if obj is None or obj.partitions is not None:
+            return
+        obj.unreadable = True
+        self._needs_trailer.pop(key, None)
+
+    def on_gone(self, key: str, now_ms: int) -> None:
+        """``key`` does not exist (404 on a trailer read or HEAD): forget it. Never unsafe."""
+        self._foreign.pop(key, None)
+        self._foreign_seen.pop(key, None)
+        self._forget(key)
+
+    # --- checking references -------------------------------------------------------------------
+
+    def checks_due(self, now_ms: int) -> list[tuple[str, PartitionRef]]:
+        """Start rounds for objects that are due; return the questions to ask.
+
+        Each pair is to be asked of the *current* leader of the partition (the caller groups
+        them by leader broker). Every pair returned must eventually get exactly one answer via
+        ``on_answers``: the service maps RPC errors and timeouts to ``Answer.UNKNOWN``. All
+        partitions of one object are returned together (a round is per object); the total is
+        capped at ``max_check_batch`` except that one object is never split.
+        """
+        questions: list[tuple[str, PartitionRef]] = []
+        heap = self._check_heap
+        while heap and heap[0][0] <= now_ms and len(questions) < self.config.max_check_batch:
+            due, key = heapq.heappop(heap)
+            obj = self._objects.get(key)
+            if obj is None or obj.due_ms != due:
+                continue  # stale heap entry
+            obj.due_ms = None
+            if obj.partitions is None or obj.unreadable or obj.garbage or obj.round_issued_ms is not None:
+                continue  # defensive: _schedule never queues these
+            if key in self._outstanding:
+                continue  # a previous incarnation's answers are still coming; rescheduled when they are in
+            if not self._older_than_grace(obj, now_ms):
+                self._schedule(obj)  # defensive: now_ms went backwards
+                continue
+            assert obj.partitions is not None
+            obj.round_issued_ms = now_ms
+            obj.round_asked = obj.partitions
+            obj.round_pending = set(obj.partitions)
+            obj.round_clean = True
+            if not obj.partitions:
+                # Nothing can point into an object without batches: the round is vacuously complete.
+                self._complete_round(obj, now_ms)
+                continue
+            self._outstanding[key] = set(obj.partitions)
+            questions.extend((key, p) for p in sorted(obj.partitions))
+        return questions
+
+    def on_answers(self, answers: Iterable[tuple[str, PartitionRef, Answer]], now_ms: int) -> None:
+        """Answers to questions from ``checks_due`` (any subset, any order, any grouping).
+
+        Answers to questions this core did not ask, or already answered, are ignored. Each
+        question may be answered only once, and answers to a previous core instance's questions
+        must not be delivered to this one: both could otherwise be taken for a later question's
+        answer and break the timing that makes two confirmations sufficient.
+        """
+        for key, partition, answer in answers:
+            pending = self._outstanding.get(key)
+            if pending is None or partition not in pending:
+                continue
+            pending.discard(partition)
+            if not pending:
+                del self._outstanding[key]
+            obj = self._objects.get(key)
+            if obj is None:
+                continue
+            if obj.round_issued_ms is None or partition not in obj.round_pending:
+                # The object was forgotten and relearned while this answer was on its way: the
+                # answer belongs to the old incarnation. Once all are in, the new one may start.
+                if key not in self._outstanding:
+                    self._schedule(obj)
+                continue
+            obj.round_pending.discard(partition)
+            if answer != Answer.UNREFERENCED:  # UNKNOWN and anything unexpected block deletion
+                obj.round_clean = False
+            if not obj.round_pending:
+                self._complete_round(obj, now_ms)
+
+    # --- deleting ------------------------------------------------------------------------------
+
+    def deletable(self, now_ms: int) -> list[str]:
+        """Hand out up to ``max_delete_batch`` keys that are safe to delete now.
+
+        Handed-out keys are not returned again until ``on_delete_failed`` reports them (then
+        after ``check_interval_ms``). Confirmation does not expire: references never come back.
+        """
+        out: list[str] = []
+        for key in self._deletable:
+            if len(out) >= self.config.max_delete_batch:
+                break
+            obj = self._objects[key]
+            if obj.next_check_ms <= now_ms and self._older_than_grace(obj, now_ms):
+                out.append(key)
+        for key in out:
+            del self._deletable[key]
+            self._deleting.add(key)
+        return out
+
+    def on_deleted(self, keys: Iterable[str], now_ms: int) -> None:
+        """The objects are gone from the bucket (a DELETE of a missing key counts as success)."""
+        for key in keys:
+            obj = self._objects.get(key)
+            if obj is not None:
+                self._deleted_objects += 1
+                self._deleted_bytes += obj.size
+            self._forget(key)
+
+    def on_delete_failed(self, keys: Iterable[str], now_ms: int) -> None:
+        """Deleting failed; offered again by ``deletable`` after ``check_interval_ms``."""
+        for key in keys:
+            if key not in self._deleting:
+                continue
+            self._delete_failures += 1
+            self._deleting.discard(key)
+            obj = self._objects[key]
+            obj.next_check_ms = now_ms + self.config.check_interval_ms
+            if obj.garbage:
+                self._deletable[key] = None  # at the end: failing keys do not starve the others
+            else:
+                self._schedule(obj)  # its partition set grew meanwhile: check again first
+
+    # --- introspection -------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        """Gauges (current state) and counters (since this instance started) for metrics."""
+        garbage = list(self._deletable) + list(self._deleting)
+        unreadable = [o for o in self._objects.values() if o.unreadable]
+        known = len(self._objects)
+        return {
+            "objects_known": known,  # WAL objects tracked (parseable keys)
+            "bytes_known": self._bytes_known,
+            "objects_foreign": len(self._foreign),  # keys under the prefix that are not WAL keys
+            "bytes_foreign": sum(self._foreign.values()),
+            "objects_unreadable": len(unreadable),  # quarantined: trailer unreadable
+            "bytes_unreadable": sum(o.size for o in unreadable),
+            "trailers_needed": len(self._needs_trailer),
+            "objects_pending": known - len(self._needs_trailer) - len(unreadable) - len(garbage),
+            "objects_confirmed_once": len(self._confirmed_once),
+            "checks_outstanding": sum(len(p) for p in self._outstanding.values()),
+            "objects_garbage": len(garbage),  # confirmed unreferenced twice, not deleted yet
+            "bytes_garbage": sum(self._objects[k].size for k in garbage),
+            "objects_deleting": len(self._deleting),
+            "objects_deleted": self._deleted_objects,
+            "bytes_deleted": self._deleted_bytes,
+            "delete_failures": self._delete_failures,
+        }
+
+    # --- internals -----------------------------------------------------------------------------
+
+    def _learn(self, key: str, size: int, now_ms: int) -> _Object | None:
+        """The object for ``key``, created if new; None for foreign keys (recorded apart)."""
+        obj = self._objects.get(key)
+        if obj is not None:
+            self._bytes_known += size - obj.size
+            obj.size = size
+            return obj
+        try:
+            created_ms = parse_wal_object_key(key).created_ms
+        except ValueError:
+            # Not written by a broker (or by a future key format): never ours to delete.
+            self._foreign[key] = size
+            self._foreign_seen.setdefault(key, now_ms)
+            return None
+        obj = _Object(key=key, created_ms=created_ms, size=size, first_seen_ms=now_ms)
+        self._objects[key] = obj
+        self._bytes_known += size
+        return obj
+
+    def _add_partitions(self, obj: _Object, partitions: Iterable[PartitionRef], now_ms: int) -> None:
+        new = frozenset(partitions)
+        if obj.partitions is not None and new <= obj.partitions:
+            return  # duplicate notice, or a trailer confirming what a notice said
+        first = obj.partitions is None
+        # Union: notices and trailer should agree; if they do not, asking more is the safe side.
+        obj.partitions = new if first else obj.partitions | new
+        obj.unreadable = False
+        self._needs_trailer.pop(obj.key, None)
+        if not first:
+            # Partitions nobody asked about yet: earlier confirmations say nothing about them.
+            # The round in progress (if any) completes as unconfirmed (round_asked is too small).
+            self._reset(obj, next_check_ms=now_ms)
+            if obj.garbage:
+                # If the service is deleting it already, that cannot be stopped; only notices that
+                # disagree with the trailer (a writer bug) get here. A failed delete is not retried.
+                obj.garbage = False
+                self._deletable.pop(obj.key, None)
+        if obj.round_issued_ms is None:
+            self._schedule(obj)
+
+    def _older_than_grace(self, obj: _Object, now_ms: int) -> bool:
+        return now_ms - obj.created_ms > self.config.grace_ms
+
+    def _schedule(self, obj: _Object) -> None:
+        """Put a waiting object in the check heap under its due time."""
+        if obj.partitions is None or obj.unreadable or obj.garbage or obj.round_issued_ms is not None:
+            return
+        if obj.key in self._deleting:
+            return  # on_deleted / on_delete_failed decide what happens next
+        due = max(obj.created_ms + self.config.grace_ms + 1, obj.next_check_ms)
+        if obj.due_ms == due:
+            return
+        obj.due_ms = due
+        heapq.heappush(self._check_heap, (due, obj.key))
+
+    def _reset(self, obj: _Object, next_check_ms: int) -> None:
+        obj.confirmed_ms = None
+        self._confirmed_once.discard(obj.key)
+        obj.next_check_ms = next_check_ms
+
+    def _complete_round(self, obj: _Object, now_ms: int) -> None:
+        issued = obj.round_issued_ms
+        assert issued is not None and obj.partitions is not None
+        obj.round_issued_ms = None
+        confirmation = obj.round_clean and obj.round_asked >= obj.partitions
+        if not confirmation:
+            self._reset(obj, now_ms + self.config.check_interval_ms)
+        elif obj.confirmed_ms is None:
+            # First confirmation. Its answers were computed no later than now (we hold them all).
+            obj.confirmed_ms = now_ms
+            self._confirmed_once.add(obj.key)
+            obj.next_check_ms = now_ms + self.config.confirm_ms
+        elif issued >= obj.confirmed_ms + self.config.confirm_ms:
+            # Second confirmation: its answers were computed no earlier than it was issued.
+            self._confirmed_once.discard(obj.key)
+            obj.garbage = True
+            obj.next_check_ms = now_ms
+            self._deletable[obj.key] = None
+            return
+        else:
+            # Not reachable through checks_due's scheduling; kept safe anyway: this round was
+            # issued too early to be the second one, and proves nothing the first did not.
+            obj.next_check_ms = obj.confirmed_ms + self.config.confirm_ms
+        self._schedule(obj)
+
+    def _forget(self, key: str) -> None:
+        """Drop everything known about ``key`` (its outstanding questions stay accounted)."""
+        obj = self._objects.pop(key, None)
+        if obj is None:
+            return
+        self._bytes_known -= obj.size
+        self._needs_trailer.pop(key, None)
+        self._confirmed_once.discard(key)
+        self._deletable.pop(key, None)
+        self._deleting.discard(key)
