@@ -82,6 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     broker.add_argument("--rack", help="availability zone (broker.rack)")
     broker.add_argument("--ready-file", help="write the bound port here once serving")
     broker.add_argument("--log-level", default="INFO")
+    manager = sub.add_parser("wal-manager", help="run the WAL file manager (one active instance per cluster)")
+    manager.add_argument("--config", help="Java properties file with Kafka-style settings")
+    manager.add_argument("--override", action="append", default=[], metavar="NAME=VALUE", help="set any property")
+    manager.add_argument("--listeners", help="where representatives send commit notices (port 0 picks one)")
+    manager.add_argument("--ready-file", help="write the bound port here once serving")
+    manager.add_argument("--log-level", default="INFO")
     dev = sub.add_parser(
         "dev",
         help="run a local cluster (S3, etcd, brokers in AZs on 127.0.<az>.x) and a short demo (make run)",

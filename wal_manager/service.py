@@ -178,11 +178,12 @@ class WalManagerService:
     async def scan(self) -> None:
         core = self._core()
         started = time.monotonic()
+        started_ms = _now_ms()
         listed: set[str] = set()
         async for info in self.store.list(WAL_KEY_ROOT):
             core.on_listed(info.key, info.size, _now_ms())
             listed.add(info.key)
-        core.on_scan_complete(listed, _now_ms())
+        core.on_scan_complete(listed, [WAL_KEY_ROOT], started_ms, _now_ms())
         SCAN_SECONDS.observe(time.monotonic() - started)
 
     async def _read_trailers(self) -> None:
@@ -191,7 +192,7 @@ class WalManagerService:
             try:
                 size = await self.store.head(key)
                 if size is None:
-                    core.on_deleted([key], _now_ms())
+                    core.on_gone(key, _now_ms())
                     continue
                 start = max(0, size - TAIL_READ_HINT)
                 footer, trailer = parse_tail(await self.store.get_range(key, start, size - 1), size)
@@ -206,7 +207,7 @@ class WalManagerService:
                 log.warning("unreadable WAL object trailer", key=key, error=str(exc))
                 core.on_trailer_unreadable(key, _now_ms())
             except NoSuchKey:
-                core.on_deleted([key], _now_ms())
+                core.on_gone(key, _now_ms())
 
     async def _check_references(self) -> None:
         core = self._core()
