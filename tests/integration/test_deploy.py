@@ -64,9 +64,13 @@ def test_services_are_the_expected_ones(compose: dict[str, Any]) -> None:
     assert command_of(services["minio"])[:2] == ["server", "/data"]
     assert re.match(r"(quay\.io/coreos/etcd|bitnami/etcd)(:|$)", services["etcd"]["image"])
     assert sorted(broker_services(compose)) == ["broker-1", "broker-2", "broker-3"]
-    # The WAL manager arrives with issue 5: only a note in the file until its command exists.
-    assert not [name for name in services if "wal" in name]
-    assert "WAL manager" in COMPOSE.read_text()
+    managers = sorted(name for name in services if name.startswith("wal-manager"))
+    assert managers == ["wal-manager-a", "wal-manager-b"], "an active WAL manager and a standby"
+    for name in managers:
+        command = command_of(services[name])
+        assert command[:2] == ["diskless", "wal-manager"]
+        advertised = services[name]["environment"]["DISKLESS_ADVERTISED_LISTENERS"]
+        assert advertised == f"PLAINTEXT://{name}:9500"
 
 
 def test_referenced_files_exist(compose: dict[str, Any]) -> None:
@@ -112,3 +116,9 @@ def test_every_properties_file_in_deploy_loads() -> None:
     assert files
     for path in files:
         load_config(str(path), environ={})
+
+
+def test_the_wal_manager_config_passes_its_startup_safety_check() -> None:
+    from wal_manager.service import check_config
+
+    check_config(load_config(str(DEPLOY / "wal-manager.properties"), environ={}))
