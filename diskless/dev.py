@@ -35,7 +35,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, TextIO
 
-from diskless.local.servers import BrokerServer, EtcdServer, ManagedProcess, S3Server, free_port
+from diskless.local.servers import BrokerServer, EtcdServer, ManagedProcess, S3Server, WalManagerServer, free_port
 from diskless.logs import configure_logging
 
 BUCKET = "diskless"
@@ -116,6 +116,7 @@ class DevCluster:
     s3: S3Server | None = None
     etcd: EtcdServer | None = None
     brokers: list[BrokerServer] = field(default_factory=list)
+    wal_manager: WalManagerServer | None = None
 
     # --- start -----------------------------------------------------------------------------------
 
@@ -126,7 +127,8 @@ class DevCluster:
 
     def processes(self) -> list[ManagedProcess]:
         head: list[ManagedProcess] = [p for p in (self.s3, self.etcd) if p is not None]
-        return [*head, *self.brokers]
+        tail: list[ManagedProcess] = [self.wal_manager] if self.wal_manager is not None else []
+        return [*head, *self.brokers, *tail]
 
     def start(self) -> None:
         """S3 (brokers check their bucket at startup), then etcd, then all brokers booting in parallel."""
@@ -162,6 +164,13 @@ class DevCluster:
             self.request.check()
             self._wait_broker(broker)
             self.say(f"  broker {broker.node_id}   {broker.bootstrap:<16} {broker.rack}  pid {broker.pid}")
+        self.request.check()
+        manager_overrides = {k: v for k, v in overrides.items() if k.startswith(("diskless.s3.", "broker.session"))}
+        self.wal_manager = WalManagerServer("wal-manager", self.root, self.etcd.endpoint, self.s3.endpoint)
+        self.wal_manager.overrides.update(manager_overrides)
+        self.wal_manager.detached = True
+        self.wal_manager.start()
+        self.say(f"  wal-manager {self.wal_manager.host}:{self.wal_manager.port}  pid {self.wal_manager.pid}")
         self.say(f"  up in {time.monotonic() - started:.1f}s")
 
     def _start_etcd(self) -> EtcdServer:
@@ -232,6 +241,15 @@ class DevCluster:
             }
             for b in self.brokers
         ]
+        if self.wal_manager is not None:
+            processes.append(
+                {
+                    "role": "wal-manager",
+                    "pid": self.wal_manager.pid,
+                    "address": f"{self.wal_manager.host}:{self.wal_manager.port}",
+                    "log": str(self.wal_manager.log_path),
+                }
+            )
         return {
             "bootstrap_servers": self.bootstrap_by_az(),
             "all_bootstrap_servers": self.bootstrap,
@@ -275,6 +293,8 @@ class DevCluster:
     def stop(self) -> None:
         """Brokers one at a time (controlled shutdown), then etcd, then S3; SIGKILL on a second signal."""
         self.request.stopping = True
+        if self.wal_manager is not None:
+            self._stop_one(self.wal_manager, "wal-manager", timeout=10.0)
         for broker in self.brokers:
             self._stop_one(broker, f"broker {broker.node_id}", timeout=BROKER_STOP_TIMEOUT_S)
         if self.etcd is not None:

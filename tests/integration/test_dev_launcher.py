@@ -142,7 +142,7 @@ def test_dev_launcher_runs_three_azs_demo_and_stops_cleanly(launcher: Launcher) 
 
     # Every process is listed with a live pid and a role.
     roles = sorted(p["role"] for p in cluster["processes"])
-    assert roles == ["broker", "broker", "broker", "etcd", "s3"]
+    assert roles == ["broker", "broker", "broker", "etcd", "s3", "wal-manager"]
     pids = [int(p["pid"]) for p in cluster["processes"]]
     assert all(alive(pid) for pid in pids)
 

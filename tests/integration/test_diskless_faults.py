@@ -1,0 +1,470 @@
+"""Diskless topics under faults: object storage down, a representative SIGKILLed mid-flush, and an
+idempotent producer failing over to another representative.
+
+Real processes throughout (etcd, SeaweedFS, three brokers in three AZs) and real clients (aiokafka,
+confluent-kafka, and the raw client where an exact error code matters). After each fault the
+brokers are stopped, every replica's partition log is opened offline and every pointer entry is
+checked against the bucket: the object it names exists, it is a whole WAL object, and the bytes at
+the pointer's (offset, size) are exactly the batch the entry describes (``PointerEntry.serve``
+compares every header field the leader did not assign; the producer's CRC is then recomputed over
+the served records). Objects no pointer names are garbage for the WAL file manager: allowed,
+counted and printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from rawclient import Session, build_batch
+from support import wait_until
+
+from diskless.log.config import LogConfig
+from diskless.log.partition_log import PartitionLog
+from diskless.log.segment import POINTERS
+from diskless.protocol import records
+from diskless.storage import pointer
+from diskless.storage.object_store import ObjectStore
+from diskless.storage.wal_format import WalObjectReader, parse_wal_object_key
+
+pytestmark = pytest.mark.integration
+
+KAFKA_STORAGE_ERROR = 56
+PRODUCER_AZ = "az-1"  # broker 0's AZ: the representative of every producer below
+READER_AZ = "az-2"
+PUT_FAILURES = "diskless_object_store_failures_total"
+# The last broker standing has nobody to hand its leaderships to: do not wait 15 s for that at shutdown.
+OVERRIDES = {"controlled.shutdown.timeout.ms": "2000"}
+
+
+def create_diskless_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions, 3, config={"diskless.enabled": "true"})])[topic].result(30)
+
+
+async def until(condition: Callable[[], Any], timeout: float, message: str) -> None:
+    """Poll ``condition`` on the event loop (so producers keep running) until true or the deadline."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(message)
+        await asyncio.sleep(0.02)
+
+
+@dataclass
+class Acks:
+    """What a producer got acknowledged, with when (monotonic seconds) each ack arrived."""
+
+    by_offset: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    times: list[float] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, partition: int, offset: int, value: bytes) -> None:
+        with self.lock:
+            assert (partition, offset) not in self.by_offset, f"two records acknowledged at {partition}@{offset}"
+            self.by_offset[(partition, offset)] = value
+            self.times.append(time.monotonic())
+
+    def __len__(self) -> int:
+        return len(self.by_offset)
+
+    def longest_gap(self, start: float, end: float) -> float:
+        """The longest time without any ack, over acks from ``start`` to ``end`` (inclusive bounds)."""
+        with self.lock:
+            moments = sorted([start, end, *(t for t in self.times if start <= t <= end)])
+        return max(b - a for a, b in itertools.pairwise(moments))
+
+
+async def produce_in_windows(producer: AIOKafkaProducer, topic: str, values: list[bytes], acks: Acks) -> None:
+    """Send ``values`` in windows of 200 and wait for each window's acks before the next."""
+    for start in range(0, len(values), 200):
+        window = []
+        for value in values[start : start + 200]:
+            future = await producer.send(topic, key=value, value=value)
+            window.append((value, future))
+        for value, future in window:
+            meta = await future
+            acks.add(meta.partition, meta.offset, value)
+
+
+def raw_produce(bootstrap: str, topic: str, partition: int, value: bytes) -> tuple[int, int]:
+    """One non-idempotent acks=all batch over a raw connection: (error code, base offset)."""
+    with Session(bootstrap, timeout=30) as session:
+        response = session.produce(topic, partition, build_batch([(b"raw", value)]), acks=-1)
+    return int(response.error_code), int(response.base_offset)
+
+
+async def read_everything(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple[int, bytes]]]:
+    """Every record of the topic from offset 0 up to each partition's end offset, as consumed."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        client_id=f"faults-reader diskless_az={READER_AZ}",
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+    )
+    await consumer.start()
+    got: dict[int, list[tuple[int, bytes]]] = defaultdict(list)
+    try:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        assert set((await consumer.beginning_offsets(tps)).values()) == {0}
+        ends = await consumer.end_offsets(tps)
+
+        def behind() -> bool:
+            return any((got[tp.partition][-1][0] + 1 if got[tp.partition] else 0) < ends[tp] for tp in tps)
+
+        deadline = time.monotonic() + 60
+        while behind():
+            reached = {p: messages[-1][0] + 1 for p, messages in got.items() if messages}
+            assert time.monotonic() < deadline, f"read up to {reached}, not to the end offsets {ends}"
+            for tp, messages in (await consumer.getmany(timeout_ms=500)).items():
+                got[tp.partition].extend((m.offset, m.value) for m in messages)
+    finally:
+        await consumer.stop()
+    for tp in tps:
+        offsets = [o for o, _ in got[tp.partition]]
+        assert offsets == list(range(ends[tp])), f"partition {tp.partition}: offsets not contiguous from 0"
+    return dict(got)
+
+
+def check_acked_readable(acks: Acks, got: dict[int, list[tuple[int, bytes]]]) -> None:
+    stored = {(p, o): v for p, messages in got.items() for o, v in messages}
+    wrong = {k: v for k, v in acks.by_offset.items() if stored.get(k) != v}
+    assert not wrong, f"{len(wrong)} acknowledged records not at their offsets, e.g. {sorted(wrong.items())[:3]}"
+
+
+@dataclass
+class Audit:
+    pointer_entries: int  # over all replicas
+    referenced: set[str]
+    objects: dict[str, WalObjectReader]
+    uploads: Counter[tuple[int, int, int, int, int]]  # idempotent (partition, pid, epoch, seq, count) -> copies
+
+    @property
+    def garbage(self) -> list[str]:
+        return sorted(self.objects.keys() - self.referenced)
+
+
+async def audit_pointers(cluster: Any, topic: str, partitions: int) -> Audit:
+    """Stop every broker (S3 stays up), then check every pointer entry of every replica's log."""
+    for broker in cluster.brokers:
+        broker.stop()
+    s3 = cluster.s3
+    store = ObjectStore(s3.endpoint, "diskless", s3.access_key, s3.secret_key)
+    try:
+        keys = [info.key async for info in store.list("wal/")]
+        objects = {}
+        for key in keys:
+            reader = WalObjectReader(await store.get(key))
+            reader.verify_batches()  # a whole WAL object, every batch intact: no torn upload in the bucket
+            assert parse_wal_object_key(key).broker_id == reader.trailer.broker_id
+            objects[key] = reader
+    finally:
+        await store.close()
+    uploads: Counter[tuple[int, int, int, int, int]] = Counter()
+    for reader in objects.values():
+        for e in reader.trailer.entries:
+            if e.producer_id >= 0:  # only idempotent batches are identifiable across objects
+                uploads[(e.partition, e.producer_id, e.producer_epoch, e.base_sequence, e.record_count)] += 1
+
+    referenced: set[str] = set()
+    checked = 0
+    for broker in cluster.brokers:
+        for partition in range(partitions):
+            directory = broker.data_dir / f"{topic}-{partition}"
+            assert directory.is_dir(), f"broker {broker.node_id} has no replica of {topic}-{partition}"
+            log = PartitionLog(str(directory), LogConfig(), 0)
+            try:
+                for segment in log.segments:
+                    if segment.kind != POINTERS:
+                        continue
+                    for location in segment.iter_batches():
+                        entry, _ = pointer.decode_entry(segment.read_batch(location), 0)
+                        if not isinstance(entry, pointer.PointerEntry):
+                            continue  # inline control batch: no object behind it
+                        where = f"broker {broker.node_id} {topic}-{partition}@{entry.base_offset}"
+                        assert entry.key in objects, f"{where}: pointer to missing object {entry.key}"
+                        served = entry.serve(objects[entry.key].batch_at(entry.offset, entry.size))
+                        assert records.compute_crc(served) == entry.header.crc, f"{where}: records fail their CRC"
+                        referenced.add(entry.key)
+                        checked += 1
+            finally:
+                log.close(clean=False)
+    return Audit(checked, referenced, objects, uploads)
+
+
+def report(audit: Audit) -> None:
+    by_broker = Counter(parse_wal_object_key(k).broker_id for k in audit.garbage)
+    twice = sum(1 for n in audit.uploads.values() if n > 1)
+    print(
+        f"{audit.pointer_entries} pointer entries on all replicas checked against {len(audit.objects)} WAL objects; "
+        f"{len(audit.referenced)} referenced, {len(audit.garbage)} garbage by uploader {dict(by_broker)}; "
+        f"{twice} batches uploaded more than once"
+    )
+
+
+def storage_error_retries(caplog: pytest.LogCaptureFixture) -> int:
+    return sum(
+        1 for r in caplog.records if r.name == "aiokafka.producer.sender" and "KafkaStorageError" in r.getMessage()
+    )
+
+
+def metric(samples: dict[str, float], name: str, **labels: str) -> float:
+    return sum(
+        value
+        for key, value in samples.items()
+        if key.partition("{")[0] == name and all(f'{k}="{v}"' in key for k, v in labels.items())
+    )
+
+
+def kill_mid_flush(broker: Any, timeout: float = 30.0) -> tuple[float, float]:
+    """SIGKILL ``broker`` while its representative is in the middle of a flush: the WAL object is
+    uploaded and commits have gone out to the leaders, but the flush has not finished, so the
+    producers of its batches have not been answered. Returns (flushes under way, commit RPCs sent).
+
+    Blocking on purpose: the kill follows the observation by well under a millisecond of our time.
+    """
+    deadline = time.monotonic() + timeout
+    started: tuple[float, float] | None = None  # (flushes finished, commit RPCs) when a flush was seen under way
+    while True:
+        samples = broker.metrics()
+        flushes = metric(samples, "diskless_flush_seconds_count")
+        commits = metric(samples, "diskless_commit_rpcs_total")
+        under_way = metric(samples, "diskless_object_store_requests_total", operation="put") - flushes
+        if under_way <= 0:
+            started = None
+        elif started is None or started[0] != flushes:
+            started = (flushes, commits)  # uploading, or a new flush started meanwhile
+        elif commits > started[1]:
+            broker.kill()  # uploaded, committing, not finished
+            return under_way, commits
+        assert time.monotonic() < deadline, "never caught the representative between commit and answer"
+
+
+def isr_complete(bootstrap: str, topic: str, replicas: int) -> bool:
+    md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
+    return all(len(p.isrs) == replicas for p in md.topics[topic].partitions.values())
+
+
+async def test_failed_put_leaves_no_pointer_and_the_producer_retries(cluster_factory, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="aiokafka.producer.sender")
+    cluster = cluster_factory(s3=True, overrides=OVERRIDES)
+    topic, partitions = "s3-outage", 3
+    create_diskless_topic(cluster.bootstrap, topic, partitions)
+    representative = cluster.brokers[0]
+    assert representative.rack == PRODUCER_AZ
+
+    def failed_puts_since(before: dict[str, float], now: dict[str, float] | None = None) -> float:
+        now = representative.metrics() if now is None else now
+        return metric(now, PUT_FAILURES, operation="put") - metric(before, PUT_FAILURES, operation="put")
+
+    # Not idempotent on purpose: a pointer left behind by a failed request would show up as a duplicate.
+    producer = AIOKafkaProducer(
+        bootstrap_servers=representative.bootstrap,
+        client_id=f"outage-producer diskless_az={PRODUCER_AZ}",
+        acks="all",
+        linger_ms=5,
+    )
+    await producer.start()
+    acks = Acks()
+    values = [f"outage-{i:05d}".encode() for i in range(3000)]
+    raw_refused: list[bytes] = []
+    raw_acked: dict[tuple[int, int], bytes] = {}
+    try:
+        task = asyncio.create_task(produce_in_windows(producer, topic, values, acks))
+        await until(lambda: len(acks) >= 1000 or task.done(), 60, "producer made no progress before the outage")
+        assert not task.done()
+        before = representative.metrics()
+
+        killed_at = time.monotonic()
+        acked_at_kill = len(acks)
+        cluster.s3.kill()
+        # Straight from the wire: the PUT fails, the batch gets KAFKA_STORAGE_ERROR, nothing is appended.
+        code, _ = await asyncio.to_thread(raw_produce, representative.bootstrap, topic, 0, b"raw-during-outage")
+        raw_refused.append(b"raw-during-outage")
+        refused_after = time.monotonic() - killed_at
+        assert code == KAFKA_STORAGE_ERROR, f"produce while S3 is down answered error {code}"
+        # The real client got the same retriable error and keeps retrying: let a few PUTs fail.
+        await until(lambda: storage_error_retries(caplog) >= 1, 30, "aiokafka saw no KAFKA_STORAGE_ERROR")
+        await until(lambda: failed_puts_since(before) >= 3, 30, "the producer's retries did not reach S3")
+        acked_during_outage = len(acks)
+
+        cluster.s3.start()
+        restarted_at = time.monotonic()
+        for attempt in range(100):
+            value = f"raw-after-restart-{attempt}".encode()
+            code, base_offset = await asyncio.to_thread(raw_produce, representative.bootstrap, topic, 0, value)
+            if code == 0:
+                raw_acked[(0, base_offset)] = value
+                break
+            assert code == KAFKA_STORAGE_ERROR, f"unexpected error {code} after the S3 restart"
+            raw_refused.append(value)
+            assert time.monotonic() - restarted_at < 60, "produce still failing 60 s after S3 came back"
+        await asyncio.wait_for(task, 120)
+        done_at = time.monotonic()
+    finally:
+        await producer.stop()
+    after = representative.metrics()
+
+    assert len(acks) == len(values)
+    failed_puts = failed_puts_since(before, after)
+    first_ack_after = min(t for t in acks.times if t > restarted_at)
+    print(
+        f"S3 down {restarted_at - killed_at:.2f}s; raw produce got KAFKA_STORAGE_ERROR after {refused_after:.2f}s; "
+        f"aiokafka logged {storage_error_retries(caplog)} KafkaStorageError retries; {failed_puts:.0f} failed PUTs; "
+        f"{acked_during_outage - acked_at_kill} acks while S3 was down; producer blocked "
+        f"{acks.longest_gap(killed_at, done_at):.2f}s, first ack {first_ack_after - restarted_at:.2f}s after restart"
+    )
+
+    # Every acknowledged record exactly once; nothing that was refused.
+    got = await read_everything(cluster.bootstrap, topic, partitions)
+    consumed = Counter(v for messages in got.values() for _, v in messages)
+    expected = set(values) | set(raw_acked.values())
+    assert not [v for v, n in consumed.items() if n > 1], "records stored twice"
+    assert not set(raw_refused) & consumed.keys(), "a refused produce left its record in the log"
+    assert consumed.keys() == expected
+    check_acked_readable(acks, got)
+    check_acked_readable(Acks(by_offset=raw_acked), got)
+
+    audit = await audit_pointers(cluster, topic, partitions)
+    report(audit)
+    assert audit.pointer_entries > 0
+
+
+async def test_representative_killed_mid_flush_leaves_garbage_but_no_dangling_pointer(cluster_factory) -> None:
+    cluster = cluster_factory(s3=True, overrides=OVERRIDES)
+    topic, partitions = "rep-crash", 6
+    create_diskless_topic(cluster.bootstrap, topic, partitions)
+    victim = cluster.brokers[0]
+    assert victim.rack == PRODUCER_AZ
+
+    total, kill_after = 4000, 1500
+    acks = Acks()
+    sent = [0]
+    finished = threading.Event()
+
+    def produce() -> None:
+        # librdkafka bootstrapped to the victim only; it learns the others from metadata and fails over.
+        producer = Producer(
+            {
+                "bootstrap.servers": victim.bootstrap,
+                "client.id": f"crash-producer diskless_az={PRODUCER_AZ}",
+                "acks": "all",
+                "enable.idempotence": False,
+                "linger.ms": 5,
+                "retry.backoff.ms": 100,
+                "message.timeout.ms": 60000,
+            }
+        )
+
+        def delivered(err: Any, msg: Any) -> None:
+            if err is None:
+                acks.add(msg.partition(), msg.offset(), msg.value())
+            else:
+                acks.errors.append(str(err))
+
+        try:
+            for i in range(total):
+                while len(producer) >= 200:  # at most 200 records in flight: wait for deliveries
+                    producer.poll(0.05)
+                value = f"crash-{i:05d}".encode()
+                producer.produce(topic, key=value, value=value, on_delivery=delivered)
+                sent[0] = i + 1
+                producer.poll(0)
+            assert producer.flush(90) == 0, "records still undelivered"
+        finally:
+            finished.set()
+
+    thread = threading.Thread(target=produce, name="crash-producer")
+    thread.start()
+    try:
+        await until(lambda: len(acks) >= kill_after or finished.is_set(), 60, "producer made no progress")
+        assert not finished.is_set()
+        under_way, _ = kill_mid_flush(victim)
+        killed_at = time.monotonic()
+        acked_at_kill, sent_at_kill = len(acks), sent[0]
+        await until(finished.is_set, 120, "producer did not finish after the failover")
+        done_at = time.monotonic()
+    finally:
+        thread.join(120)
+    assert not acks.errors, f"delivery failures: {acks.errors[:5]}"
+    assert len(acks) == total
+    assert set(acks.by_offset.values()) == {f"crash-{i:05d}".encode() for i in range(total)}
+    print(
+        f"killed the representative with {under_way:.0f} flush(es) under way at {acked_at_kill} acks "
+        f"({sent_at_kill} sent); producer blocked "
+        f"{acks.longest_gap(killed_at, done_at):.2f}s, then went on through the other brokers"
+    )
+
+    got = await read_everything(cluster.bootstrap, topic, partitions)
+    check_acked_readable(acks, got)
+    duplicates = sum(len(messages) for messages in got.values()) - total
+    print(f"{duplicates} records stored twice (a non-idempotent producer resent unanswered batches: allowed)")
+
+    # The victim comes back: it truncates whatever it appended as leader that nobody replicated, which
+    # can turn objects it uploaded into garbage; it must never leave a pointer to a missing object.
+    victim.start()
+    await asyncio.to_thread(
+        wait_until, lambda: isr_complete(cluster.bootstrap, topic, 3), 60, 0.1, "victim did not rejoin every ISR"
+    )
+
+    audit = await audit_pointers(cluster, topic, partitions)
+    report(audit)
+    assert audit.pointer_entries > 0
+
+
+async def test_idempotent_producer_retrying_through_another_broker_gets_no_duplicates(cluster_factory) -> None:
+    cluster = cluster_factory(s3=True, overrides=OVERRIDES)
+    topic, partitions = "idempotent-failover", 6
+    create_diskless_topic(cluster.bootstrap, topic, partitions)
+    victim = cluster.brokers[0]
+    assert victim.rack == PRODUCER_AZ
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=cluster.bootstrap,
+        client_id=f"idempotent-producer diskless_az={PRODUCER_AZ}",
+        acks="all",
+        enable_idempotence=True,
+        linger_ms=5,
+    )
+    await producer.start()
+    acks = Acks()
+    values = [f"idem-{i:05d}".encode() for i in range(4000)]
+    try:
+        task = asyncio.create_task(produce_in_windows(producer, topic, values, acks))
+        await until(lambda: len(acks) >= 1500 or task.done(), 60, "producer made no progress")
+        assert not task.done()
+        under_way, commits_sent = kill_mid_flush(victim)
+        killed_at = time.monotonic()
+        await asyncio.wait_for(task, 120)
+        done_at = time.monotonic()
+    finally:
+        await producer.stop()
+    assert len(acks) == len(values)
+    print(
+        f"representative SIGKILLed with {under_way:.0f} flush(es) under way ({commits_sent:.0f} commit RPCs sent "
+        f"so far); idempotent producer blocked {acks.longest_gap(killed_at, done_at):.2f}s"
+    )
+
+    got = await read_everything(cluster.bootstrap, topic, partitions)
+    consumed = Counter(v for messages in got.values() for _, v in messages)
+    assert not {v: n for v, n in consumed.items() if n > 1}, "an idempotent producer's record was stored twice"
+    assert consumed.keys() == set(values)
+    check_acked_readable(acks, got)
+
+    audit = await audit_pointers(cluster, topic, partitions)
+    report(audit)
+    assert audit.pointer_entries > 0

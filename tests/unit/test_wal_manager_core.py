@@ -1,0 +1,752 @@
+"""WalManagerCore: edge cases, and a model of the whole system proving it deletes safely and completely.
+
+The state machine keeps, in memory, a bucket of WAL objects, partitions with replicated pointer
+logs, representatives that upload objects and later commit pointers (leaders with skewed clocks
+refuse commits older than the commit timeout), best-effort notices, bucket scans, leader
+failovers (with a deposed leader that may go on answering for a while), retention, topic
+deletion, and restarts of the manager. It drives a ``WalManagerCore`` exactly as the service
+does, and checks after every step that nothing referenced is ever deleted and that every pointer
+still finds its object; at the end, that every unreferenced object was deleted.
+
+Example counts: 2,000 by default, scaled with the loaded hypothesis profile (20x its
+``max_examples``: ``thorough`` gives 20,000); ``WAL_MANAGER_PROFILE=deep`` (or
+``HYPOTHESIS_PROFILE=deep``, once such a profile is registered in conftest.py) runs 20,000
+longer examples; ``WAL_MANAGER_EXAMPLES=N`` overrides the count.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import pytest
+from hypothesis import HealthCheck, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from diskless.storage.wal_format import parse_wal_object_key, wal_hour_prefix, wal_object_key
+from wal_manager.core import Answer, ManagerConfig, PartitionRef, WalManagerCore
+
+T = TypeVar("T")
+
+# --- simulated cluster constants (ms) --------------------------------------------------------------
+
+T0 = 1_700_000_000_000
+COMMIT_TIMEOUT = 60_000  # wal.commit.timeout.ms on every leader
+SKEW = 5_000  # any leader's clock is within this of the manager's
+GRACE = 70_000  # > COMMIT_TIMEOUT + SKEW, deliberately tight so that the model can probe the margin
+CONFIRM = 30_000
+STALE_LEADER_MS = CONFIRM  # a deposed leader may go on answering (stale log) this long after failover
+CHECK_INTERVAL = 10_000
+REP_SKEW = 150_000  # representatives' clocks may be far off: it cancels out (leader and manager use the key's time)
+BROKERS = 4
+# Time steps: hypothesis favours small integers, so name the interesting sizes explicitly.
+DT = st.one_of(
+    st.sampled_from([0, 1, 1_000, SKEW, CHECK_INTERVAL, 20_000, CONFIRM, COMMIT_TIMEOUT, GRACE, GRACE + CONFIRM]),
+    st.integers(0, 2 * GRACE),
+)
+CONFIG = ManagerConfig(GRACE, CONFIRM, CHECK_INTERVAL, max_delete_batch=3, max_check_batch=8)
+CONFIG.check_against(COMMIT_TIMEOUT, SKEW)
+
+# --- example counts ------------------------------------------------------------------------------
+
+_DEEP = "deep" in (os.environ.get("WAL_MANAGER_PROFILE"), os.environ.get("HYPOTHESIS_PROFILE"))
+_EXAMPLES = int(os.environ.get("WAL_MANAGER_EXAMPLES", 0)) or (
+    20_000 if _DEEP else max(2_000, 20 * settings.default.max_examples)
+)
+_STEPS = 150 if _DEEP else 50
+
+
+def ref(n: int, partition: int = 0) -> PartitionRef:
+    return PartitionRef(str(uuid.UUID(int=n + 1)), partition)
+
+
+def key_at(created_ms: int, n: int = 0) -> str:
+    return wal_object_key(created_ms, "az-1", 1, f"{n:032x}")
+
+
+# --- model ---------------------------------------------------------------------------------------
+
+
+@dataclass
+class Blob:
+    """An object in the model bucket."""
+
+    size: int
+    partitions: frozenset[PartitionRef] | None  # what the trailer lists; None: trailer unreadable
+    wal: bool  # the key parses as a WAL key
+
+
+@dataclass
+class Part:
+    """One partition: the current leader's pointer log (followers hold prefixes of it)."""
+
+    ref: PartitionRef
+    replicas: tuple[int, ...]
+    leader: int
+    log: list[str] = field(default_factory=list)
+    start: int = 0  # log start index: retention / DeleteRecords / tiering dropped everything before it
+    replicated: dict[int, int] = field(default_factory=dict)  # follower -> length of its prefix
+    available: bool = True
+    # A deposed leader that does not know it yet: (its log, its log start, answering until ms).
+    stale: tuple[tuple[str, ...], int, int] | None = None
+
+    @property
+    def hw(self) -> int:
+        return min([len(self.log), *self.replicated.values()])
+
+    def references(self, key: str) -> bool:
+        return key in self.log[self.start :]
+
+
+class WalManagerMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = T0
+        self.core = WalManagerCore(CONFIG)
+        self.skew: list[int] = [0] * BROKERS
+        self.parts: dict[PartitionRef, Part] = {}  # partitions of live topics
+        self.all_refs: list[PartitionRef] = []  # every partition ever created (deleted topics too)
+        self.topics: dict[str, list[PartitionRef]] = {}
+        self.bucket: dict[str, Blob] = {}
+        self.deleted: set[str] = set()
+        self.commits: list[tuple[str, int, PartitionRef]] = []  # (key, created_ms, partition) in flight
+        self.notices: list[tuple[str, int, frozenset[PartitionRef]]] = []
+        self.questions: list[tuple[str, PartitionRef]] = []  # asked by the current core, not answered
+        self.responses: list[tuple[str, PartitionRef, Answer]] = []  # answered, not delivered yet
+        self.deleting: list[str] = []  # handed out by deletable(), DELETE not done yet
+        self.scan: tuple[int, dict[str, int], tuple[str, ...]] | None = None  # started, listing, prefixes
+        self.counter = 0
+        self.topic_counter = 0
+        self.restarts = 0
+        self.restarted_at = T0
+        self.seen: set[str] = set()  # what happened in this example, for --hypothesis-show-statistics
+
+    # --- helpers ---------------------------------------------------------------------------------
+
+    def _new_topic(self, partitions: int) -> None:
+        self.topic_counter += 1
+        topic = str(uuid.UUID(int=self.topic_counter))
+        refs = [PartitionRef(topic, i) for i in range(partitions)]
+        self.topics[topic] = refs
+        for i, r in enumerate(refs):
+            replicas = tuple((self.topic_counter + i + j) % BROKERS for j in range(3))
+            self.parts[r] = Part(r, replicas, replicas[0], replicated={b: 0 for b in replicas[1:]})
+        self.all_refs.extend(refs)
+
+    @staticmethod
+    def _pick(items: list[T], i: int) -> T:
+        return items[i % len(items)]
+
+    def _answer(self, key: str, r: PartitionRef, stale_mask: int) -> Answer:
+        """What the broker the service takes for the leader of ``r`` says about ``key`` now."""
+        part = self.parts.get(r)
+        if part is None:
+            return Answer.UNREFERENCED  # topic gone: the service maps that to UNREFERENCED
+        if part.stale is not None and self.now < part.stale[2] and stale_mask >> (r.partition % 4) & 1:
+            # The service's leadership view still names the deposed leader, which still believes it
+            # leads and answers from its own (stale) log.
+            log, start, _ = part.stale
+            self.seen.add("stale leader answered")
+            return Answer.REFERENCED if key in log[start:] else Answer.UNREFERENCED
+        if not part.available:
+            return Answer.UNKNOWN
+        return Answer.REFERENCED if part.references(key) else Answer.UNREFERENCED
+
+    def _delete(self, key: str) -> None:
+        """The service's DELETE reaches the bucket: the safety invariant (1) is checked right here."""
+        blob = self.bucket.get(key)
+        created = parse_wal_object_key(key).created_ms  # raises if the core handed out a foreign key
+        assert blob is None or (blob.wal and blob.partitions is not None), f"deleted foreign/unreadable {key}"
+        assert self.now - created > GRACE, f"deleted {key} at age {self.now - created} <= grace"
+        for part in self.parts.values():
+            assert not part.references(key), f"deleted {key} still referenced by {part.ref} at {part.log.index(key)}"
+        self.bucket.pop(key, None)
+        self.deleted.add(key)
+        self.seen.add("deleted during the run")
+
+    def _ask(self) -> None:
+        asked = self.core.checks_due(self.now)
+        assert len(set(asked)) == len(asked)
+        assert not set(asked) & set(self.questions) and not set(asked) & {(k, r) for k, r, _ in self.responses}
+        self.questions.extend(asked)
+
+    def _answer_questions(self, count: int, stale_mask: int) -> None:
+        answered, self.questions = self.questions[:count], self.questions[count:]
+        self.responses.extend((k, r, self._answer(k, r, stale_mask)) for k, r in answered)
+
+    def _deliver(self, count: int) -> None:
+        delivered, self.responses = self.responses[:count], self.responses[count:]
+        self.core.on_answers(delivered, self.now)
+
+    def _start_deletes(self) -> None:
+        keys = self.core.deletable(self.now)
+        assert len(keys) <= CONFIG.max_delete_batch
+        assert not set(keys) & set(self.deleting)
+        self.deleting.extend(keys)
+
+    def _finish_deletes(self, count: int, fail: bool) -> None:
+        done, self.deleting = self.deleting[:count], self.deleting[count:]
+        if fail:
+            self.core.on_delete_failed(done, self.now)
+            return
+        for key in done:
+            self._delete(key)
+        self.core.on_deleted(done, self.now)
+
+    def _service_step(self, stale_mask: int) -> None:
+        """One synchronous pass of the service loop."""
+        self._ask()
+        self._answer_questions(len(self.questions), stale_mask)
+        self._deliver(len(self.responses))
+        self._start_deletes()
+        self._finish_deletes(len(self.deleting), fail=False)
+
+    def _listing(self, prefixes: tuple[str, ...]) -> dict[str, int]:
+        return {k: b.size for k, b in sorted(self.bucket.items()) if k.startswith(prefixes)}
+
+    def _deliver_scan(self, started: int, listing: dict[str, int], prefixes: tuple[str, ...]) -> None:
+        for k, size in listing.items():
+            self.core.on_listed(k, size, self.now)
+        self.core.on_scan_complete(set(listing), prefixes, started, self.now)
+
+    def _read_trailers(self, limit: int | None) -> None:
+        for k in self.core.trailers_needed(limit):
+            blob = self.bucket.get(k)
+            if blob is None:
+                self.core.on_gone(k, self.now)
+            elif blob.partitions is None:
+                self.core.on_trailer_unreadable(k, self.now)
+            else:
+                self.core.on_trailer(k, blob.partitions, self.now)
+
+    # --- setup -----------------------------------------------------------------------------------
+
+    @initialize(
+        skews=st.lists(st.one_of(st.sampled_from([-SKEW, 0, SKEW]), st.integers(-SKEW, SKEW)), min_size=4, max_size=4),
+        sizes=st.lists(st.integers(1, 3), min_size=1, max_size=2),
+    )
+    def setup(self, skews: list[int], sizes: list[int]) -> None:
+        self.skew = skews
+        for n in sizes:
+            self._new_topic(n)
+
+    # --- producing -------------------------------------------------------------------------------
+
+    @rule(
+        broker=st.integers(0, BROKERS - 1),
+        rep_skew=st.one_of(st.just(0), st.integers(-REP_SKEW, REP_SKEW)),
+        picks=st.lists(st.integers(0, 63), min_size=1, max_size=4),
+        commit_mask=st.one_of(st.just(15), st.integers(0, 15)),
+        size=st.integers(1, 1000),
+    )
+    def put_object(self, broker: int, rep_skew: int, picks: list[int], commit_mask: int, size: int) -> None:
+        """A representative PUTs a WAL object, then (later) commits to some of its partitions."""
+        self.counter += 1
+        created = self.now + rep_skew  # stamped by the representative's own clock
+        key = wal_object_key(created, f"az-{broker % 3}", broker, f"{self.counter:032x}")
+        partitions = frozenset(self._pick(self.all_refs, i) for i in picks)
+        self.bucket[key] = Blob(size, partitions, wal=True)
+        for j, r in enumerate(sorted(partitions)):
+            if commit_mask >> j & 1:  # the others are never sent (representative crashed): orphans
+                self.commits.append((key, created, r))
+        self.notices.append((key, size, partitions))
+
+    @rule(kind=st.sampled_from(["empty", "readme", "bad-name", "corrupt"]), size=st.integers(0, 100))
+    def put_odd_object(self, kind: str, size: int) -> None:
+        """An object without batches (nothing can reference it), or something under wal/ the
+        brokers did not write, or whose trailer is damaged: never to be deleted."""
+        self.counter += 1
+        if kind == "empty":
+            key = wal_object_key(self.now, "az-0", 0, f"{self.counter:032x}")
+            self.bucket[key] = Blob(size, frozenset(), wal=True)
+            self.notices.append((key, size, frozenset()))
+            return
+        if kind == "readme":
+            key = f"wal/README-{self.counter}"
+        elif kind == "bad-name":
+            key = f"{wal_hour_prefix(self.now)}{self.counter}.wal"
+        else:
+            key = wal_object_key(self.now - 10 * GRACE, "az-x", 9, f"{self.counter:032x}")
+        self.bucket[key] = Blob(size, None, wal=kind == "corrupt")
+
+    @precondition(lambda self: self.commits)
+    @rule(i=st.integers(0, 1000), deliver=st.booleans())
+    def commit(self, i: int, deliver: bool) -> None:
+        """A CommitBatches request reaches the partition's current leader (or is lost)."""
+        key, created, r = self.commits.pop(i % len(self.commits))
+        part = self.parts.get(r)
+        if not deliver or part is None or not part.available:
+            return  # lost, topic deleted, or leader down: the producer gets an error
+        if self.now + self.skew[part.leader] - created > COMMIT_TIMEOUT:
+            self.seen.add("commit refused as too old")
+            return  # refused: too old by the leader's clock
+        if self.now - created > COMMIT_TIMEOUT:
+            self.seen.add("commit accepted thanks to a slow leader clock")
+        # Invariant (2): an accepted commit finds its object.
+        assert key in self.bucket, f"commit accepted for {key}, deleted by the manager already"
+        part.log.append(key)
+
+    @precondition(lambda self: self.notices)
+    @rule(i=st.integers(0, 1000), action=st.sampled_from(["deliver", "duplicate", "lose"]))
+    def notice(self, i: int, action: str) -> None:
+        """Best-effort notices: delivered in any order, duplicated, or lost."""
+        j = i % len(self.notices)
+        key, size, partitions = self.notices[j] if action == "duplicate" else self.notices.pop(j)
+        if action != "lose":
+            self.core.on_notice(key, size, partitions, self.now)
+
+    # --- partitions ------------------------------------------------------------------------------
+
+    @precondition(lambda self: self.parts)
+    @rule(p=st.integers(0, 100), f=st.integers(0, 1), upto=st.integers(0, 100))
+    def replicate(self, p: int, f: int, upto: int) -> None:
+        part = self._pick(list(self.parts.values()), p)
+        follower = self._pick(sorted(part.replicated), f)
+        have = part.replicated[follower]
+        part.replicated[follower] = have + upto % (len(part.log) - have + 1)
+
+    @precondition(lambda self: self.parts)
+    @rule(p=st.integers(0, 100), n=st.integers(1, 5))
+    def move_log_start(self, p: int, n: int) -> None:
+        """Retention, DeleteRecords or tiering drop a prefix (only up to the high watermark)."""
+        part = self._pick(list(self.parts.values()), p)
+        part.start = max(part.start, min(part.start + n, part.hw))
+
+    @precondition(lambda self: self.parts)
+    @rule(p=st.integers(0, 100), f=st.integers(0, 1))
+    def failover(self, p: int, f: int) -> None:
+        """A follower (all are in the ISR) becomes leader with the prefix it replicated; the
+        uncommitted rest of the old leader's log is truncated everywhere. The deposed leader may
+        go on answering from its old log for STALE_LEADER_MS."""
+        part = self._pick(list(self.parts.values()), p)
+        new = self._pick(sorted(part.replicated), f)
+        old_log, hw = tuple(part.log), part.hw
+        length = part.replicated.pop(new)
+        assert length >= hw  # an ISR member holds everything committed
+        del part.log[length:]
+        part.replicated = {b: min(n, length) for b, n in part.replicated.items()}
+        if part.available:
+            part.stale = (old_log, part.start, self.now + STALE_LEADER_MS)
+        part.replicated[part.leader] = length
+        part.leader = new
+        part.available = True
+
+    @precondition(lambda self: self.parts)
+    @rule(p=st.integers(0, 100))
+    def toggle_available(self, p: int) -> None:
+        """The leader cannot answer (down, loading): it must answer UNKNOWN, never UNREFERENCED."""
+        part = self._pick(list(self.parts.values()), p)
+        part.available = not part.available
+
+    @precondition(lambda self: self.topics)
+    @rule(t=st.integers(0, 100))
+    def delete_topic(self, t: int) -> None:
+        topic = self._pick(sorted(self.topics), t)
+        for r in self.topics.pop(topic):
+            del self.parts[r]
+
+    @precondition(lambda self: self.topic_counter < 5)
+    @rule(n=st.integers(1, 3))
+    def create_topic(self, n: int) -> None:
+        self._new_topic(n)
+
+    # --- time, scans, restarts -------------------------------------------------------------------
+
+    @rule(dt=DT)
+    def tick(self, dt: int) -> None:
+        self.now += dt
+
+    @rule()
+    def scan_full(self) -> None:
+        self._deliver_scan(self.now, self._listing(("wal/",)), ("wal/",))
+
+    @precondition(lambda self: self.scan is None)
+    @rule(which=st.integers(0, 100), whole=st.booleans())
+    def scan_begin(self, which: int, whole: bool) -> None:
+        """A scan lists now but reports later, after other steps: its listing is stale by then."""
+        keys = [k for k, b in self.bucket.items() if b.wal]
+        if whole or not keys:
+            prefixes: tuple[str, ...] = ("wal/",)
+        else:
+            prefixes = (wal_hour_prefix(parse_wal_object_key(self._pick(sorted(keys), which)).created_ms),)
+        self.scan = (self.now, self._listing(prefixes), prefixes)
+
+    @precondition(lambda self: self.scan is not None)
+    @rule()
+    def scan_end(self) -> None:
+        assert self.scan is not None
+        started, listing, prefixes = self.scan
+        self.scan = None
+        self._deliver_scan(started, listing, prefixes)
+
+    @rule(limit=st.one_of(st.none(), st.integers(1, 3)))
+    def read_trailers(self, limit: int | None) -> None:
+        self._read_trailers(limit)
+
+    @precondition(lambda self: self.restarts < 2 and self.now - self.restarted_at >= GRACE)
+    @rule(deletes_land=st.booleans())
+    def restart(self, deletes_land: bool) -> None:
+        """The manager process dies and a new one starts empty. Its DELETEs already sent may still
+        land; its unanswered questions die with it. (Rationed, so that runs also make progress.)"""
+        self.restarts += 1
+        self.restarted_at = self.now
+        self.seen.add("restarted")
+        if deletes_land:
+            for key in self.deleting:
+                self._delete(key)
+        self.deleting = []
+        self.questions = []
+        self.responses = []
+        self.scan = None
+        self.core = WalManagerCore(CONFIG)
+
+    # --- the service loop ------------------------------------------------------------------------
+
+    @rule(dt=DT, stale_mask=st.integers(0, 15))
+    def service_step(self, dt: int, stale_mask: int) -> None:
+        self.now += dt
+        self._service_step(stale_mask)
+
+    @rule()
+    def ask(self) -> None:
+        self._ask()
+
+    @precondition(lambda self: self.questions)
+    @rule(count=st.integers(1, 10), stale_mask=st.integers(0, 15))
+    def answer(self, count: int, stale_mask: int) -> None:
+        """Leaders answer some questions now; the answers reach the core later."""
+        self._answer_questions(count, stale_mask)
+
+    @precondition(lambda self: self.responses)
+    @rule(count=st.integers(1, 10))
+    def deliver(self, count: int) -> None:
+        self._deliver(count)
+
+    @rule()
+    def start_deletes(self) -> None:
+        self._start_deletes()
+
+    @precondition(lambda self: self.deleting)
+    @rule(count=st.integers(1, 5), fail=st.booleans())
+    def finish_deletes(self, count: int, fail: bool) -> None:
+        self._finish_deletes(count, fail)
+
+    # --- invariants ------------------------------------------------------------------------------
+
+    @invariant()
+    def every_pointer_finds_its_object(self) -> None:
+        # (3): every pointer from the log start on (acknowledged or not) still has its object.
+        for part in self.parts.values():
+            for key in part.log[part.start :]:
+                assert key in self.bucket, f"{part.ref} points to deleted {key}"
+
+    @invariant()
+    def core_accounting(self) -> None:
+        stats = self.core.stats()
+        assert stats["checks_outstanding"] == len(self.questions) + len(self.responses)
+        # <=: a scan may forget a key being deleted (a late notice relearned it after its deletion).
+        assert stats["objects_deleting"] <= len(self.deleting)
+        assert stats["objects_pending"] >= 0 and stats["bytes_known"] >= 0
+
+    def teardown(self) -> None:
+        if sys.exc_info()[0] is None:  # a failing step is the error to report, not liveness
+            for what in sorted(self.seen):
+                event(what)
+            self._check_liveness()
+
+    def _check_liveness(self) -> None:
+        """(4): with everything healthy and time passing, every unreferenced object goes."""
+        for key, created, r in self.commits:  # in-flight commits arrive (accepted or refused)
+            part = self.parts.get(r)
+            if part is not None and part.available and self.now + self.skew[part.leader] - created <= COMMIT_TIMEOUT:
+                assert key in self.bucket
+                part.log.append(key)
+        self.commits = []
+        for key, size, partitions in self.notices:  # late notices, even for deleted objects
+            self.core.on_notice(key, size, partitions, self.now)
+        self.notices = []
+        if self.scan is not None:
+            self.scan_end()
+        for part in self.parts.values():
+            part.available = True
+        self.now += STALE_LEADER_MS  # deposed leaders have learned
+        self._finish_deletes(len(self.deleting), fail=False)
+        self._answer_questions(len(self.questions), 0)
+        self._deliver(len(self.responses))
+        self.scan_full()
+        self._read_trailers(None)
+        newest = max((parse_wal_object_key(k).created_ms for k, b in self.bucket.items() if b.wal), default=0)
+        end = max(self.now, newest) + GRACE + CONFIRM + 4 * CHECK_INTERVAL
+        while self.now < end:
+            self.now += CHECK_INTERVAL // 2
+            self._service_step(0)
+        for _ in range(100):  # drain what batch limits held back
+            self._service_step(0)
+            if not self.core.stats()["objects_garbage"] and not self.questions:
+                break
+        self.scan_full()  # forgets objects relearned from late notices after their deletion
+        referenced = {k for part in self.parts.values() for k in part.log[part.start :]}
+        leaked = [k for k, b in self.bucket.items() if b.wal and b.partitions is not None and k not in referenced]
+        assert not leaked, f"unreferenced objects never deleted: {leaked}"
+        stats = self.core.stats()
+        assert stats["objects_known"] == sum(b.wal for b in self.bucket.values())
+        assert stats["objects_foreign"] == sum(not b.wal for b in self.bucket.values())
+        assert stats["objects_unreadable"] == sum(b.wal and b.partitions is None for b in self.bucket.values())
+        assert stats["objects_garbage"] == 0 and stats["checks_outstanding"] == 0 and stats["trailers_needed"] == 0
+
+
+@pytest.mark.timeout(0 if _DEEP or _EXAMPLES > 2_000 else 600)
+def test_wal_manager_model() -> None:
+    run_state_machine_as_test(
+        WalManagerMachine,
+        settings=settings(
+            max_examples=_EXAMPLES,
+            stateful_step_count=_STEPS,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+        ),
+    )
+
+
+# --- plain unit tests of edge cases ----------------------------------------------------------------
+
+P1, P2 = ref(1), ref(2)
+
+
+def confirm_once(core: WalManagerCore, now: int) -> int:
+    """Run one complete all-UNREFERENCED round at ``now``; return the number of questions."""
+    asked = core.checks_due(now)
+    core.on_answers([(k, r, Answer.UNREFERENCED) for k, r in asked], now)
+    return len(asked)
+
+
+def test_grace_boundary() -> None:
+    core = WalManagerCore(CONFIG)
+    key = key_at(T0)
+    core.on_notice(key, 10, [P1], T0)
+    assert core.checks_due(T0 + GRACE) == []  # exactly grace old is not older than grace
+    assert core.checks_due(T0 + GRACE + 1) == [(key, P1)]
+
+
+def test_confirm_boundary_and_deletion() -> None:
+    core = WalManagerCore(CONFIG)
+    key = key_at(T0)
+    core.on_notice(key, 10, [P1, P2], T0)
+    t = T0 + GRACE + 1
+    asked = core.checks_due(t)
+    assert sorted(asked) == [(key, P1), (key, P2)]
+    core.on_answers([(key, P1, Answer.UNREFERENCED)], t)
+    core.on_answers([(key, P2, Answer.UNREFERENCED)], t + 500)  # round complete at t + 500
+    assert core.deletable(t + 10 * CONFIRM) == []  # one confirmation is not enough
+    assert core.checks_due(t + 500 + CONFIRM - 1) == []
+    assert confirm_once(core, t + 500 + CONFIRM) == 2
+    assert core.stats()["objects_garbage"] == 1
+    assert core.deletable(t + 500 + CONFIRM) == [key]
+    assert core.deletable(t + 500 + CONFIRM) == []  # handed out once
+    core.on_deleted([key], t + 600 + CONFIRM)
+    stats = core.stats()
+    assert stats["objects_deleted"] == 1 and stats["bytes_deleted"] == 10 and stats["objects_known"] == 0
+
+
+@pytest.mark.parametrize("blocking", [Answer.UNKNOWN, Answer.REFERENCED])
+def test_unknown_or_referenced_resets_confirmation(blocking: Answer) -> None:
+    core = WalManagerCore(CONFIG)
+    key = key_at(T0)
+    core.on_notice(key, 10, [P1, P2], T0)
+    t = T0 + GRACE + 1
+    confirm_once(core, t)
+    t += CONFIRM
+    asked = core.checks_due(t)
+    core.on_answers([(key, P1, Answer.UNREFERENCED), (key, P2, blocking)], t)
+    assert core.deletable(t) == [] and core.stats()["objects_confirmed_once"] == 0
+    assert core.checks_due(t + CHECK_INTERVAL - 1) == []
+    t += CHECK_INTERVAL
+    confirm_once(core, t)  # a fresh first confirmation...
+    assert core.deletable(t) == []
+    assert core.checks_due(t + CONFIRM - 1) == []
+    confirm_once(core, t + CONFIRM)  # ...and a second one, confirm_ms later
+    assert core.deletable(t + CONFIRM) == [key]
+    assert asked
+
+
+def test_incomplete_round_confirms_nothing() -> None:
+    core = WalManagerCore(CONFIG)
+    key = key_at(T0)
+    core.on_notice(key, 10, [P1, P2], T0)
+    t = T0 + GRACE + 1
+    core.checks_due(t)
+    core.on_answers([(key, P1, Answer.UNREFERENCED)], t)
+    assert core.checks_due(t + 10 * CONFIRM) == []  # no new round while one is outstanding
+    assert core.deletable(t + 10 * CONFIRM) == []
+    assert core.stats()["checks_outstanding"] == 1
+
+
+def test_unasked_and_duplicate_answers_are_ignored() -> None:
+    core = WalManagerCore(CONFIG)
+    key = key_at(T0)
+    core.on_notice(key, 10, [P1], T0)
+    t = T0 + GRACE + 1
+    core.on_answers([(key, P1, Answer.UNREFERENCED)], t)  # never asked
+    assert core.stats()["objects_confirmed_once"] == 0
+    core.checks_due(t)
+    core.on_answers([(key, P1, Answer.REFERENCED), (key, P1, Answer.UNREFERENCED)], t)
+    assert core.stats()["objects_confirmed_once"] == 0  # the duplicate did not overwrite REFERENCED
+
+
+def test_restart_loses_state_but_stays_safe() -> None:
+    key = key_at(T0)
+    old = WalManagerCore(CONFIG)
+    old.on_notice(key, 10, [P1], T0)
+    t = T0 + GRACE + 1
+    confirm_once(old, t)
+    new = WalManagerCore(CONFIG)  # the old one's confirmation is lost with it
+    new.on_listed(key, 10, t + CONFIRM)
+    assert new.trailers_needed() == [key]
+    assert new.checks_due(t + CONFIRM) == []  # partitions unknown: nobody to ask
+    new.on_trailer(key, [P1], t + CONFIRM)
+    confirm_once(new, t + CONFIRM)
+    assert new.deletable(t + CONFIRM) == []  # needs its own second confirmation
+    confirm_once(new, t + 2 * CONFIRM)
+    assert new.deletable(t + 2 * CONFIRM) == [key]
+
+
+def test_unparseable_keys_are_never_deleted() -> None:
+    core = WalManagerCore(CONFIG)
+    foreign = ["wal/README", "wal/2023/11/14/22/1700000000000-az-1-1-xyz.wal", "wal/x.wal", key_at(T0) + ".tmp"]
+    for k in foreign:
+        core.on_listed(k, 5, T0)
+        core.on_notice(k, 5, [P1], T0)
+        core.on_trailer(k, [P1], T0)
+    far = T0 + 100 * GRACE
+    assert core.trailers_needed() == [] and core.checks_due(far) == [] and core.deletable(far) == []
+    stats = core.stats()
+    assert stats["objects_foreign"] == len(foreign) and stats["bytes_foreign"] == 5 * len(foreign)
+    assert stats["objects_known"] == 0
+    core.on_scan_complete(set(), ["wal/"], T0 + 1, T0 + 2)  # gone from the bucket: forgotten
+    assert core.stats()["objects_foreign"] == 0
+
+
+def test_unreadable_trailer_is_quarantined() -> None:
+    core = WalManagerCore(CONFIG)
+    key = key_at(T0)
+    core.on_listed(key, 7, T0)
+    core.on_trailer_unreadable(key, T0)
+    far = T0 + 100 * GRACE
+    assert core.trailers_needed() == [] and core.checks_due(far) == [] and core.deletable(far) == []
+    assert core.stats()["objects_unreadable"] == 1 and core.stats()["bytes_unreadable"] == 7
+    # A new instance (restart, upgrade) tries the trailer again.
+    new = WalManagerCore(CONFIG)
+    new.on_listed(key, 7, far)
+    assert new.trailers_needed() == [key]
+
+
+def test_scan_forgets_only_objects_known_before_it_under_its_prefixes() -> None:
+    core = WalManagerCore(CONFIG)
+    old, other_hour, during = key_at(T0, 1), key_at(T0 + 3_600_000, 2), key_at(T0, 3)
+    core.on_notice(old, 1, [P1], T0)
+    core.on_notice(other_hour, 1, [P1], T0)
+    core.on_notice(during, 1, [P1], T0 + 20)  # noticed after the scan started: maybe PUT after the listing
+    core.on_scan_complete(set(), [wal_hour_prefix(T0)], T0 + 10, T0 + 30)
+    assert core.stats()["objects_known"] == 2
+    confirm_once(core, T0 + GRACE + 1)
+    assert [k for k, _ in core.checks_due(T0 + GRACE + 1 + CONFIRM)] == [during]  # 'old' is forgotten
+    assert core.checks_due(T0 + 3_600_000 + GRACE + 1)[0][0] == other_hour
+
+
+def test_answer_for_forgotten_object_does_not_count_for_relearned_one() -> None:
+    core = WalManagerCore(CONFIG)
+    key = key_at(T0)
+    core.on_notice(key, 10, [P1], T0)
+    t = T0 + GRACE + 1
+    assert core.checks_due(t) == [(key, P1)]
+    core.on_gone(key, t)
+    core.on_notice(key, 10, [P1], t + 1)  # relearned while the old question is unanswered
+    assert core.checks_due(t + 2) == []  # no second question for the same pair
+    core.on_answers([(key, P1, Answer.UNREFERENCED)], t + 3)  # the old answer: consumed, not counted
+    assert core.stats()["objects_confirmed_once"] == 0 and core.stats()["checks_outstanding"] == 0
+    assert core.checks_due(t + 3) == [(key, P1)]
+
+
+def test_new_partitions_reset_confirmation() -> None:
+    core = WalManagerCore(CONFIG)
+    key = key_at(T0)
+    core.on_notice(key, 10, [P1], T0)
+    t = T0 + GRACE + 1
+    confirm_once(core, t)
+    core.on_trailer(key, [P1, P2], t + 1)  # more partitions than the notice said: ask them too
+    assert core.stats()["objects_confirmed_once"] == 0
+    assert sorted(core.checks_due(t + 1)) == [(key, P1), (key, P2)]
+
+
+def test_partitions_growing_mid_round_invalidate_the_round() -> None:
+    core = WalManagerCore(CONFIG)
+    key = key_at(T0)
+    core.on_notice(key, 10, [P1], T0)
+    t = T0 + GRACE + 1
+    core.checks_due(t)
+    core.on_notice(key, 10, [P2], t)
+    core.on_answers([(key, P1, Answer.UNREFERENCED)], t)
+    assert core.stats()["objects_confirmed_once"] == 0
+
+
+def test_object_without_partitions_goes_after_grace_and_confirm() -> None:
+    core = WalManagerCore(CONFIG)
+    key = key_at(T0)
+    core.on_notice(key, 1, [], T0)
+    assert core.checks_due(T0 + GRACE + 1) == []  # vacuous round, nothing to ask
+    assert core.deletable(T0 + GRACE + CONFIRM) == []
+    assert core.checks_due(T0 + GRACE + 1 + CONFIRM) == []
+    assert core.deletable(T0 + GRACE + 1 + CONFIRM) == [key]
+
+
+def test_failed_delete_is_retried_after_interval() -> None:
+    core = WalManagerCore(CONFIG)
+    key = key_at(T0)
+    core.on_notice(key, 1, [P1], T0)
+    t = T0 + GRACE + 1
+    confirm_once(core, t)
+    confirm_once(core, t + CONFIRM)
+    t += CONFIRM
+    assert core.deletable(t) == [key]
+    core.on_delete_failed([key], t)
+    assert core.deletable(t + CHECK_INTERVAL - 1) == []
+    assert core.deletable(t + CHECK_INTERVAL) == [key]
+    assert core.stats()["delete_failures"] == 1
+
+
+def test_batch_limits() -> None:
+    core = WalManagerCore(CONFIG)  # max_check_batch=8, max_delete_batch=3
+    keys = [key_at(T0, n) for n in range(5)]
+    for k in keys:
+        core.on_notice(k, 1, [ref(i) for i in range(3)], T0)
+    t = T0 + GRACE + 1
+    first = core.checks_due(t)
+    assert len(first) == 9  # three whole objects: the limit never splits one
+    assert len(core.checks_due(t)) == 6
+    core.on_answers([(k, r, Answer.UNREFERENCED) for k, r in first], t)
+    assert len(core.checks_due(t + CONFIRM)) == 9
+    assert core.deletable(t + CONFIRM) == []
+
+
+def test_config_validation_and_partition_ref() -> None:
+    with pytest.raises(ValueError):
+        CONFIG.check_against(COMMIT_TIMEOUT, GRACE - COMMIT_TIMEOUT)
+    with pytest.raises(ValueError):
+        ManagerConfig(0, 1, 1)
+    u = uuid.UUID(int=7)
+    assert PartitionRef(u.hex.upper(), 1) == PartitionRef(str(u), 1) == PartitionRef(u, 1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        PartitionRef("not-a-uuid", 0)
+    with pytest.raises(ValueError):
+        PartitionRef(str(u), -1)
