@@ -91,6 +91,12 @@ class BrokerConfig:
     wal_manager_delete_rate: int = field(
         default=1000, metadata=_prop("wal.manager.delete.rate", "Objects deleted per second at most.")
     )
+    offsets_topic_num_partitions: int = field(default=50, metadata=_prop("offsets.topic.num.partitions"))
+    offsets_topic_replication_factor: int = field(default=3, metadata=_prop("offsets.topic.replication.factor"))
+    offsets_retention_minutes: int = field(default=10080, metadata=_prop("offsets.retention.minutes"))
+    group_initial_rebalance_delay_ms: int = field(default=3000, metadata=_prop("group.initial.rebalance.delay.ms"))
+    group_min_session_timeout_ms: int = field(default=6000, metadata=_prop("group.min.session.timeout.ms"))
+    group_max_session_timeout_ms: int = field(default=1800000, metadata=_prop("group.max.session.timeout.ms"))
     topic_defaults: Mapping[str, str] = field(default_factory=dict)
 
     @property

@@ -241,3 +241,78 @@ def iter_record_timestamps(batch: bytes) -> Iterator[tuple[int, int]]:
         off_delta, pos = _read_varint(body, pos)
         yield header.base_offset + off_delta, header.base_timestamp + ts_delta
         pos = end
+
+
+# --- whole-record encoding: only for batches the broker writes itself (internal topics) ----------
+
+
+def _zigzag(value: int) -> bytes:
+    value = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _varbytes(value: bytes | None) -> bytes:
+    return _zigzag(-1) if value is None else _zigzag(len(value)) + value
+
+
+def build_batch(
+    entries: list[tuple[bytes | None, bytes | None]],
+    timestamp_ms: int,
+    producer_id: int = NO_PRODUCER_ID,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    attributes: int = 0,
+) -> bytes:
+    """An uncompressed v2 batch of (key, value) records, base offset 0 (the log assigns it)."""
+    body = bytearray()
+    for delta, (key, value) in enumerate(entries):
+        record = b"\x00" + _zigzag(0) + _zigzag(delta) + _varbytes(key) + _varbytes(value) + _zigzag(0)
+        body += _zigzag(len(record)) + record
+    header = bytearray(
+        _HEADER.pack(
+            0,
+            HEADER_SIZE - LOG_OVERHEAD + len(body),
+            -1,
+            2,
+            0,
+            attributes,
+            len(entries) - 1,
+            timestamp_ms,
+            timestamp_ms,
+            producer_id,
+            producer_epoch,
+            base_sequence,
+            len(entries),
+        )
+    )
+    batch = header + body
+    _UINT32.pack_into(batch, 17, compute_crc(batch))
+    return bytes(batch)
+
+
+def iter_records(batch: bytes) -> Iterator[tuple[int, bytes | None, bytes | None]]:
+    """(offset, key, value) of every record of a batch (decompressing if needed)."""
+    header = parse_header(batch)
+    body = _decompress(header.compression, bytes(batch[HEADER_SIZE:]))
+    pos = 0
+    for _ in range(header.record_count):
+        length, pos = _read_varint(body, pos)
+        end = pos + length
+        pos += 1
+        _, pos = _read_varint(body, pos)  # timestamp delta
+        offset_delta, pos = _read_varint(body, pos)
+        key_len, pos = _read_varint(body, pos)
+        key = None if key_len < 0 else body[pos : pos + key_len]
+        pos += max(key_len, 0)
+        value_len, pos = _read_varint(body, pos)
+        value = None if value_len < 0 else body[pos : pos + value_len]
+        yield header.base_offset + offset_delta, key, value
+        pos = end
