@@ -146,6 +146,7 @@ class EtcdServer(ManagedProcess):
         self.host = host
         self.client_port = free_port(host)
         self.peer_port = free_port(host)
+        self._started_once = False
 
     @property
     def endpoint(self) -> str:
@@ -158,6 +159,19 @@ class EtcdServer(ManagedProcess):
         return os.path.join(program.base_loc, "etcd")
 
     def start(self, timeout: float = 30.0) -> EtcdServer:
+        """Start, retrying with other ports when one chosen at run time was taken meanwhile."""
+        for attempt in range(3):
+            try:
+                return self._start_once(timeout)
+            except RuntimeError:
+                if attempt == 2:
+                    raise
+                if not self._started_once:
+                    self.client_port = free_port(self.host)
+                self.peer_port = free_port(self.host)
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> EtcdServer:
         client = f"http://{self.host}:{self.client_port}"
         peer = f"http://{self.host}:{self.peer_port}"
         cmd = [
@@ -170,6 +184,7 @@ class EtcdServer(ManagedProcess):
         self._spawn(cmd)
         assert self.proc is not None
         _wait(lambda: _http_ok(f"{client}/health"), timeout, self.proc, "etcd")
+        self._started_once = True
         return self
 
 
@@ -186,6 +201,7 @@ class S3Server(ManagedProcess):
         self.kind = "minio" if shutil.which("minio") else "seaweedfs"
         self.port = free_port(host, plus=0 if self.kind == "minio" else 10000)
         self._ports: list[int] = [self.port]
+        self._started_once = False
 
     @property
     def endpoint(self) -> str:
@@ -202,6 +218,20 @@ class S3Server(ManagedProcess):
         return found
 
     def start(self, timeout: float = 60.0) -> S3Server:
+        """Start, retrying with other ports when one chosen at run time was taken meanwhile."""
+        for attempt in range(3):
+            try:
+                return self._start_once(timeout)
+            except RuntimeError:
+                if attempt == 2:
+                    raise
+                if not self._started_once:
+                    # Nobody knows our endpoint yet: the S3 port may move too.
+                    self.port = free_port(self.host, plus=0 if self.kind == "minio" else 10000)
+                    self._ports = [self.port]
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> S3Server:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
         if self.kind == "minio":
@@ -227,6 +257,7 @@ class S3Server(ManagedProcess):
         self._spawn(cmd, cwd=self.data_dir, env=env)
         assert self.proc is not None
         _wait(lambda: _http_ok(health), timeout, self.proc, f"S3 server ({self.kind})")
+        self._started_once = True
         return self
 
     def stop(self, timeout: float = 20.0) -> int | None:
