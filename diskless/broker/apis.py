@@ -80,6 +80,7 @@ class KafkaApis:
             m.API_CREATE_PARTITIONS: self.create_partitions,
             m.API_INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
             m.API_DESCRIBE_CLUSTER: self.describe_cluster,
+            **self._group_handlers(),
         }
         self._internal_handlers: dict[int, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
             internal.INTERNAL_COMMIT_BATCHES: self.commit_batches_now,
@@ -152,18 +153,56 @@ class KafkaApis:
     def api_versions(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         return {"error_code": ErrorCode.none, "api_keys": api_version_entries(), "throttle_time": 0}
 
-    def find_coordinator(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
-        """No group or transaction coordinator runs yet, which Kafka reports as it does before
-        ``__consumer_offsets`` exists: COORDINATOR_NOT_AVAILABLE (retriable)."""
-        unavailable = {
-            "error_code": ErrorCode.coordinator_not_available,
-            "error_message": "group and transaction coordinators are not available on this cluster yet",
-            "node_id": -1,
-            "host": "",
-            "port": -1,
+    def _group_handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
+        from diskless.groups import handlers as g
+
+        table = {
+            m.API_JOIN_GROUP: g.join_group,
+            m.API_SYNC_GROUP: g.sync_group,
+            m.API_HEARTBEAT: g.heartbeat,
+            m.API_LEAVE_GROUP: g.leave_group,
+            m.API_OFFSET_COMMIT: g.offset_commit,
+            m.API_OFFSET_FETCH: g.offset_fetch,
+            m.API_OFFSET_DELETE: g.offset_delete,
+            m.API_LIST_GROUPS: g.list_groups,
+            m.API_DESCRIBE_GROUPS: g.describe_groups,
+            m.API_DELETE_GROUPS: g.delete_groups,
         }
+
+        def bind(handler: Any) -> Callable[[m.RequestHeader, Any], Any]:
+            return lambda header, request: handler(self.broker.groups, header, request)
+
+        return {key: bind(handler) for key, handler in table.items()}
+
+    async def find_coordinator(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        """Group coordinators are the leaders of ``__consumer_offsets`` partitions (created on first
+        use). Transaction coordinators do not exist yet: COORDINATOR_NOT_AVAILABLE, as Kafka says
+        before its internal topic exists."""
+        key_type = getattr(request, "key_type", 0)
         keys = getattr(request, "coordinator_keys", None) or [getattr(request, "key", "")]
-        return {"throttle_time": 0, **unavailable, "coordinators": [{"key": k, **unavailable} for k in keys]}
+        entries = []
+        for key in keys:
+            entry: dict[str, Any] = {
+                "key": key,
+                "error_code": ErrorCode.coordinator_not_available,
+                "error_message": None,
+            }
+            entry.update(node_id=-1, host="", port=-1)
+            if key_type == 0:
+                try:
+                    await self.broker.groups.ensure_topic()
+                except MetadataError as exc:
+                    entry["error_message"] = str(exc)
+                node = self.broker.groups.coordinator_node(key)
+                info = self._meta.brokers.get(node)
+                if info is not None:
+                    entry.update(error_code=ErrorCode.none, node_id=node, host=info.host, port=info.port)
+            else:
+                entry["error_message"] = "transactions are not available on this cluster yet"
+            entries.append(entry)
+        first = entries[0]
+        single = {k: first[k] for k in ("error_code", "error_message", "node_id", "host", "port")}
+        return {"throttle_time": 0, **single, "coordinators": entries}
 
     def _broker_entries(self, key: str) -> list[dict[str, Any]]:
         return [

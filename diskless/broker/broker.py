@@ -42,6 +42,7 @@ from diskless.storage import pointer
 from diskless.storage.object_store import ObjectStore
 
 from .apis import KafkaApis
+from .group_shell import OFFSETS_TOPIC, GroupShell
 from .peers import PeerPool
 from .replica_manager import ReplicaManager
 from .server import KafkaServer
@@ -88,6 +89,7 @@ class Broker:
             self.wal_reader = WalReader(self.store, WalCache(config.diskless_cache_max_bytes))
             self.representative = Representative(self, self.store, self.wal_reader.cache.put)
         self._metadata_event = asyncio.Event()
+        self.groups = GroupShell(self)
         self.apis = KafkaApis(self)
         self.server = KafkaServer(self.apis, config.socket_request_max_bytes)
         self._pid_block = ProducerIdBlock()
@@ -275,7 +277,9 @@ class Broker:
                 topic = self.metadata.topics.get(change[1])
                 index = int(change[2])
                 if topic is not None and index < len(topic.partitions) and topic.partitions[index].replicas:
-                    self.replicas.apply(topic, index, self.log_config(topic), now)
+                    hosted = self.replicas.apply(topic, index, self.log_config(topic), now)
+                    if topic.name == OFFSETS_TOPIC:
+                        self.groups.on_partition(index, hosted)
             elif kind == "controller" and self.metadata.controller_id == -1 and self.clustered:
                 await self._campaign()
             elif kind == "broker" and self.clustered and self._is_controller():
@@ -419,9 +423,10 @@ class Broker:
         configs: Mapping[str, str | None],
         assignments: Sequence[Sequence[int]] = (),
         validate_only: bool = False,
+        internal: bool = False,
     ) -> TopicMetadata:
         topic = self.metadata.create_topic(
-            name, partitions, replication_factor, configs, assignments, validate_only=True
+            name, partitions, replication_factor, configs, assignments, validate_only=True, internal=internal
         )
         if validate_only:
             return topic

@@ -50,6 +50,7 @@ class ReplicaManager:
         self.partitions: dict[tuple[str, int], Partition] = {}
         self.fetchers: dict[int, ReplicaFetcher] = {}
         self._appended = asyncio.Event()
+        self._closed = False
 
     # --- opening and deleting logs ------------------------------------------------------------
 
@@ -118,6 +119,10 @@ class ReplicaManager:
 
     def apply(self, topic: TopicMetadata, index: int, config: LogConfig, now_ms: int) -> Partition | None:
         """Bring one partition replica in line with its stored state; returns it if hosted here."""
+        if self._closed:
+            # Metadata still arrives while the broker stops (leaderships moving away): reopening a
+            # log or starting a fetcher after close() would leave a task nobody stops.
+            return None
         state = topic.partitions[index]
         key = (topic.name, index)
         if self.node_id not in state.replicas:
@@ -165,6 +170,7 @@ class ReplicaManager:
         return [p for p in self.partitions.values() if p.leader_state is not None]
 
     async def close(self) -> None:
+        self._closed = True
         for fetcher in self.fetchers.values():
             await fetcher.stop()
         self.fetchers.clear()
