@@ -1,0 +1,167 @@
+"""Consumer groups on a 3-broker cluster, for classic and diskless topics: members of two client
+libraries share the partitions, a dead member's partitions move to the others, and committed
+offsets survive the loss of the coordinator's broker."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from support import wait_until
+
+PARTITIONS = 12
+GROUP_OVERRIDES = {"group.initial.rebalance.delay.ms": "0", "offsets.topic.num.partitions": "6"}
+
+
+def produce(bootstrap: str, topic: str, count: int) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+    for i in range(count):
+        producer.produce(topic, key=str(i).encode(), value=f"value-{i}".encode(), partition=i % PARTITIONS)
+    assert producer.flush(30) == 0
+
+
+class ConfluentMember:
+    """A group member on its own thread; ``assignment`` is what it currently owns."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str, name: str) -> None:
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "client.id": name,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 500,
+            }
+        )
+        self.consumer.subscribe([topic])
+        self.assignment: set[int] = set()
+        self.seen: dict[tuple[int, int], bytes] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            message = self.consumer.poll(0.2)
+            if message is not None and message.error() is None:
+                self.seen[(message.partition(), message.offset())] = message.value()
+                self.consumer.commit(message=message, asynchronous=False)
+            self.assignment = {tp.partition for tp in self.consumer.assignment()}
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.consumer.close()
+
+
+class AiokafkaMember:
+    def __init__(self, bootstrap: str, topic: str, group: str) -> None:
+        self.consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=500,
+        )
+        self.seen: dict[tuple[int, int], bytes] = {}
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def assignment(self) -> set[int]:
+        return {tp.partition for tp in self.consumer.assignment()}
+
+    async def start(self) -> None:
+        await self.consumer.start()
+        self.task = asyncio.create_task(self.run())
+
+    async def run(self) -> None:
+        while True:
+            batches = await self.consumer.getmany(timeout_ms=200)
+            for tp, messages in batches.items():
+                for m in messages:
+                    self.seen[(tp.partition, m.offset)] = m.value
+            if batches:
+                await self.consumer.commit()
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+        await self.consumer.stop()
+
+
+@pytest.mark.parametrize("diskless", [False, True], ids=["classic", "diskless"])
+async def test_group_shares_rebalances_and_keeps_offsets_across_coordinator_loss(cluster_factory, diskless) -> None:
+    cluster = cluster_factory(s3=diskless, overrides=GROUP_OVERRIDES)
+    topic, group = "grouped", "the-group"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    configs = {"diskless.enabled": "true"} if diskless else {}
+    admin.create_topics([NewTopic(topic, PARTITIONS, 3, config=configs)])[topic].result(30)
+    await asyncio.to_thread(produce, cluster.bootstrap, topic, 1200)
+
+    confluent = [ConfluentMember(cluster.bootstrap, topic, group, f"c{i}") for i in range(2)]
+    python = AiokafkaMember(cluster.bootstrap, topic, group)
+    await python.start()
+    members = [*confluent, python]
+    try:
+        # Three members of two libraries share the twelve partitions, four each.
+        def shared() -> bool:
+            sets = [m.assignment for m in members]
+            return sorted(len(s) for s in sets) == [4, 4, 4] and set().union(*sets) == set(range(PARTITIONS))
+
+        await asyncio.to_thread(wait_until, shared, 60, 0.2)
+        await asyncio.to_thread(wait_until, lambda: sum(len(m.seen) for m in members) >= 1200, 60, 0.2)
+
+        # A member dies: its partitions move to the survivors.
+        confluent[0].stop.set()
+        confluent[0].thread.join(10)
+        confluent[0].consumer.close()
+        survivors = [confluent[1], python]
+
+        def rebalanced() -> bool:
+            sets = [m.assignment for m in survivors]
+            return sorted(len(s) for s in sets) == [6, 6] and set().union(*sets) == set(range(PARTITIONS))
+
+        await asyncio.to_thread(wait_until, rebalanced, 60, 0.2)
+    finally:
+        confluent[1].close()
+        await python.stop()
+
+    # Kill the broker coordinating the group; the committed offsets are still there afterwards.
+    probe = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group})
+    committed_before = probe.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=30)
+    probe.close()
+    assert sum(tp.offset for tp in committed_before) == 1200
+    coordinator = admin.describe_consumer_groups([group])[group].result(30).coordinator.id
+    cluster.brokers[coordinator].kill()
+
+    def committed_after() -> list[int] | None:
+        consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": group})
+        try:
+            return [
+                tp.offset for tp in consumer.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=5)
+            ]
+        except Exception:
+            return None
+        finally:
+            consumer.close()
+
+    offsets = await asyncio.to_thread(wait_until, committed_after, 60, 0.5)
+    assert offsets == [tp.offset for tp in committed_before]
+    # A new member of the group resumes where the group left off: nothing is read twice.
+    produce_more = 120
+    await asyncio.to_thread(produce, cluster.bootstrap, topic, produce_more)
+    late = ConfluentMember(cluster.bootstrap, topic, group, "late")
+    try:
+        await asyncio.to_thread(wait_until, lambda: len(late.seen) >= produce_more, 60, 0.2)
+        assert all(offset >= committed_before[p].offset for p, offset in late.seen)
+    finally:
+        late.close()
