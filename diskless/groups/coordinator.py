@@ -311,7 +311,13 @@ def parse_subscribed_topics(metadata: bytes) -> frozenset[str] | None:
 
 
 class GroupCoordinatorCore:
-    """The classic groups (and their offsets) of one ``__consumer_offsets`` partition."""
+    """The classic groups (and their offsets) of one ``__consumer_offsets`` partition.
+
+    The shell's part: run ``tick(now)`` once ``next_deadline_ms()`` is reached (and look again
+    after every call that takes ``now_ms``); on becoming coordinator, ``records.replay`` the
+    partition into a fresh core before serving; on losing the partition, ``unload()`` so that
+    parked JoinGroup/SyncGroup requests are answered (NOT_COORDINATOR) rather than forgotten.
+    """
 
     def __init__(
         self,
@@ -890,8 +896,8 @@ class GroupCoordinatorCore:
     ) -> None:
         current_leader = group.leader_id or ""
         member = self._replace_static_member(group, group_instance_id, old_member_id, new_member_id)
-        self._schedule_heartbeat(member, now_ms)
         self._update_member(member, group, protocols, reply, rebalance_timeout_ms, session_timeout_ms)
+        self._schedule_heartbeat(member, now_ms)
         if group.state is _STABLE:
             if group.protocol_name == group.select_protocol():
                 # The restarted instance takes its old place: same generation, same assignment
@@ -1344,3 +1350,7 @@ class GroupCoordinatorCore:
                 member.heartbeat_deadline_ms = None
             group.state = _DEAD
         self._groups.clear()
+
+    def shutdown(self) -> None:
+        """``unload()`` with NOT_COORDINATOR: the name the broker's group shell calls."""
+        self.unload(ErrorCode.not_coordinator)

@@ -16,7 +16,8 @@ Keys are deterministic (same group/topic/partition, same bytes) so that log comp
 only the latest value of each. Deleting a group writes a tombstone for each of its offsets (so
 compaction drops them) plus a group tombstone, which on replay drops every offset of the group
 seen so far, including any the per-offset tombstones missed. Unknown versions are refused rather
-than skipped: a newer broker's records must not be half-understood by an older one.
+than skipped: a newer broker's records must not be half-understood by an older one. Fields
+appended to a version-1 value by a later revision are ignored, so adding one needs no new version.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from diskless.protocol import records
 from diskless.storage import pointer
@@ -22,6 +22,7 @@ from .config import LogConfig
 from .leader_epoch import LeaderEpochCache
 from .producer_state import ProducerStateManager, load_latest_snapshot, write_snapshot
 from .segment import POINTERS, RECORDS, SUFFIXES, BatchLocation, LogSegment
+from .txn_index import CONTROL_ABORT, CONTROL_COMMIT, TxnIndex, control_type, marker_batch
 
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 LOG_START_FILE = "log-start-offset"
@@ -71,6 +72,7 @@ class PartitionLog:
         self.high_watermark = 0
         self.recovered_bytes_truncated = 0
         self.producer_state = ProducerStateManager()
+        self.txns = TxnIndex()
         self._checkpointed_hw = -1
         self._wal_refs: Counter[str] = Counter()
         self._wal_refs_stale = True
@@ -106,6 +108,7 @@ class PartitionLog:
         # A stale checkpoint only under-reports; the leader role recomputes the HW from the ISR.
         self.high_watermark = min(self._read_checkpointed_hw(), self.log_end_offset)
         self._rebuild_producer_state()
+        self._rebuild_txn_index()
         if clean:
             os.unlink(clean_marker)
 
@@ -124,6 +127,32 @@ class PartitionLog:
             f.write(str(self.high_watermark))
         os.replace(tmp, os.path.join(self.directory, HW_FILE))
         self._checkpointed_hw = self.high_watermark
+
+    def _rebuild_txn_index(self) -> None:
+        """Open and aborted transactions from the batch headers (and the control batches) in the log."""
+        self.txns.reset()
+        for segment in self._segments_from(self.log_start_offset):
+            for location in segment.iter_batches(segment.offset_index.lookup(self.log_start_offset)):
+                if location.last_offset < self.log_start_offset:
+                    continue
+                header = segment._header_at(location.position)
+                if header is None or not header.is_transactional:
+                    continue
+                self.txns.on_batch(header, self._marker_of(segment, location) if header.is_control else None)
+
+    @staticmethod
+    def _marker_of(segment: LogSegment, location: BatchLocation) -> int | None:
+        raw = segment.read_batch(location)
+        if segment.kind == POINTERS:
+            entry, _ = pointer.decode_entry(raw, 0)
+            if not isinstance(entry, pointer.InlineEntry):
+                return None
+            raw = entry.batch
+        return control_type(raw)
+
+    @property
+    def last_stable_offset(self) -> int:
+        return self.txns.last_stable_offset(self.high_watermark)
 
     def _rebuild_producer_state(self) -> None:
         """Latest usable snapshot, then replay of the batches written after it."""
@@ -182,6 +211,7 @@ class PartitionLog:
             last = next_offset + header.last_offset_delta
             self._append(owned, next_offset, last, max_ts, now_ms)
             self.producer_state.record(header, next_offset, max_ts)
+            self.txns.on_batch(replace(header, base_offset=next_offset))
             next_offset = last + 1
         return AppendResult(base_offset, next_offset - 1, now_ms if log_append else -1, self.log_start_offset)
 
@@ -206,6 +236,7 @@ class PartitionLog:
         self._append(entry, base_offset, last, parsed.max_timestamp, now_ms, POINTERS)
         self._note_pointer(entry)
         self.producer_state.record(parsed, base_offset, parsed.max_timestamp)
+        self.txns.on_batch(replace(parsed, base_offset=base_offset))
         log_append_time = parsed.max_timestamp if parsed.is_log_append_time else -1
         return AppendResult(base_offset, last, log_append_time, self.log_start_offset)
 
@@ -224,6 +255,11 @@ class PartitionLog:
             self._append(entry, header.base_offset, header.last_offset, header.max_timestamp, now_ms, POINTERS)
             self._note_pointer(entry)
             self.producer_state.record(header, header.base_offset, header.max_timestamp)
+            marker = None
+            if header.is_control:
+                inline, _ = pointer.decode_entry(entry, 0)
+                marker = control_type(inline.batch) if isinstance(inline, pointer.InlineEntry) else None
+            self.txns.on_batch(header, marker)
         return self.log_end_offset
 
     def append_as_follower(self, data: bytes | memoryview, now_ms: int) -> int:
@@ -235,7 +271,34 @@ class PartitionLog:
             self.epochs.assign(header.partition_leader_epoch, header.base_offset)
             self._append(batch, header.base_offset, header.last_offset, header.max_timestamp, now_ms)
             self.producer_state.record(header, header.base_offset, header.max_timestamp)
+            self.txns.on_batch(header, control_type(batch) if header.is_control else None)
         return self.log_end_offset
+
+    def append_marker_as_leader(
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        commit: bool,
+        coordinator_epoch: int,
+        leader_epoch: int,
+        now_ms: int,
+    ) -> int:
+        """Write an end-of-transaction marker (WriteTxnMarkers); returns its offset.
+
+        In a pointers segment the marker is stored inline: it is written by the leader itself
+        and never goes to object storage."""
+        batch = bytearray(marker_batch(producer_id, producer_epoch, commit, coordinator_epoch, now_ms))
+        offset = self.log_end_offset
+        self.epochs.assign(leader_epoch, offset)
+        records.assign_offset(batch, offset, leader_epoch)
+        header = records.parse_header(batch)
+        if self.active_segment.kind == POINTERS:
+            self._append(pointer.encode_inline_entry(batch), offset, offset, now_ms, now_ms, POINTERS)
+        else:
+            self._append(batch, offset, offset, now_ms, now_ms)
+        self.producer_state.record(header, offset, now_ms)
+        self.txns.on_batch(header, CONTROL_COMMIT if commit else CONTROL_ABORT)
+        return offset
 
     def _append(
         self,
@@ -471,6 +534,7 @@ class PartitionLog:
 
     def _set_log_start(self, offset: int) -> None:
         self._apply_ref_floor(offset)
+        self.txns.drop_before(offset)
         self.log_start_offset = offset
         self.epochs.truncate_from_start(offset)
         tmp = os.path.join(self.directory, LOG_START_FILE + ".tmp")
@@ -512,6 +576,7 @@ class PartitionLog:
         self.epochs.truncate_from_end(self.log_end_offset)
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
         self._rebuild_producer_state()
+        self._rebuild_txn_index()
 
     def truncate_fully_and_start_at(self, offset: int, now_ms: int) -> None:
         """Drop the whole log and continue at ``offset`` (a follower behind the leader's log start)."""
@@ -523,6 +588,7 @@ class PartitionLog:
         self.epochs.truncate_from_end(offset)
         self.high_watermark = offset
         self._rebuild_producer_state()
+        self._rebuild_txn_index()
 
     # --- lifecycle ------------------------------------------------------------------------------
 

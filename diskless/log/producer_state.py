@@ -90,6 +90,12 @@ class ProducerStateManager:
         if header.producer_id == NO_PRODUCER_ID:
             return
         entry = self.producers.setdefault(header.producer_id, ProducerEntry())
+        if header.is_control:
+            # Transaction markers carry no sequence; a newer epoch still fences older producers.
+            if header.producer_epoch > entry.epoch:
+                entry.epoch = header.producer_epoch
+                entry.batches.clear()
+            return
         if header.producer_epoch != entry.epoch:
             entry.epoch = header.producer_epoch
             entry.batches.clear()

@@ -57,11 +57,15 @@ class ReplicaFetcher:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._conn: KafkaClientConnection | None = None
+        self._stopping = False
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
+        # The flag as well as the cancel: Python 3.11's wait_for (in connect) swallows a cancellation
+        # that arrives just as the connection completes, and the loop would then run forever.
+        self._stopping = True
         await cancel_and_wait(self._task)
         if self._conn is not None:
             await self._conn.close()
@@ -88,7 +92,7 @@ class ReplicaFetcher:
 
     async def _run(self) -> None:
         backoff = 0.05
-        while True:
+        while not self._stopping:
             active = [p for p in self.partitions.values() if p.role == FOLLOWER and p.leader_id == self.leader_id]
             if not active:
                 self._changed.clear()

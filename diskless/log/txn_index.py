@@ -1,0 +1,82 @@
+"""Transactions as one partition sees them: open transactions, the last stable offset, aborted ones.
+
+A transactional batch opens its producer's transaction at the batch's first offset (if none is
+open); a control batch (commit or abort marker, written by the leader on the coordinator's word)
+closes it. The first offset of the oldest open transaction bounds the last stable offset (LSO):
+read_committed consumers never read at or past it. Aborted transactions are remembered as
+(producer id, first offset, marker offset) so read_committed fetches can tell consumers which
+records to drop (Kafka's aborted transaction index). Rebuilt by replaying batch headers (and the
+few control batches) after a restart or truncation.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from dataclasses import dataclass, field
+
+from diskless.protocol import records
+
+CONTROL_ABORT = 0
+CONTROL_COMMIT = 1
+_CONTROL_KEY = struct.Struct(">hh")  # version, type
+
+
+@dataclass(frozen=True, slots=True)
+class AbortedTxn:
+    producer_id: int
+    first_offset: int
+    last_offset: int  # the abort marker's offset
+
+
+def control_type(batch: bytes | bytearray | memoryview) -> int | None:
+    """COMMIT or ABORT for a control batch's marker record (None if not a marker)."""
+    for _, key, _ in records.iter_records(bytes(batch)):
+        if key is not None and len(key) >= _CONTROL_KEY.size:
+            return _CONTROL_KEY.unpack_from(key, 0)[1]
+    return None
+
+
+def marker_batch(producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int, now_ms: int) -> bytes:
+    """A control batch carrying one end-of-transaction marker, as the leader writes it."""
+    key = _CONTROL_KEY.pack(0, CONTROL_COMMIT if commit else CONTROL_ABORT)
+    value = struct.pack(">hi", 0, coordinator_epoch)
+    attributes = records.TRANSACTIONAL_FLAG | records.CONTROL_FLAG
+    return records.build_batch([(key, value)], now_ms, producer_id, producer_epoch, -1, attributes)
+
+
+@dataclass
+class TxnIndex:
+    ongoing: dict[int, int] = field(default_factory=dict)  # producer id -> first offset
+    aborted: list[AbortedTxn] = field(default_factory=list)  # by marker offset
+
+    def on_batch(self, header: records.BatchHeader, marker: int | None = None) -> None:
+        """Account for an appended batch; ``marker`` is the control type for control batches."""
+        if not header.is_transactional:
+            return
+        if not header.is_control:
+            self.ongoing.setdefault(header.producer_id, header.base_offset)
+            return
+        first = self.ongoing.pop(header.producer_id, None)
+        if marker == CONTROL_ABORT and first is not None:
+            self.aborted.append(AbortedTxn(header.producer_id, first, header.base_offset))
+
+    def first_unstable_offset(self) -> int | None:
+        return min(self.ongoing.values()) if self.ongoing else None
+
+    def last_stable_offset(self, high_watermark: int) -> int:
+        first = self.first_unstable_offset()
+        return high_watermark if first is None else min(first, high_watermark)
+
+    def aborted_between(self, start: int, end: int) -> list[AbortedTxn]:
+        """Aborted transactions a read of offsets [start, end) must know about."""
+        lasts = [a.last_offset for a in self.aborted]
+        i = bisect.bisect_left(lasts, start)
+        return [a for a in self.aborted[i:] if a.first_offset < end]
+
+    def drop_before(self, log_start: int) -> None:
+        self.aborted = [a for a in self.aborted if a.last_offset >= log_start]
+
+    def reset(self) -> None:
+        self.ongoing.clear()
+        self.aborted.clear()
