@@ -80,6 +80,8 @@ class KafkaApis:
             m.API_CREATE_PARTITIONS: self.create_partitions,
             m.API_INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
             m.API_DESCRIBE_CLUSTER: self.describe_cluster,
+            m.API_WRITE_TXN_MARKERS: self.write_txn_markers,
+            m.API_TXN_OFFSET_COMMIT: self.txn_offset_commit,
             **self._group_handlers(),
         }
         self._internal_handlers: dict[int, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
@@ -173,6 +175,79 @@ class KafkaApis:
             return lambda header, request: handler(self.broker.groups, header, request)
 
         return {key: bind(handler) for key, handler in table.items()}
+
+    async def write_txn_markers(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        """WriteTxnMarkers from a transaction coordinator: end a producer's transaction on each
+        partition we lead with a control batch, answered once it is replicated (acks=all)."""
+        from .group_shell import OFFSETS_TOPIC
+
+        now = self.broker.now_ms()
+        results = []
+        waits: list[tuple[dict[str, Any], Partition, int]] = []
+        for marker in request.markers:
+            topics = []
+            for topic in marker.topics:
+                parts = []
+                for index in topic.partition_indexes:
+                    code, plog, replica = self._leader_log(topic.name, index)
+                    entry: dict[str, Any] = {"partition_index": index, "error_code": code}
+                    if plog is not None and replica is not None:
+                        offset = plog.append_marker_as_leader(
+                            marker.producer_id,
+                            marker.producer_epoch,
+                            bool(marker.transaction_result),
+                            marker.coordinator_epoch,
+                            replica.leader_epoch,
+                            now,
+                        )
+                        self.broker.on_leader_append(replica)
+                        waits.append((entry, replica, offset))
+                        if topic.name == OFFSETS_TOPIC:
+                            self.broker.groups.on_marker(index, marker.producer_id, bool(marker.transaction_result))
+                    parts.append(entry)
+                topics.append({"name": topic.name, "partitions": parts})
+            results.append({"producer_id": marker.producer_id, "topics": topics})
+        outcomes = await asyncio.gather(*(r.wait_for_commit(offset, 30.0) for _, r, offset in waits))
+        for (entry, replica, _), committed in zip(waits, outcomes, strict=True):
+            if not committed:
+                lost = replica.leader_state is None
+                entry["error_code"] = ErrorCode.not_leader_or_follower if lost else ErrorCode.request_timed_out
+        return {"markers": results}
+
+    async def txn_offset_commit(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        """TxnOffsetCommit: offsets that count only if the producer's transaction commits."""
+        from diskless.groups.coordinator import OffsetAndMetadata
+        from diskless.groups.records import encode_offset
+
+        group_id = request.group_id
+        shell = self.broker.groups
+        core = shell.coordinator(group_id)
+        code = core if isinstance(core, ErrorCode) else ErrorCode.none
+        now = self.broker.now_ms()
+        generation = getattr(request, "generation_id", -1)
+        if not isinstance(core, ErrorCode) and generation >= 0:
+            code = core.validate_commit(
+                group_id,
+                generation,
+                getattr(request, "member_id", ""),
+                getattr(request, "group_instance_id", None),
+                now,
+            )
+        offsets: dict[tuple[str, int], OffsetAndMetadata] = {}
+        for topic in request.topics:
+            for p in topic.partitions:
+                offsets[(topic.name, p.partition_index)] = OffsetAndMetadata(
+                    p.committed_offset, getattr(p, "committed_leader_epoch", -1), p.committed_metadata or "", now
+                )
+        if code == ErrorCode.none:
+            entries = [encode_offset(group_id, t, i, value) for (t, i), value in offsets.items()]
+            code = await shell.persist(group_id, entries, (request.producer_id, request.producer_epoch))
+            if code == ErrorCode.none:
+                shell.add_pending(group_id, request.producer_id, offsets)
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for t, i in offsets:
+            topics.setdefault(t, []).append({"partition_index": i, "error_code": code})
+        return {"throttle_time": 0, "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()]}
 
     async def find_coordinator(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         """Group coordinators are the leaders of ``__consumer_offsets`` partitions (created on first
@@ -646,14 +721,18 @@ class KafkaApis:
         reader = self.broker.wal_reader
 
         async def one(entry: dict[str, Any], raw: bytes) -> None:
-            pointers = [e for e in pointer.iter_entries(raw) if isinstance(e, pointer.PointerEntry)]
+            entries = pointer.iter_entries(raw)
+            pointers = [e for e in entries if isinstance(e, pointer.PointerEntry)]
             try:
-                served = await reader.batches(pointers) if reader is not None else []
+                served = iter(await reader.batches(pointers) if reader is not None and pointers else [])
             except Exception as exc:
                 log.warning("serving diskless batches failed", error=str(exc))
                 entry["error_code"] = ErrorCode.kafka_storage_error
                 return
-            entry["records"] = b"".join(served)
+            # Inline entries (transaction markers) are served from the log itself, in place.
+            entry["records"] = b"".join(
+                e.batch if isinstance(e, pointer.InlineEntry) else next(served) for e in entries
+            )
 
         await asyncio.gather(*(one(entry, raw) for entry, raw in remote))
 
@@ -704,13 +783,14 @@ class KafkaApis:
                     entry.update(
                         preferred_read_replica=preferred,
                         high_watermark=plog.high_watermark,
-                        last_stable_offset=plog.high_watermark,
+                        last_stable_offset=plog.last_stable_offset,
                         log_start_offset=plog.log_start_offset,
                     )
                     has_error = True  # answer now: the consumer moves to the replica in its rack
                 elif plog is not None and replica is not None:
                     limit = min(p.partition_max_bytes, max(max_bytes - total, 0))
-                    max_offset = None
+                    # read_committed stops at the last stable offset (open transactions).
+                    max_offset = plog.last_stable_offset if committed else None
                     diverging = None
                     if follower >= 0:
                         # A follower reads up to our log end and, by the offset it asks for, tells us its own.
@@ -735,10 +815,15 @@ class KafkaApis:
                             else:
                                 entry["records"] = result.records
                                 total += len(result.records)
+                            if committed and follower < 0 and result.records:
+                                aborted = plog.txns.aborted_between(p.fetch_offset, plog.last_stable_offset)
+                                entry["aborted_transactions"] = [
+                                    {"producer_id": a.producer_id, "first_offset": a.first_offset} for a in aborted
+                                ]
                     except OffsetOutOfRange:
                         entry["error_code"] = ErrorCode.offset_out_of_range
                     entry["high_watermark"] = plog.high_watermark
-                    entry["last_stable_offset"] = plog.high_watermark
+                    entry["last_stable_offset"] = plog.last_stable_offset
                     entry["log_start_offset"] = plog.log_start_offset
                 has_error = has_error or entry["error_code"] != ErrorCode.none
                 parts.append(entry)
@@ -768,7 +853,7 @@ class KafkaApis:
                 if leader is not None:
                     forwards.setdefault(leader, []).append((entry, topic.name, p.partition_index, p.timestamp))
                 elif plog is not None:
-                    found = await self._offset_for(plog, p.timestamp)
+                    found = await self._offset_for(plog, p.timestamp, getattr(request, "isolation_level", 0) == 1)
                     if found is not None:
                         entry["offset"], entry["timestamp"] = found
                         entry["leader_epoch"] = plog.epochs.epoch_for_offset(found[0])
@@ -814,9 +899,9 @@ class KafkaApis:
             log.info("forwarding to the leader failed", leader=leader, api=api_key, error=str(exc))
             return None
 
-    async def _offset_for(self, plog: PartitionLog, timestamp: int) -> tuple[int, int] | None:
+    async def _offset_for(self, plog: PartitionLog, timestamp: int, committed: bool = False) -> tuple[int, int] | None:
         if timestamp == LATEST:
-            return plog.high_watermark, -1
+            return (plog.last_stable_offset if committed else plog.high_watermark), -1
         if timestamp == EARLIEST:
             return plog.log_start_offset, -1
         if timestamp == MAX_TIMESTAMP:

@@ -19,8 +19,9 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.cluster.metadata import MetadataError
-from diskless.groups.coordinator import GroupCoordinatorCore
-from diskless.groups.records import partition_for, replay
+from diskless.groups.coordinator import GroupCoordinatorCore, OffsetAndMetadata
+from diskless.groups.records import OffsetCommitRecord, decode, partition_for, replay
+from diskless.log.txn_index import CONTROL_COMMIT, control_type
 from diskless.protocol import records
 from diskless.replication.partition import Partition
 
@@ -37,7 +38,9 @@ class GroupShell:
         self.broker = broker
         self.cores: dict[int, GroupCoordinatorCore] = {}
         self._timer: asyncio.TimerHandle | None = None
-        self._creating: asyncio.Task[None] | None = None
+        # Transactional offset commits waiting for their transaction's marker:
+        # (offsets partition, producer id) -> group -> {(topic, partition): offset}
+        self.pending_txn: dict[tuple[int, int], dict[str, dict[tuple[str, int], OffsetAndMetadata]]] = {}
 
     @property
     def partitions(self) -> int:
@@ -84,17 +87,29 @@ class GroupShell:
         core = self.cores.get(index)
         return core if core is not None else ErrorCode.coordinator_load_in_progress
 
-    async def persist(self, group_id: str, entries: list[tuple[bytes, bytes | None]]) -> ErrorCode:
-        """Append group records to the group's partition and wait until they are replicated."""
+    async def persist(
+        self, group_id: str, entries: list[tuple[bytes, bytes | None]], producer: tuple[int, int] | None = None
+    ) -> ErrorCode:
+        """Append group records to the group's partition and wait until they are replicated.
+
+        With ``producer`` (id, epoch) the batch is transactional (TxnOffsetCommit): it counts
+        only once its transaction's commit marker follows it in the same log.
+        """
         replica = self.broker.replicas.partitions.get((OFFSETS_TOPIC, self.partition_of(group_id)))
         if replica is None or replica.leader_state is None:
             return ErrorCode.not_coordinator
         if not entries:
             return ErrorCode.none
         now = self.now_ms()
-        batch = records.build_batch(list(entries), now)
+        if producer is None:
+            batch = records.build_batch(list(entries), now)
+        else:
+            attributes = records.TRANSACTIONAL_FLAG
+            batch = records.build_batch(list(entries), now, producer[0], producer[1], -1, attributes)
         try:
-            result = replica.log.append_as_leader([memoryview(batch)], replica.leader_epoch, now)
+            result = replica.log.append_as_leader(
+                [memoryview(batch)], replica.leader_epoch, now, check_sequence=producer is None
+            )
         except records.InvalidBatch as exc:
             log.error("could not append group records", error=str(exc))
             return ErrorCode.unknown_server_error
@@ -144,18 +159,54 @@ class GroupShell:
             log.info("no longer coordinating groups of partition", partition=index)
         self.wake()
 
+    # --- transactional offsets (TxnOffsetCommit) ------------------------------------------------------
+
+    def add_pending(self, group_id: str, producer_id: int, offsets: dict[tuple[str, int], OffsetAndMetadata]) -> None:
+        key = (self.partition_of(group_id), producer_id)
+        self.pending_txn.setdefault(key, {}).setdefault(group_id, {}).update(offsets)
+
+    def on_marker(self, index: int, producer_id: int, commit: bool) -> None:
+        """A transaction ended on offsets partition ``index``: its offsets count now, or never."""
+        pending = self.pending_txn.pop((index, producer_id), {})
+        core = self.cores.get(index)
+        if commit and core is not None:
+            for group_id, offsets in pending.items():
+                core.apply_offsets(group_id, offsets)
+
     def _load(self, partition: Partition) -> GroupCoordinatorCore:
+        """Replay the partition: plain records apply in order; transactional ones wait for their marker."""
         core = GroupCoordinatorCore(self._core_config(), partition=partition.index)
         plog = partition.log
         entries: list[tuple[bytes, bytes | None]] = []
+        waiting: dict[int, list[tuple[bytes, bytes | None]]] = {}
         for segment in plog.segments:
             for location in segment.iter_batches():
                 if location.last_offset < plog.log_start_offset:
                     continue
-                for offset, key, value in records.iter_records(segment.read_batch(location)):
-                    if offset >= plog.log_start_offset and key is not None:
-                        entries.append((key, value))
+                raw = segment.read_batch(location)
+                header = records.parse_header(raw)
+                if header.is_control:
+                    done = waiting.pop(header.producer_id, [])
+                    if control_type(raw) == CONTROL_COMMIT:
+                        entries.extend(done)
+                    continue
+                batch_entries = [
+                    (key, value)
+                    for offset, key, value in records.iter_records(raw)
+                    if offset >= plog.log_start_offset and key is not None
+                ]
+                if header.is_transactional:
+                    waiting.setdefault(header.producer_id, []).extend(batch_entries)
+                else:
+                    entries.extend(batch_entries)
         replay(core, entries)
+        for producer_id, open_entries in waiting.items():
+            # Still open when we took over: keep them pending until the coordinator's marker.
+            for key, value in open_entries:
+                decoded = decode(key, value)
+                if isinstance(decoded, OffsetCommitRecord):
+                    pending = self.pending_txn.setdefault((partition.index, producer_id), {})
+                    pending.setdefault(decoded.group_id, {})[(decoded.topic, decoded.partition)] = decoded.value
         return core
 
     def _core_config(self) -> Any:

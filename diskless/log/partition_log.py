@@ -189,10 +189,16 @@ class PartitionLog:
             headers.append(header)
         return headers
 
-    def append_as_leader(self, batches: Sequence[memoryview], leader_epoch: int, now_ms: int) -> AppendResult:
-        """Assign offsets to validated producer batches and append them."""
+    def append_as_leader(
+        self, batches: Sequence[memoryview], leader_epoch: int, now_ms: int, check_sequence: bool = True
+    ) -> AppendResult:
+        """Assign offsets to validated producer batches and append them.
+
+        ``check_sequence`` is off for batches a coordinator writes for a producer (transactional
+        offset commits), which carry its id and epoch but no sequence, as in Kafka.
+        """
         headers = self.validate_and_prepare(batches, now_ms)
-        for header in headers:
+        for header in headers if check_sequence else ():
             duplicate = self.producer_state.check(header)
             if duplicate is not None:
                 # A retry of a batch already in the log: answer with where it went, append nothing.
