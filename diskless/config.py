@@ -97,6 +97,13 @@ class BrokerConfig:
     group_initial_rebalance_delay_ms: int = field(default=3000, metadata=_prop("group.initial.rebalance.delay.ms"))
     group_min_session_timeout_ms: int = field(default=6000, metadata=_prop("group.min.session.timeout.ms"))
     group_max_session_timeout_ms: int = field(default=1800000, metadata=_prop("group.max.session.timeout.ms"))
+    transaction_state_log_num_partitions: int = field(
+        default=50, metadata=_prop("transaction.state.log.num.partitions")
+    )
+    transaction_state_log_replication_factor: int = field(
+        default=3, metadata=_prop("transaction.state.log.replication.factor")
+    )
+    transaction_max_timeout_ms: int = field(default=900000, metadata=_prop("transaction.max.timeout.ms"))
     topic_defaults: Mapping[str, str] = field(default_factory=dict)
 
     @property

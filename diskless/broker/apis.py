@@ -157,7 +157,13 @@ class KafkaApis:
 
     def _group_handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
         from diskless.groups import handlers as g
+        from diskless.transactions import handlers as t
 
+        txn_table = {
+            m.API_ADD_PARTITIONS_TO_TXN: t.add_partitions_to_txn,
+            m.API_ADD_OFFSETS_TO_TXN: t.add_offsets_to_txn,
+            m.API_END_TXN: t.end_txn,
+        }
         table = {
             m.API_JOIN_GROUP: g.join_group,
             m.API_SYNC_GROUP: g.sync_group,
@@ -171,10 +177,12 @@ class KafkaApis:
             m.API_DELETE_GROUPS: g.delete_groups,
         }
 
-        def bind(handler: Any) -> Callable[[m.RequestHeader, Any], Any]:
-            return lambda header, request: handler(self.broker.groups, header, request)
+        def bind(handler: Any, shell: Callable[[], Any]) -> Callable[[m.RequestHeader, Any], Any]:
+            return lambda header, request: handler(shell(), header, request)
 
-        return {key: bind(handler) for key, handler in table.items()}
+        handlers = {key: bind(h, lambda: self.broker.groups) for key, h in table.items()}
+        handlers.update({key: bind(h, lambda: self.broker.txns) for key, h in txn_table.items()})
+        return handlers
 
     async def write_txn_markers(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         """WriteTxnMarkers from a transaction coordinator: end a producer's transaction on each
@@ -263,17 +271,15 @@ class KafkaApis:
                 "error_message": None,
             }
             entry.update(node_id=-1, host="", port=-1)
-            if key_type == 0:
-                try:
-                    await self.broker.groups.ensure_topic()
-                except MetadataError as exc:
-                    entry["error_message"] = str(exc)
-                node = self.broker.groups.coordinator_node(key)
-                info = self._meta.brokers.get(node)
-                if info is not None:
-                    entry.update(error_code=ErrorCode.none, node_id=node, host=info.host, port=info.port)
-            else:
-                entry["error_message"] = "transactions are not available on this cluster yet"
+            shell = self.broker.groups if key_type == 0 else self.broker.txns
+            try:
+                await shell.ensure_topic()
+            except MetadataError as exc:
+                entry["error_message"] = str(exc)
+            node = shell.coordinator_node(key)
+            info = self._meta.brokers.get(node)
+            if info is not None:
+                entry.update(error_code=ErrorCode.none, node_id=node, host=info.host, port=info.port)
             entries.append(entry)
         first = entries[0]
         single = {k: first[k] for k in ("error_code", "error_message", "node_id", "host", "port")}
@@ -600,13 +606,11 @@ class KafkaApis:
 
     async def init_producer_id(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         if request.transactional_id is not None:
-            # Transactions arrive with the transaction coordinator (issue 6); refuse clearly.
-            return {
-                "throttle_time": 0,
-                "error_code": ErrorCode.transactional_id_authorization_failed,
-                "producer_id": -1,
-                "producer_epoch": -1,
-            }
+            from diskless.transactions.handlers import init_producer_id
+
+            answer = await init_producer_id(self.broker.txns, header, request)
+            if answer is not None:
+                return answer
         return {
             "throttle_time": 0,
             "error_code": ErrorCode.none,

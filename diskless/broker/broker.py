@@ -42,10 +42,11 @@ from diskless.storage import pointer
 from diskless.storage.object_store import ObjectStore
 
 from .apis import KafkaApis
-from .group_shell import OFFSETS_TOPIC, GroupShell
+from .group_shell import GroupShell
 from .peers import PeerPool
 from .replica_manager import ReplicaManager
 from .server import KafkaServer
+from .txn_shell import TxnShell
 
 log = structlog.get_logger(__name__)
 
@@ -90,6 +91,7 @@ class Broker:
             self.representative = Representative(self, self.store, self.wal_reader.cache.put)
         self._metadata_event = asyncio.Event()
         self.groups = GroupShell(self)
+        self.txns = TxnShell(self)
         self.apis = KafkaApis(self)
         self.server = KafkaServer(self.apis, config.socket_request_max_bytes)
         self._pid_block = ProducerIdBlock()
@@ -278,8 +280,9 @@ class Broker:
                 index = int(change[2])
                 if topic is not None and index < len(topic.partitions) and topic.partitions[index].replicas:
                     hosted = self.replicas.apply(topic, index, self.log_config(topic), now)
-                    if topic.name == OFFSETS_TOPIC:
-                        self.groups.on_partition(index, hosted)
+                    for shell in (self.groups, self.txns):
+                        if topic.name == shell.topic:
+                            shell.on_partition(index, hosted)
             elif kind == "controller" and self.metadata.controller_id == -1 and self.clustered:
                 await self._campaign()
             elif kind == "broker" and self.clustered and self._is_controller():

@@ -57,6 +57,7 @@ class TxnState(enum.Enum):
 
 PREPARE_STATES = frozenset({TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT})
 COMPLETE_STATES = frozenset({TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT})
+_ADDABLE_STATES = COMPLETE_STATES | {TxnState.EMPTY, TxnState.ONGOING}
 
 
 def is_epoch_exhausted(epoch: int) -> bool:
@@ -293,7 +294,7 @@ class TransactionCoordinatorCore:
             return ErrorCode.concurrent_transactions
         if meta.state is TxnState.ONGOING and set(partitions) <= meta.partitions:
             return ErrorCode.none
-        if meta.state is not TxnState.ONGOING and meta.state is not TxnState.EMPTY and meta.state not in COMPLETE_STATES:
+        if meta.state not in _ADDABLE_STATES:
             return ErrorCode.invalid_txn_state
         start = meta.txn_start_ms if meta.state is TxnState.ONGOING else now_ms
         target = replace(

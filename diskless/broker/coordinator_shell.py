@@ -1,0 +1,182 @@
+"""What group and transaction coordination share on the broker: an internal topic whose partition
+leaders are the coordinators.
+
+A key (group id, transactional id) maps to a partition of the internal topic by Kafka's hash rule;
+the partition's leader coordinates it. Becoming leader builds a fresh sans-IO core from the
+partition's log (replay); losing leadership drops it, so clients get NOT_COORDINATOR and look the
+coordinator up again. Writes go to the partition like any acks=all write, which is what lets the
+state survive the loss of the coordinator's broker. Timers run from one asyncio handle re-armed
+at the earliest deadline of all cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+import structlog
+from kio.schema.errors import ErrorCode
+
+from diskless.cluster.metadata import MetadataError
+from diskless.protocol import records
+from diskless.replication.partition import Partition
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = structlog.get_logger(__name__)
+
+CoreT = TypeVar("CoreT")
+
+
+class CoordinatorShell(Generic[CoreT]):
+    topic = ""  # set by subclasses
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.cores: dict[int, CoreT] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    # --- what subclasses define ------------------------------------------------------------------
+
+    def configured_partitions(self) -> int:
+        raise NotImplementedError
+
+    def configured_replication(self) -> int:
+        raise NotImplementedError
+
+    def topic_configs(self) -> dict[str, str]:
+        return {}
+
+    def hash_partition(self, key: str, partitions: int) -> int:
+        raise NotImplementedError
+
+    def load(self, partition: Partition) -> CoreT:
+        """A fresh core holding what the partition's log says."""
+        raise NotImplementedError
+
+    def tick(self, now_ms: int) -> None:
+        """Run the cores' timers (subclasses override)."""
+
+    def unload(self, core: CoreT) -> None:
+        shutdown = getattr(core, "shutdown", None)
+        if callable(shutdown):
+            shutdown()
+
+    # --- the internal topic -----------------------------------------------------------------------
+
+    @property
+    def partitions(self) -> int:
+        topic = self.broker.metadata.topics.get(self.topic)
+        return len(topic.partitions) if topic is not None else self.configured_partitions()
+
+    def partition_of(self, key: str) -> int:
+        return self.hash_partition(key, self.partitions)
+
+    async def ensure_topic(self) -> None:
+        """Create the internal topic on first use, as Kafka does."""
+        if self.topic in self.broker.metadata.topics:
+            return
+        replication = max(1, min(self.configured_replication(), len(self.broker.metadata.brokers)))
+        try:
+            await self.broker.create_topic(
+                self.topic, self.configured_partitions(), replication, self.topic_configs(), internal=True
+            )
+        except MetadataError as exc:
+            if exc.code != ErrorCode.topic_already_exists:
+                raise
+
+    def coordinator_node(self, key: str) -> int:
+        """The broker coordinating ``key`` (-1 while its partition has no leader)."""
+        state = self.broker.metadata.partition(self.topic, self.partition_of(key))
+        return -1 if state is None else int(state.leader)
+
+    # --- the facade handlers use ------------------------------------------------------------------
+
+    def coordinator(self, key: str) -> CoreT | ErrorCode:
+        index = self.partition_of(key)
+        state = self.broker.metadata.partition(self.topic, index)
+        if state is None or state.leader < 0:
+            return ErrorCode.coordinator_not_available
+        if state.leader != self.broker.node_id:
+            return ErrorCode.not_coordinator
+        core = self.cores.get(index)
+        return core if core is not None else ErrorCode.coordinator_load_in_progress
+
+    async def persist(
+        self, key: str, entries: list[tuple[bytes, bytes | None]], producer: tuple[int, int] | None = None
+    ) -> ErrorCode:
+        """Append records to the key's partition and wait until they are replicated.
+
+        With ``producer`` (id, epoch) the batch is transactional: it counts only once its
+        transaction's commit marker follows it in the same log.
+        """
+        replica = self.broker.replicas.partitions.get((self.topic, self.partition_of(key)))
+        if replica is None or replica.leader_state is None:
+            return ErrorCode.not_coordinator
+        if not entries:
+            return ErrorCode.none
+        now = self.now_ms()
+        if producer is None:
+            batch = records.build_batch(list(entries), now)
+        else:
+            batch = records.build_batch(list(entries), now, producer[0], producer[1], -1, records.TRANSACTIONAL_FLAG)
+        try:
+            result = replica.log.append_as_leader(
+                [memoryview(batch)], replica.leader_epoch, now, check_sequence=producer is None
+            )
+        except records.InvalidBatch as exc:
+            log.error("could not append coordinator records", topic=self.topic, error=str(exc))
+            return ErrorCode.unknown_server_error
+        self.broker.on_leader_append(replica)
+        if await replica.wait_for_commit(result.last_offset, 30.0):
+            return ErrorCode.none
+        return ErrorCode.not_coordinator if replica.leader_state is None else ErrorCode.request_timed_out
+
+    @staticmethod
+    def now_ms() -> int:
+        return time.time_ns() // 1_000_000
+
+    def all_cores(self) -> list[CoreT]:
+        return list(self.cores.values())
+
+    def wake(self) -> None:
+        """Re-arm the timer at the earliest deadline any core has."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        deadlines = [d for d in (core.next_deadline_ms() for core in self.cores.values()) if d is not None]  # type: ignore[attr-defined]
+        if not deadlines:
+            return
+        delay = max(0.0, (min(deadlines) - self.now_ms()) / 1000)
+        self._timer = asyncio.get_running_loop().call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self.tick(self.now_ms())
+        self.wake()
+
+    # --- following leadership of the internal topic's partitions ----------------------------------
+
+    def on_partition(self, index: int, partition: Partition | None) -> None:
+        """Called whenever a partition of the internal topic changed state (``None``: not hosted)."""
+        if partition is not None and partition.leader_state is not None:
+            if index not in self.cores:
+                self.cores[index] = self.load(partition)
+                log.info("coordinating", topic=self.topic, partition=index)
+        elif index in self.cores:
+            self.unload(self.cores.pop(index))
+            log.info("no longer coordinating", topic=self.topic, partition=index)
+        self.wake()
+
+    @staticmethod
+    def log_batches(partition: Partition) -> list[bytes]:
+        """Every batch at or after the log start, in order (for replay; not a hot path)."""
+        plog = partition.log
+        out = []
+        for segment in plog.segments:
+            for location in segment.iter_batches():
+                if location.last_offset >= plog.log_start_offset:
+                    out.append(segment.read_batch(location))
+        return out
