@@ -37,19 +37,26 @@ leader's log when the first question is asked. From then on references only disa
 A leader answers REFERENCED for its whole log from the log start, uncommitted tail included,
 so an UNREFERENCED answer from the true leader of a partition after grace is final.
 
-*Why two confirmations, ``confirm_ms`` apart.* The only remaining way to be wrong is an answer
-from a broker that is no longer the true leader but does not know it yet (a deposed leader
-within its lease, or the service's leadership view lagging), whose log lacks commits the new
-leader accepted before the timeout. Such a window is bounded (lease TTL plus metadata
-propagation); ``confirm_ms`` must exceed it. The first confirmation's answers were computed no
-later than ``c1`` (when the core received the last of them); the second round's answers were
-computed no earlier than its issue time, ``>= c1 + confirm_ms``. So at least one of the two
-answers for each partition comes from outside any stale window that could hide a commit: the
-second one was computed after the stale window of any failover that happened before the first
-one ended, and a failover after the first answer happened after grace, when no more commits
-could arrive, so even that deposed leader's log was complete. This requires that an answer is
-delivered at most once and only to the core that asked (see ``on_answers``); the core never has
-two questions for the same (object, partition) outstanding, so attribution is exact.
+*Why two confirmations, ``confirm_ms`` apart.* An UNREFERENCED answer can still be wrong for a
+while: a deposed leader that has not noticed yet (within its lease), or a leadership view in the
+service that lags, gets the question and answers from a log that lacks commits its successor
+accepted before the timeout. Such a window is bounded (lease TTL plus metadata propagation) and
+``confirm_ms`` must be at least as long. The first confirmation's answers were all computed no
+later than ``c1``, when the core held the last of them (and not before grace); the second
+round's answers were computed no earlier than its issue time, ``>= c1 + confirm_ms``. If one of
+those still came from a deposed leader inside its window, that leader was deposed after ``c1``,
+hence after grace, when no commit could be accepted any more: its log held every commit and its
+answer was right. More generally the second round overrules any wrong UNREFERENCED that was
+possible during the first one and lasts less than ``confirm_ms`` (a broker answering before its
+log is loaded, a follower still holding a tail its new leader lacks). The price is ``confirm_ms``
+more life for garbage. The timing argument needs every answer to be delivered at most once and
+only to the core instance that asked (see ``on_answers``); the core never has two questions for
+the same (object, partition) outstanding, so it attributes every answer exactly.
+
+What the leaders must guarantee (the service maps their replies): UNREFERENCED only if no
+pointer from the log start on, uncommitted tail included, points into the object; UNKNOWN when
+not (or no longer sure to be) the leader, while the log is loading, and on any error. A deleted
+topic references nothing: the service answers UNREFERENCED for it.
 
 *Lost state is safe.* Deletion needs positive evidence gathered by this very instance: the
 partition set (from a notice or the trailer, both written by the object's writer), and two
@@ -86,6 +93,7 @@ class PartitionRef:
 
     topic_id: str
     partition: int
+    _hash: int = field(init=False, repr=False, compare=False, default=0)
 
     def __post_init__(self) -> None:
         # The canonical spelling matters for safety: a differently spelled topic id would be
@@ -95,6 +103,11 @@ class PartitionRef:
             object.__setattr__(self, "topic_id", canonical)
         if isinstance(self.partition, bool) or not isinstance(self.partition, int) or self.partition < 0:
             raise ValueError(f"partition {self.partition!r} must be a non-negative int")
+        # Hashed millions of times (sets of partitions, answers): compute once.
+        object.__setattr__(self, "_hash", hash((self.topic_id, self.partition)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 class Answer(enum.IntEnum):
@@ -139,12 +152,16 @@ class _Object:
     # The round in progress, if any.
     round_issued_ms: int | None = None
     round_asked: frozenset[PartitionRef] = frozenset()
-    round_pending: set[PartitionRef] = field(default_factory=set)
+    round_pending: set[PartitionRef] | None = None  # the very set in WalManagerCore._outstanding
     round_clean: bool = True  # every answer so far in this round was UNREFERENCED
     confirmed_ms: int | None = None  # completion time of the first confirmation since the last reset
     next_check_ms: int = 0  # earliest issue time of the next round (or retry time of a failed delete)
     due_ms: int | None = None  # time under which the object currently sits in the check heap
     garbage: bool = False  # two confirmations: deletable (or deleting)
+
+
+def _sort_key(p: PartitionRef) -> tuple[str, int]:
+    return p.topic_id, p.partition
 
 
 class WalManagerCore:
@@ -158,6 +175,7 @@ class WalManagerCore:
         self._needs_trailer: dict[str, None] = {}  # ordered set
         # Questions asked and not answered yet, per key. Survives forgetting the object, so that a
         # relearned object never gets a second question for a pair whose answer is still coming.
+        # The set is shared with the asking incarnation's _Object.round_pending.
         self._outstanding: dict[str, set[PartitionRef]] = {}
         self._check_heap: list[tuple[int, str]] = []  # (due_ms, key), lazily invalidated
         self._confirmed_once: set[str] = set()
@@ -287,8 +305,8 @@ class WalManagerCore:
                 # Nothing can point into an object without batches: the round is vacuously complete.
                 self._complete_round(obj, now_ms)
                 continue
-            self._outstanding[key] = set(obj.partitions)
-            questions.extend((key, p) for p in sorted(obj.partitions))
+            self._outstanding[key] = obj.round_pending
+            questions.extend((key, p) for p in sorted(obj.partitions, key=_sort_key))
         return questions
 
     def on_answers(self, answers: Iterable[tuple[str, PartitionRef, Answer]], now_ms: int) -> None:
@@ -309,16 +327,15 @@ class WalManagerCore:
             obj = self._objects.get(key)
             if obj is None:
                 continue
-            if obj.round_issued_ms is None or partition not in obj.round_pending:
+            if obj.round_pending is not pending:
                 # The object was forgotten and relearned while this answer was on its way: the
                 # answer belongs to the old incarnation. Once all are in, the new one may start.
-                if key not in self._outstanding:
+                if not pending:
                     self._schedule(obj)
                 continue
-            obj.round_pending.discard(partition)
             if answer != Answer.UNREFERENCED:  # UNKNOWN and anything unexpected block deletion
                 obj.round_clean = False
-            if not obj.round_pending:
+            if not pending:
                 self._complete_round(obj, now_ms)
 
     # --- deleting ------------------------------------------------------------------------------
@@ -456,6 +473,7 @@ class WalManagerCore:
         issued = obj.round_issued_ms
         assert issued is not None and obj.partitions is not None
         obj.round_issued_ms = None
+        obj.round_pending = None
         confirmation = obj.round_clean and obj.round_asked >= obj.partitions
         if not confirmation:
             self._reset(obj, now_ms + self.config.check_interval_ms)
