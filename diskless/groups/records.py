@@ -25,19 +25,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import msgpack
+from diskless.cluster.coordinator_records import Record, RecordFormatError, pack, unpack
 
 from .coordinator import GroupCoordinatorCore, OffsetAndMetadata
 
 OFFSET_KEY_VERSION = 1
 GROUP_KEY_VERSION = 2
 OFFSET_VALUE_VERSION = 1
-
-Record = tuple[bytes, bytes | None]
-
-
-class RecordFormatError(ValueError):
-    """A ``__consumer_offsets`` record this code cannot decode."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,22 +57,18 @@ class GroupTombstone:
 DecodedRecord = OffsetCommitRecord | OffsetTombstone | GroupTombstone
 
 
-def _pack(version: int, items: list[object]) -> bytes:
-    return bytes([version]) + msgpack.packb(items, use_bin_type=True)
-
-
 def offset_key(group_id: str, topic: str, partition: int) -> bytes:
-    return _pack(OFFSET_KEY_VERSION, [group_id, topic, partition])
+    return pack(OFFSET_KEY_VERSION, [group_id, topic, partition])
 
 
 def group_key(group_id: str) -> bytes:
-    return _pack(GROUP_KEY_VERSION, [group_id])
+    return pack(GROUP_KEY_VERSION, [group_id])
 
 
 def encode_offset(group_id: str, topic: str, partition: int, value: OffsetAndMetadata) -> Record:
     """The record of one committed offset."""
     payload = [value.offset, value.leader_epoch, value.metadata, value.commit_timestamp_ms]
-    return offset_key(group_id, topic, partition), _pack(OFFSET_VALUE_VERSION, payload)
+    return offset_key(group_id, topic, partition), pack(OFFSET_VALUE_VERSION, payload)
 
 
 def encode_offset_tombstone(group_id: str, topic: str, partition: int) -> Record:
@@ -96,21 +86,9 @@ def group_deletion_records(group_id: str, partitions: Iterable[tuple[str, int]])
     return records
 
 
-def _unpack(data: bytes, what: str) -> tuple[int, list[object]]:
-    if not data:
-        raise RecordFormatError(f"empty {what}")
-    try:
-        items = msgpack.unpackb(data[1:], raw=False)
-    except Exception as exc:  # msgpack raises several unrelated exception types
-        raise RecordFormatError(f"undecodable {what}: {exc}") from exc
-    if not isinstance(items, list):
-        raise RecordFormatError(f"{what} is not a list")
-    return data[0], items
-
-
 def decode(key: bytes, value: bytes | None) -> DecodedRecord:
     """Decode one record; raises RecordFormatError for anything this version cannot read."""
-    version, items = _unpack(key, "key")
+    version, items = unpack(key, "key")
     if version == OFFSET_KEY_VERSION:
         if len(items) != 3:
             raise RecordFormatError("offset key needs [group, topic, partition]")
@@ -119,7 +97,7 @@ def decode(key: bytes, value: bytes | None) -> DecodedRecord:
             raise RecordFormatError("offset key has wrong field types")
         if value is None:
             return OffsetTombstone(group_id, topic, partition)
-        value_version, fields = _unpack(value, "value")
+        value_version, fields = unpack(value, "value")
         if value_version != OFFSET_VALUE_VERSION or len(fields) < 4:
             raise RecordFormatError(f"unsupported offset value version {value_version}")
         offset, leader_epoch, metadata, commit_ts = fields[:4]

@@ -23,8 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import msgpack
-
+from diskless.cluster.coordinator_records import Record, RecordFormatError, pack, unpack
 from diskless.groups.records import java_string_hash
 
 from .coordinator import TransactionCoordinatorCore, TransactionMetadata, TxnState
@@ -32,36 +31,14 @@ from .coordinator import TransactionCoordinatorCore, TransactionMetadata, TxnSta
 KEY_VERSION = 1
 VALUE_VERSION = 1
 
-Record = tuple[bytes, bytes | None]
-
-
-class RecordFormatError(ValueError):
-    """A ``__transaction_state`` record this code cannot decode."""
-
 
 @dataclass(frozen=True, slots=True)
 class TxnTombstone:
     transactional_id: str
 
 
-def _pack(version: int, items: list[object]) -> bytes:
-    return bytes([version]) + msgpack.packb(items, use_bin_type=True)
-
-
-def _unpack(data: bytes, what: str) -> tuple[int, list[object]]:
-    if not data:
-        raise RecordFormatError(f"empty {what}")
-    try:
-        items = msgpack.unpackb(data[1:], raw=False)
-    except Exception as exc:  # msgpack raises several unrelated exception types
-        raise RecordFormatError(f"undecodable {what}: {exc}") from exc
-    if not isinstance(items, list):
-        raise RecordFormatError(f"{what} is not a list")
-    return data[0], items
-
-
 def txn_key(transactional_id: str) -> bytes:
-    return _pack(KEY_VERSION, [transactional_id])
+    return pack(KEY_VERSION, [transactional_id])
 
 
 def encode(meta: TransactionMetadata) -> Record:
@@ -77,7 +54,7 @@ def encode(meta: TransactionMetadata) -> Record:
         meta.txn_start_ms,
         meta.last_update_ms,
     ]
-    return txn_key(meta.transactional_id), _pack(VALUE_VERSION, value)
+    return txn_key(meta.transactional_id), pack(VALUE_VERSION, value)
 
 
 def encode_tombstone(transactional_id: str) -> Record:
@@ -86,7 +63,7 @@ def encode_tombstone(transactional_id: str) -> Record:
 
 def decode(key: bytes, value: bytes | None) -> TransactionMetadata | TxnTombstone:
     """Decode one record; raises RecordFormatError for anything this version cannot read."""
-    version, items = _unpack(key, "key")
+    version, items = unpack(key, "key")
     if version != KEY_VERSION:
         raise RecordFormatError(f"unsupported key version {version}")
     if len(items) != 1 or not isinstance(items[0], str):
@@ -94,7 +71,7 @@ def decode(key: bytes, value: bytes | None) -> TransactionMetadata | TxnTombston
     txn_id = items[0]
     if value is None:
         return TxnTombstone(txn_id)
-    value_version, fields = _unpack(value, "value")
+    value_version, fields = unpack(value, "value")
     if value_version != VALUE_VERSION or len(fields) < 9:
         raise RecordFormatError(f"unsupported value version {value_version}")
     pid, last_pid, epoch, last_epoch, timeout_ms, state, partitions, start_ms, update_ms = fields[:9]
