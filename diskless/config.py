@@ -97,6 +97,14 @@ class BrokerConfig:
     group_initial_rebalance_delay_ms: int = field(default=3000, metadata=_prop("group.initial.rebalance.delay.ms"))
     group_min_session_timeout_ms: int = field(default=6000, metadata=_prop("group.min.session.timeout.ms"))
     group_max_session_timeout_ms: int = field(default=1800000, metadata=_prop("group.max.session.timeout.ms"))
+    group_consumer_session_timeout_ms: int = field(default=45000, metadata=_prop("group.consumer.session.timeout.ms"))
+    group_consumer_heartbeat_interval_ms: int = field(
+        default=5000, metadata=_prop("group.consumer.heartbeat.interval.ms")
+    )
+    group_consumer_assignors: str = field(
+        default="uniform,range",
+        metadata=_prop("group.consumer.assignors", "Server-side assignors (KIP-848); the first is the default."),
+    )
     transaction_state_log_num_partitions: int = field(
         default=50, metadata=_prop("transaction.state.log.num.partitions")
     )

@@ -175,6 +175,8 @@ class KafkaApis:
             m.API_LIST_GROUPS: g.list_groups,
             m.API_DESCRIBE_GROUPS: g.describe_groups,
             m.API_DELETE_GROUPS: g.delete_groups,
+            m.API_CONSUMER_GROUP_HEARTBEAT: g.consumer_group_heartbeat,
+            m.API_CONSUMER_GROUP_DESCRIBE: g.consumer_group_describe,
         }
 
         def bind(handler: Any, shell: Callable[[], Any]) -> Callable[[m.RequestHeader, Any], Any]:

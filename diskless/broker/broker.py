@@ -317,9 +317,11 @@ class Broker:
     def on_follower_fetch(self, partition: Partition, follower: int, fetch_offset: int) -> None:
         if partition.on_follower_fetch(follower, fetch_offset, self.now_ms()):
             self.replicas.notify_append()
+        # Only the fetching follower can rejoin, and only while it is a live broker: stale progress
+        # of a dead follower must never put it back into the ISR (Kafka expands on a fetch, too).
         state = partition.leader_state
-        if state is not None and state.isr_to_expand():
-            self._propose_isr(partition, sorted(set(state.isr) | set(state.isr_to_expand())))
+        if state is not None and follower in state.isr_to_expand() and follower in self.metadata.brokers:
+            self._propose_isr(partition, sorted({*state.isr, follower}))
 
     def _shrink_isrs(self) -> None:
         now = self.now_ms()

@@ -7,6 +7,9 @@ pending until their transaction's marker is written to the same partition.
 
 from __future__ import annotations
 
+import uuid
+
+from diskless.groups.consumer_protocol import ConsumerGroupConfig
 from diskless.groups.coordinator import GroupConfig, GroupCoordinatorCore, OffsetAndMetadata
 from diskless.groups.records import OffsetCommitRecord, decode, partition_for, replay
 from diskless.log.txn_index import CONTROL_COMMIT, control_type
@@ -43,6 +46,20 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
     def hash_partition(self, key: str, partitions: int) -> int:
         return partition_for(key, partitions)
 
+    # --- topic metadata for KIP-848 server-side assignment -------------------------------------------
+
+    def partitions_of(self, topic: str) -> int | None:
+        meta = self.broker.metadata.topics.get(topic)
+        return len(meta.partitions) if meta is not None and not meta.internal else None
+
+    def topic_id_of(self, topic: str) -> uuid.UUID | None:
+        meta = self.broker.metadata.topics.get(topic)
+        return uuid.UUID(meta.topic_id) if meta is not None else None
+
+    def topic_name_of(self, topic_id: uuid.UUID) -> str | None:
+        meta = self.broker.metadata.topic_by_id(str(topic_id))
+        return meta.name if meta is not None else None
+
     def tick(self, now_ms: int) -> None:
         for core in list(self.cores.values()):
             core.tick(now_ms)
@@ -73,6 +90,12 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
                 max_session_timeout_ms=config.group_max_session_timeout_ms,
             ),
             partition=partition.index,
+            consumer_config=ConsumerGroupConfig(
+                session_timeout_ms=config.group_consumer_session_timeout_ms,
+                heartbeat_interval_ms=config.group_consumer_heartbeat_interval_ms,
+                assignors=tuple(a.strip() for a in config.group_consumer_assignors.split(",") if a.strip()),
+            ),
+            partitions_of=self.partitions_of,
         )
         log_start = partition.log.log_start_offset
         entries: list[tuple[bytes, bytes | None]] = []

@@ -53,6 +53,8 @@ from typing import Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
+from .consumer_protocol import ConsumerGroupConfig, ConsumerGroups, HeartbeatRequest, HeartbeatResult
+
 TopicPartition = tuple[str, int]
 
 UNKNOWN_MEMBER_ID = ""
@@ -325,8 +327,12 @@ class GroupCoordinatorCore:
         *,
         partition: int = -1,
         member_id_factory: Callable[[str], str] | None = None,
+        consumer_config: ConsumerGroupConfig | None = None,
+        partitions_of: Callable[[str], int | None] | None = None,
     ) -> None:
         self.config = config or GroupConfig()
+        # KIP-848 groups (ConsumerGroupHeartbeat); their committed offsets live here, in _groups.
+        self.consumer = ConsumerGroups(consumer_config, partitions_of)
         self.partition = partition
         self._new_member_id = member_id_factory or (lambda prefix: f"{prefix}-{uuid.uuid4()}")
         self._groups: dict[str, _Group] = {}
@@ -365,7 +371,7 @@ class GroupCoordinatorCore:
 
     def next_deadline_ms(self) -> int | None:
         """The earliest time at which ``tick`` has something to do, or None."""
-        best: int | None = None
+        best: int | None = self.consumer.next_deadline_ms()
         for group in self._groups.values():
             for deadline in self._group_deadlines(group):
                 if best is None or deadline < best:
@@ -386,6 +392,7 @@ class GroupCoordinatorCore:
     @_delivers_replies
     def tick(self, now_ms: int) -> None:
         """Fire every expired deadline, earliest first (session, join, sync and pending timeouts)."""
+        self.consumer.tick(now_ms)
         for group in list(self._groups.values()):
             # Each step removes the deadline it fires or moves it past now_ms, so this ends.
             while True:
@@ -687,6 +694,12 @@ class GroupCoordinatorCore:
             self._outbox.append((reply, JoinResult(ErrorCode.invalid_session_timeout, member_id)))
             return
         is_unknown = member_id == UNKNOWN_MEMBER_ID
+        if self.consumer.is_consumer_group(group_id):
+            if not self.consumer.is_empty(group_id):
+                # No online migration: a consumer-protocol group with members refuses classic members.
+                self._outbox.append((reply, JoinResult(ErrorCode.inconsistent_group_protocol, member_id)))
+                return
+            self.consumer.delete(group_id)
         group = self._groups.get(group_id)
         if group is None:
             if not is_unknown:
@@ -1092,6 +1105,25 @@ class GroupCoordinatorCore:
             results.append(LeaveResult(member_id, instance_id, error))
         return ErrorCode.none, results
 
+    # --- KIP-848 consumer groups ------------------------------------------------------------------
+
+    @_delivers_replies
+    def consumer_group_heartbeat(self, request: HeartbeatRequest, now_ms: int) -> HeartbeatResult:
+        """ConsumerGroupHeartbeat. A classic group with members is not a consumer group
+        (GROUP_ID_NOT_FOUND, as Kafka without online migration); an Empty one (offsets only) becomes one."""
+        classic = self._groups.get(request.group_id)
+        if classic is not None and (classic.members or classic.pending_members or classic.state is not _EMPTY):
+            return HeartbeatResult(
+                ErrorCode.group_id_not_found, error_message=f"Group {request.group_id} is not a consumer group."
+            )
+        return self.consumer.heartbeat(request, now_ms)
+
+    def validate_fetch(self, group_id: str, member_id: str | None, member_epoch: int) -> ErrorCode:
+        """OffsetFetch v9+: a consumer-protocol member must be current; classic groups ignore the fields."""
+        if self.consumer.is_consumer_group(group_id):
+            return self.consumer.validate_offset_fetch(group_id, member_id, member_epoch)
+        return ErrorCode.none
+
     # --- offsets ------------------------------------------------------------------------------
 
     @_delivers_replies
@@ -1100,8 +1132,11 @@ class GroupCoordinatorCore:
     ) -> ErrorCode:
         """May this OffsetCommit go ahead? Stores nothing: ``apply_offsets`` once persisted.
 
-        A commit from a current member counts as a heartbeat, as in Kafka.
+        A commit from a current member counts as a heartbeat, as in Kafka. For a consumer-protocol
+        group ``generation_id`` is the member epoch (OffsetCommit v9+).
         """
+        if self.consumer.is_consumer_group(group_id):
+            return self.consumer.validate_offset_commit(group_id, member_id, generation_id)
         group = self._groups.get(group_id)
         if group is None:
             # Unknown group: fine for a simple consumer (no group management), else a stale member.
@@ -1223,7 +1258,16 @@ class GroupCoordinatorCore:
         for group in self._groups.values():
             if group.state is _DEAD:
                 continue
-            if group.state is _EMPTY and group.protocol_type is not None:
+            consumer_group = self.consumer.group(group.group_id)
+            if consumer_group is not None:
+                # Offsets of a consumer-protocol group: kept while it has members, else as for Empty groups.
+                subscribed = consumer_group.subscribed_topics()
+                tps = [
+                    tp
+                    for tp, om in group.offsets.items()
+                    if tp[0] not in subscribed and now_ms - om.commit_timestamp_ms >= retention_ms
+                ]
+            elif group.state is _EMPTY and group.protocol_type is not None:
                 expired_all = now_ms - group.state_timestamp_ms >= retention_ms
                 tps = list(group.offsets) if expired_all else []
             elif group.state is _EMPTY or (
@@ -1246,6 +1290,9 @@ class GroupCoordinatorCore:
         gone = [g.group_id for g in self._groups.values() if g.state is _EMPTY and not g.offsets]
         for group_id in gone:
             del self._groups[group_id]
+        for group_id in [g for g in list(self.consumer.groups) if self.consumer.is_empty(g) and g not in self._groups]:
+            self.consumer.delete(group_id)
+            gone.append(group_id)
         return gone
 
     # --- DeleteGroups -------------------------------------------------------------------------
@@ -1254,6 +1301,12 @@ class GroupCoordinatorCore:
         """First half of DeleteGroups: an Empty group turns Dead (joins and commits now get
         COORDINATOR_NOT_AVAILABLE) while the shell persists its tombstones; then
         ``complete_delete_group`` (or ``abort_delete_group`` if persisting failed)."""
+        if self.consumer.is_consumer_group(group_id):
+            if not self.consumer.is_empty(group_id):
+                return ErrorCode.non_empty_group
+            self.consumer.delete(group_id)
+            if group_id not in self._groups:
+                return ErrorCode.none
         group = self._groups.get(group_id)
         if group is None or group.state is _DEAD:
             return ErrorCode.group_id_not_found
@@ -1293,17 +1346,28 @@ class GroupCoordinatorCore:
     def list_groups(self, states: Iterable[str] | None = None) -> list[GroupOverview]:
         """Groups of this partition, optionally only those in ``states`` (case-insensitive)."""
         wanted = {s.lower() for s in states} if states else None
-        return [
+        overviews = [
             GroupOverview(g.group_id, g.protocol_type or "", g.state.value)
             for g in self._groups.values()
-            if g.state is not _DEAD and (wanted is None or g.state.value.lower() in wanted)
+            if g.state is not _DEAD
+            and not self.consumer.is_consumer_group(g.group_id)
+            and (wanted is None or g.state.value.lower() in wanted)
         ]
+        for cg in self.consumer.groups.values():
+            state = cg.state.value
+            if wanted is None or state.lower() in wanted:
+                overviews.append(GroupOverview(cg.group_id, CONSUMER_PROTOCOL_TYPE, state))
+        return overviews
 
     def describe_group(self, group_id: str) -> GroupDescription:
         """DescribeGroups; an unknown group is described as Dead with no members, as Kafka does.
 
         Member metadata and assignments are only shown when the group is Stable.
         """
+        consumer_group = self.consumer.group(group_id)
+        if consumer_group is not None:
+            # DescribeGroups sees a consumer-protocol group without its members (ConsumerGroupDescribe has them).
+            return GroupDescription(group_id, True, consumer_group.state.value, CONSUMER_PROTOCOL_TYPE, "", ())
         group = self._groups.get(group_id)
         if group is None:
             return GroupDescription(group_id, False, _DEAD.value, "", "", ())
@@ -1350,6 +1414,7 @@ class GroupCoordinatorCore:
                 member.heartbeat_deadline_ms = None
             group.state = _DEAD
         self._groups.clear()
+        self.consumer.clear()
 
     def shutdown(self) -> None:
         """``unload()`` with NOT_COORDINATOR: the name the broker's group shell calls."""

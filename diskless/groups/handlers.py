@@ -26,6 +26,7 @@ UNKNOWN_TOPIC_OR_PARTITION for commits or deletes of topics that do not exist.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
@@ -34,6 +35,7 @@ from kio.schema.errors import ErrorCode
 from diskless.protocol.messages import RequestHeader
 
 from . import records
+from .consumer_protocol import HeartbeatRequest, HeartbeatResult
 from .coordinator import GroupCoordinatorCore, JoinResult, OffsetAndMetadata, SyncResult, TopicPartition
 
 API_OFFSET_COMMIT = 8
@@ -46,6 +48,8 @@ API_DESCRIBE_GROUPS = 15
 API_LIST_GROUPS = 16
 API_DELETE_GROUPS = 42
 API_OFFSET_DELETE = 47
+API_CONSUMER_GROUP_HEARTBEAT = 68
+API_CONSUMER_GROUP_DESCRIBE = 69
 
 NO_AUTHORIZED_OPERATIONS = -(2**31)
 CLASSIC_GROUP_TYPE = "classic"
@@ -71,6 +75,12 @@ class GroupFacade(Protocol):
     def all_cores(self) -> list[GroupCoordinatorCore]:
         """Every core this broker currently coordinates (ListGroups)."""
         ...
+
+    def topic_id_of(self, topic: str) -> uuid.UUID | None:
+        """The id of an existing topic (KIP-848 APIs name topics by id)."""
+        ...
+
+    def topic_name_of(self, topic_id: uuid.UUID) -> str | None: ...
 
 
 Handler = Callable[[GroupFacade, RequestHeader, Any], Awaitable[dict[str, Any]]]
@@ -233,6 +243,127 @@ async def leave_group(facade: GroupFacade, header: RequestHeader, request: Any) 
     }
 
 
+# --- ConsumerGroupHeartbeat / ConsumerGroupDescribe (KIP-848) ------------------------------------
+
+
+def _assignment_entries(facade: GroupFacade, assignment: dict[str, frozenset[int]]) -> list[dict[str, Any]]:
+    out = []
+    for topic, partitions in sorted(assignment.items()):
+        topic_id = facade.topic_id_of(topic)
+        if topic_id is not None:
+            out.append({"topic_id": topic_id, "partitions": sorted(partitions)})
+    return out
+
+
+def _heartbeat_response(facade: GroupFacade, result: HeartbeatResult) -> dict[str, Any]:
+    assignment = None
+    if result.assignment is not None:
+        assignment = {"topic_partitions": _assignment_entries(facade, result.assignment)}
+    return {
+        "throttle_time": 0,
+        "error_code": result.error,
+        "error_message": result.error_message,
+        "member_id": result.member_id,
+        "member_epoch": result.member_epoch,
+        "heartbeat_interval": result.heartbeat_interval_ms,
+        "assignment": assignment,
+    }
+
+
+async def consumer_group_heartbeat(facade: GroupFacade, header: RequestHeader, request: Any) -> dict[str, Any]:
+    core = facade.coordinator(request.group_id)
+    if isinstance(core, ErrorCode):
+        return _heartbeat_response(facade, HeartbeatResult(core))
+    owned: dict[str, frozenset[int]] | None = None
+    if request.topic_partitions is not None:
+        owned = {}
+        for tp in request.topic_partitions:
+            name = facade.topic_name_of(tp.topic_id) if tp.topic_id is not None else None
+            if name is not None:  # a deleted topic's partitions are owned by nobody
+                owned[name] = frozenset(owned.get(name, frozenset()) | set(tp.partitions))
+    rebalance_timeout = _ms(request.rebalance_timeout)
+    member_id = request.member_id
+    if not member_id and request.member_epoch == 0 and header.api_version == 0:
+        member_id = str(uuid.uuid4())  # v0: the coordinator may generate the member id
+    result = core.consumer_group_heartbeat(
+        HeartbeatRequest(
+            group_id=request.group_id,
+            member_id=member_id,
+            member_epoch=request.member_epoch,
+            instance_id=request.instance_id,
+            rack_id=request.rack_id,
+            rebalance_timeout_ms=rebalance_timeout,
+            subscribed_topic_names=(
+                tuple(request.subscribed_topic_names) if request.subscribed_topic_names is not None else None
+            ),
+            subscribed_topic_regex=getattr(request, "subscribed_topic_regex", None),
+            server_assignor=request.server_assignor,
+            owned=owned,
+            client_id=header.client_id or "",
+            client_host=getattr(header, "client_host", "") or "",
+        ),
+        facade.now_ms(),
+    )
+    facade.wake()
+    return _heartbeat_response(facade, result)
+
+
+def _described_assignment(facade: GroupFacade, assignment: dict[str, frozenset[int]]) -> dict[str, Any]:
+    return {
+        "topic_partitions": [
+            {"topic_id": facade.topic_id_of(topic), "topic_name": topic, "partitions": sorted(parts)}
+            for topic, parts in sorted(assignment.items())
+        ]
+    }
+
+
+async def consumer_group_describe(facade: GroupFacade, header: RequestHeader, request: Any) -> dict[str, Any]:
+    described = []
+    for group_id in request.group_ids:
+        entry: dict[str, Any] = {
+            "error_code": ErrorCode.none,
+            "error_message": None,
+            "group_id": group_id,
+            "group_state": "",
+            "group_epoch": 0,
+            "assignment_epoch": 0,
+            "assignor_name": "",
+            "members": [],
+            "authorized_operations": NO_AUTHORIZED_OPERATIONS,
+        }
+        core = facade.coordinator(group_id)
+        group = None if isinstance(core, ErrorCode) else core.consumer.group(group_id)
+        if isinstance(core, ErrorCode):
+            entry["error_code"] = core
+        elif group is None:
+            entry["error_code"] = ErrorCode.group_id_not_found
+            entry["error_message"] = f"Group {group_id} not found."
+        else:
+            entry.update(
+                group_state=group.state.value,
+                group_epoch=group.group_epoch,
+                assignment_epoch=group.assignment_epoch,
+                assignor_name=group.assignor(core.consumer.config.assignors[0]),
+                members=[
+                    {
+                        "member_id": m.member_id,
+                        "instance_id": m.instance_id,
+                        "rack_id": m.rack_id,
+                        "member_epoch": m.member_epoch,
+                        "client_id": m.client_id,
+                        "client_host": m.client_host,
+                        "subscribed_topic_names": list(m.subscribed_topics),
+                        "subscribed_topic_regex": None,
+                        "assignment": _described_assignment(facade, m.assigned),
+                        "target_assignment": _described_assignment(facade, group.target.get(m.member_id, {})),
+                    }
+                    for m in group.members.values()
+                ],
+            )
+        described.append(entry)
+    return {"throttle_time": 0, "groups": described}
+
+
 # --- offsets -------------------------------------------------------------------------------------
 
 
@@ -291,11 +422,19 @@ async def offset_commit(facade: GroupFacade, header: RequestHeader, request: Any
     return _commit_response(request.topics, errors)
 
 
-def _fetch_group(facade: GroupFacade, group_id: str, topics: Any) -> tuple[ErrorCode, list[dict[str, Any]]]:
-    """(group error, topics) of one group's OffsetFetch; ``topics`` None means all partitions."""
+def _fetch_group(
+    facade: GroupFacade, group_id: str, topics: Any, member: tuple[str | None, int] | None = None
+) -> tuple[ErrorCode, list[dict[str, Any]]]:
+    """(group error, topics) of one group's OffsetFetch; ``topics`` None means all partitions.
+
+    ``member`` is v9's (member id, member epoch), checked for consumer-protocol groups."""
     core = facade.coordinator(group_id)
     if isinstance(core, ErrorCode):
         return core, []
+    if member is not None:
+        error = core.validate_fetch(group_id, member[0], member[1])
+        if error is not ErrorCode.none:
+            return error, []
     if topics is None:
         committed = core.fetch_offsets(group_id, None)
         by_topic: dict[str, list[int]] = {}
@@ -330,7 +469,8 @@ async def offset_fetch(facade: GroupFacade, header: RequestHeader, request: Any)
     if hasattr(request, "groups"):
         groups = []
         for g in request.groups:
-            error, topics = _fetch_group(facade, g.group_id, g.topics)
+            member = (g.member_id, g.member_epoch) if hasattr(g, "member_epoch") else None
+            error, topics = _fetch_group(facade, g.group_id, g.topics, member)
             groups.append({"group_id": g.group_id, "topics": topics, "error_code": error})
         return {"throttle_time": 0, "groups": groups}
     error, topics = _fetch_group(facade, request.group_id, request.topics)
@@ -493,13 +633,15 @@ HANDLERS: dict[int, Handler] = {
     API_LIST_GROUPS: list_groups,
     API_DELETE_GROUPS: delete_groups,
     API_OFFSET_DELETE: offset_delete,
+    API_CONSUMER_GROUP_HEARTBEAT: consumer_group_heartbeat,
+    API_CONSUMER_GROUP_DESCRIBE: consumer_group_describe,
 }
 
 # Version ranges the handlers serve (each tested at its bounds), for messages.SUPPORTED_VERSIONS.
-# OffsetCommit v9+ and OffsetFetch v9+ belong to KIP-848 (member epochs), which is not implemented.
+# OffsetCommit v9+ and OffsetFetch v9+ carry KIP-848 member epochs.
 VERSIONS: dict[int, tuple[int, int]] = {
-    API_OFFSET_COMMIT: (2, 8),
-    API_OFFSET_FETCH: (1, 8),
+    API_OFFSET_COMMIT: (2, 9),
+    API_OFFSET_FETCH: (1, 9),
     API_JOIN_GROUP: (0, 9),
     API_HEARTBEAT: (0, 4),
     API_LEAVE_GROUP: (0, 5),
@@ -508,4 +650,6 @@ VERSIONS: dict[int, tuple[int, int]] = {
     API_LIST_GROUPS: (0, 5),
     API_DELETE_GROUPS: (0, 2),
     API_OFFSET_DELETE: (0, 0),
+    API_CONSUMER_GROUP_HEARTBEAT: (0, 1),
+    API_CONSUMER_GROUP_DESCRIBE: (0, 1),
 }

@@ -55,6 +55,8 @@ API_ALTER_CONFIGS = 33
 API_CREATE_PARTITIONS = 37
 API_INCREMENTAL_ALTER_CONFIGS = 44
 API_DESCRIBE_CLUSTER = 60
+API_CONSUMER_GROUP_HEARTBEAT = 68
+API_CONSUMER_GROUP_DESCRIBE = 69
 
 # Version ranges we serve. Upper bounds cover what aiokafka 0.14, kafka-python 3, librdkafka 2.x
 # and kcat negotiate; lower bounds are where kio's schemas start (Kafka 4 dropped older ones).
@@ -64,8 +66,8 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     API_LIST_OFFSETS: (1, 7),
     API_METADATA: (0, 12),
     API_FIND_COORDINATOR: (0, 4),
-    API_OFFSET_COMMIT: (2, 8),
-    API_OFFSET_FETCH: (1, 8),
+    API_OFFSET_COMMIT: (2, 9),
+    API_OFFSET_FETCH: (1, 9),
     API_JOIN_GROUP: (0, 9),
     API_HEARTBEAT: (0, 4),
     API_LEAVE_GROUP: (0, 5),
@@ -90,6 +92,8 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     API_CREATE_PARTITIONS: (0, 3),
     API_INCREMENTAL_ALTER_CONFIGS: (0, 1),
     API_DESCRIBE_CLUSTER: (0, 1),
+    API_CONSUMER_GROUP_HEARTBEAT: (0, 1),
+    API_CONSUMER_GROUP_DESCRIBE: (0, 1),
 }
 
 _HEADER_FIXED = struct.Struct(">hhih")

@@ -1,0 +1,557 @@
+"""Sans-IO KIP-848 consumer groups: ConsumerGroupHeartbeat with server-side assignment.
+
+``ConsumerGroups`` holds the consumer-protocol groups of one ``__consumer_offsets`` partition and
+follows Kafka's GroupMetadataManager.consumerGroupHeartbeat (3.7+, without online migration):
+
+- The group epoch is bumped whenever membership, a subscription, or the partition count of a
+  subscribed topic changes; the target assignment is then recomputed at once by the group's
+  assignor (``uniform`` or ``range``) and gets the group epoch as its assignment epoch.
+- Each member converges to its target through Kafka's CurrentAssignmentBuilder states: STABLE,
+  UNREVOKED_PARTITIONS (the member must first stop owning partitions that go elsewhere: it keeps
+  its epoch until a heartbeat's ``topic_partitions`` no longer lists them) and
+  UNRELEASED_PARTITIONS (the member got the new epoch, but some of its target partitions are still
+  owned, as assigned or pending revocation, by another member). A partition is therefore never
+  given to a member while another one still owns it.
+- Member epoch -1 leaves; -2 is a static member's temporary leave (its assignment is kept until
+  its session expires or it rejoins with the same instance id). A member that misses its session
+  timeout, or does not revoke within its rebalance timeout, is removed.
+
+Membership is not persisted, like classic groups: after a coordinator failover members get
+UNKNOWN_MEMBER_ID and rejoin with epoch 0. Committed offsets stay in ``GroupCoordinatorCore``.
+
+Topics are identified by name here; the handler maps topic ids to names. ``partitions_of(topic)``
+(supplied by the shell) gives the partition count of a topic, None if it does not exist.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+
+from kio.schema.errors import ErrorCode
+
+Assignment = dict[str, frozenset[int]]  # topic -> partitions
+
+JOIN_EPOCH = 0
+LEAVE_EPOCH = -1
+STATIC_LEAVE_EPOCH = -2
+
+ASSIGNORS = ("uniform", "range")
+
+
+class MemberState(enum.Enum):
+    STABLE = "stable"
+    UNREVOKED_PARTITIONS = "unrevoked_partitions"
+    UNRELEASED_PARTITIONS = "unreleased_partitions"
+
+
+class ConsumerGroupState(enum.Enum):
+    EMPTY = "Empty"
+    ASSIGNING = "Assigning"
+    RECONCILING = "Reconciling"
+    STABLE = "Stable"
+    DEAD = "Dead"
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupConfig:
+    session_timeout_ms: int = 45_000  # group.consumer.session.timeout.ms
+    heartbeat_interval_ms: int = 5_000  # group.consumer.heartbeat.interval.ms
+    assignors: tuple[str, ...] = ("uniform", "range")  # group.consumer.assignors (first is default)
+    max_size: int = 2**31 - 1  # group.consumer.max.size
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatRequest:
+    group_id: str
+    member_id: str
+    member_epoch: int
+    instance_id: str | None = None
+    rack_id: str | None = None
+    rebalance_timeout_ms: int = -1
+    subscribed_topic_names: tuple[str, ...] | None = None
+    subscribed_topic_regex: str | None = None
+    server_assignor: str | None = None
+    owned: Assignment | None = None  # topic_partitions; None when unchanged since the last heartbeat
+    client_id: str = ""
+    client_host: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatResult:
+    error: ErrorCode
+    member_id: str | None = None
+    member_epoch: int = 0
+    heartbeat_interval_ms: int = 0
+    assignment: Assignment | None = None
+    error_message: str | None = None
+
+
+@dataclass(slots=True, eq=False)
+class ConsumerMember:
+    member_id: str
+    instance_id: str | None = None
+    rack_id: str | None = None
+    client_id: str = ""
+    client_host: str = ""
+    rebalance_timeout_ms: int = 300_000
+    subscribed_topics: tuple[str, ...] = ()
+    server_assignor: str | None = None
+    member_epoch: int = 0
+    previous_member_epoch: int = -1
+    state: MemberState = MemberState.STABLE
+    assigned: Assignment = field(default_factory=dict)
+    pending_revocation: Assignment = field(default_factory=dict)
+    session_deadline_ms: int | None = None
+    rebalance_deadline_ms: int | None = None
+
+    def owns(self) -> set[tuple[str, int]]:
+        return _flatten(self.assigned) | _flatten(self.pending_revocation)
+
+
+@dataclass(slots=True, eq=False)
+class ConsumerGroup:
+    group_id: str
+    group_epoch: int = 0
+    assignment_epoch: int = 0
+    members: dict[str, ConsumerMember] = field(default_factory=dict)
+    static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
+    target: dict[str, Assignment] = field(default_factory=dict)
+    subscription_metadata: dict[str, int] = field(default_factory=dict)  # topic -> partitions
+
+    @property
+    def state(self) -> ConsumerGroupState:
+        if not self.members:
+            return ConsumerGroupState.EMPTY
+        if self.group_epoch != self.assignment_epoch:
+            return ConsumerGroupState.ASSIGNING
+        for m in self.members.values():
+            if m.member_epoch != self.assignment_epoch or m.state is not MemberState.STABLE:
+                return ConsumerGroupState.RECONCILING
+        return ConsumerGroupState.STABLE
+
+    def subscribed_topics(self) -> frozenset[str]:
+        return frozenset(t for m in self.members.values() for t in m.subscribed_topics)
+
+    def assignor(self, default: str) -> str:
+        # Kafka picks the assignor most members ask for; the configured default otherwise.
+        votes: dict[str, int] = {}
+        for m in self.members.values():
+            if m.server_assignor:
+                votes[m.server_assignor] = votes.get(m.server_assignor, 0) + 1
+        return max(votes, key=lambda a: (votes[a], a == default)) if votes else default
+
+
+def _flatten(assignment: Mapping[str, Iterable[int]]) -> set[tuple[str, int]]:
+    return {(t, p) for t, parts in assignment.items() for p in parts}
+
+
+def _group_by_topic(tps: Iterable[tuple[str, int]]) -> Assignment:
+    out: dict[str, set[int]] = {}
+    for t, p in tps:
+        out.setdefault(t, set()).add(p)
+    return {t: frozenset(ps) for t, ps in sorted(out.items())}
+
+
+# --- assignors ------------------------------------------------------------------------------------
+
+
+def uniform_assign(
+    subscriptions: Mapping[str, Iterable[str]], partitions: Mapping[str, int], previous: Mapping[str, Assignment]
+) -> dict[str, Assignment]:
+    """Spread the partitions of subscribed topics evenly, keeping previous owners where possible.
+
+    Sticky: partitions stay with their previous (still subscribed) owner, unowned ones go to the
+    eligible member with the fewest partitions, then partitions move from the most loaded member
+    to eligible members with at least two fewer until no such move exists.
+    """
+    members = sorted(subscriptions)
+    subs = {m: frozenset(subscriptions[m]) for m in members}
+    owned: dict[str, set[tuple[str, int]]] = {m: set() for m in members}
+    all_tps = [(t, p) for t in sorted(partitions) for p in range(partitions[t]) if any(t in s for s in subs.values())]
+    taken: set[tuple[str, int]] = set()
+    for m in members:
+        for tp in sorted(_flatten(previous.get(m, {}))):
+            if tp[0] in subs[m] and tp[0] in partitions and tp[1] < partitions[tp[0]] and tp not in taken:
+                owned[m].add(tp)
+                taken.add(tp)
+    # Keep at most the balanced quota per member, so that the balancing loop has less to move.
+    for tp in all_tps:
+        if tp in taken:
+            continue
+        eligible = [m for m in members if tp[0] in subs[m]]
+        target = min(eligible, key=lambda m: (len(owned[m]), m))
+        owned[target].add(tp)
+    moved = True
+    while moved:
+        moved = False
+        for a in sorted(members, key=lambda m: (-len(owned[m]), m)):
+            for tp in sorted(owned[a]):
+                candidates = [b for b in members if tp[0] in subs[b] and len(owned[b]) < len(owned[a]) - 1]
+                if candidates:
+                    b = min(candidates, key=lambda m: (len(owned[m]), m))
+                    owned[a].discard(tp)
+                    owned[b].add(tp)
+                    moved = True
+                    break
+            if moved:
+                break
+    return {m: _group_by_topic(owned[m]) for m in members}
+
+
+def range_assign(
+    subscriptions: Mapping[str, Iterable[str]], partitions: Mapping[str, int], previous: Mapping[str, Assignment]
+) -> dict[str, Assignment]:
+    """Per topic, contiguous ranges of partitions to the subscribed members in member id order."""
+    members = sorted(subscriptions)
+    owned: dict[str, set[tuple[str, int]]] = {m: set() for m in members}
+    for topic in sorted(partitions):
+        subscribers = [m for m in members if topic in set(subscriptions[m])]
+        if not subscribers:
+            continue
+        count = partitions[topic]
+        quota, extra = divmod(count, len(subscribers))
+        start = 0
+        for i, m in enumerate(subscribers):
+            size = quota + (1 if i < extra else 0)
+            owned[m].update((topic, p) for p in range(start, start + size))
+            start += size
+    return {m: _group_by_topic(owned[m]) for m in members}
+
+
+_ASSIGNOR_FUNCS = {"uniform": uniform_assign, "range": range_assign}
+
+
+# --- the groups -----------------------------------------------------------------------------------
+
+
+class ConsumerGroups:
+    """The consumer-protocol groups of one coordinator partition (no offsets: see the core)."""
+
+    def __init__(
+        self,
+        config: ConsumerGroupConfig | None = None,
+        partitions_of: Callable[[str], int | None] | None = None,
+    ) -> None:
+        self.config = config or ConsumerGroupConfig()
+        self.partitions_of: Callable[[str], int | None] = partitions_of or (lambda topic: None)
+        self.groups: dict[str, ConsumerGroup] = {}
+
+    # --- timers -------------------------------------------------------------------------------
+
+    def next_deadline_ms(self) -> int | None:
+        deadlines = [
+            d
+            for g in self.groups.values()
+            for m in g.members.values()
+            for d in (m.session_deadline_ms, m.rebalance_deadline_ms)
+            if d is not None
+        ]
+        return min(deadlines) if deadlines else None
+
+    def tick(self, now_ms: int) -> list[tuple[str, str]]:
+        """Remove members whose session or rebalance timeout passed; returns (group, member) ids."""
+        removed = []
+        for group in list(self.groups.values()):
+            for member in list(group.members.values()):
+                expired = member.session_deadline_ms is not None and member.session_deadline_ms <= now_ms
+                stuck = member.rebalance_deadline_ms is not None and member.rebalance_deadline_ms <= now_ms
+                if expired or stuck:
+                    self._remove_member(group, member)
+                    removed.append((group.group_id, member.member_id))
+                    self._refresh_target(group)
+        return removed
+
+    # --- queries ------------------------------------------------------------------------------
+
+    def group(self, group_id: str) -> ConsumerGroup | None:
+        return self.groups.get(group_id)
+
+    def is_consumer_group(self, group_id: str) -> bool:
+        return group_id in self.groups
+
+    def is_empty(self, group_id: str) -> bool:
+        group = self.groups.get(group_id)
+        return group is None or not group.members
+
+    def delete(self, group_id: str) -> None:
+        self.groups.pop(group_id, None)
+
+    def owners(self, group_id: str) -> dict[tuple[str, int], str]:
+        """Who owns which partition (assigned or pending revocation): for tests and invariants."""
+        group = self.groups.get(group_id)
+        out: dict[tuple[str, int], str] = {}
+        if group is not None:
+            for m in group.members.values():
+                for tp in m.owns():
+                    out[tp] = m.member_id
+        return out
+
+    # --- offsets validation -------------------------------------------------------------------
+
+    def validate_offset_commit(self, group_id: str, member_id: str, member_epoch: int) -> ErrorCode:
+        group = self.groups[group_id]
+        if member_epoch < 0 and not group.members:
+            return ErrorCode.none
+        member = group.members.get(member_id)
+        if member is None:
+            return ErrorCode.unknown_member_id
+        if member_epoch != member.member_epoch:
+            return ErrorCode.stale_member_epoch
+        return ErrorCode.none
+
+    def validate_offset_fetch(self, group_id: str, member_id: str | None, member_epoch: int) -> ErrorCode:
+        group = self.groups[group_id]
+        if member_epoch < 0 and not member_id:
+            return ErrorCode.none  # admin clients and old consumers
+        member = group.members.get(member_id or "")
+        if member is None:
+            return ErrorCode.unknown_member_id
+        if member_epoch != member.member_epoch:
+            return ErrorCode.stale_member_epoch
+        return ErrorCode.none
+
+    # --- ConsumerGroupHeartbeat ---------------------------------------------------------------
+
+    def _validate(self, req: HeartbeatRequest) -> tuple[ErrorCode, str | None]:
+        if not req.group_id:
+            return ErrorCode.invalid_request, "GroupId can't be empty."
+        if not req.member_id:
+            return ErrorCode.invalid_request, "MemberId can't be empty."
+        if req.instance_id is not None and not req.instance_id:
+            return ErrorCode.invalid_request, "InstanceId can't be empty."
+        if req.rack_id is not None and not req.rack_id:
+            return ErrorCode.invalid_request, "RackId can't be empty."
+        if req.subscribed_topic_regex:  # librdkafka sends "" for "no regex"
+            return ErrorCode.invalid_request, "SubscribedTopicRegex is not supported."
+        if req.member_epoch == JOIN_EPOCH:
+            if req.rebalance_timeout_ms == -1:
+                return ErrorCode.invalid_request, "RebalanceTimeoutMs must be provided in first request."
+            if req.owned is None or req.owned:
+                return ErrorCode.invalid_request, "TopicPartitions must be empty when (re-)joining."
+            if not req.subscribed_topic_names:
+                return ErrorCode.invalid_request, "SubscribedTopicNames must be set in first request."
+        elif req.member_epoch == STATIC_LEAVE_EPOCH:
+            if req.instance_id is None:
+                return ErrorCode.invalid_request, "InstanceId can't be null."
+        elif req.member_epoch < STATIC_LEAVE_EPOCH:
+            return ErrorCode.invalid_request, f"MemberEpoch {req.member_epoch} is invalid."
+        if req.server_assignor is not None and req.server_assignor not in self.config.assignors:
+            return ErrorCode.unsupported_assignor, f"ServerAssignor {req.server_assignor} is not supported."
+        return ErrorCode.none, None
+
+    def heartbeat(self, req: HeartbeatRequest, now_ms: int) -> HeartbeatResult:
+        """ConsumerGroupHeartbeat. The caller checked that the group is not a classic group."""
+        error, message = self._validate(req)
+        if error is not ErrorCode.none:
+            return HeartbeatResult(error, error_message=message)
+        if req.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
+            return self._leave(req, now_ms)
+        group = self.groups.get(req.group_id)
+        if group is None:
+            if req.member_epoch != JOIN_EPOCH:
+                return HeartbeatResult(ErrorCode.group_id_not_found, error_message=f"Group {req.group_id} not found.")
+            group = self.groups[req.group_id] = ConsumerGroup(req.group_id)
+        member = group.members.get(req.member_id)
+        bump = False
+        if req.member_epoch == JOIN_EPOCH:
+            if member is None and req.instance_id is not None and req.instance_id in group.static_members:
+                old = group.members[group.static_members[req.instance_id]]
+                if old.member_epoch != STATIC_LEAVE_EPOCH:
+                    return HeartbeatResult(
+                        ErrorCode.unreleased_instance_id,
+                        error_message=f"Static member {req.instance_id} is still in use by another member.",
+                    )
+                member = self._replace_static_member(group, old, req.member_id)
+            elif member is None:
+                if len(group.members) >= self.config.max_size:
+                    return HeartbeatResult(ErrorCode.group_max_size_reached)
+                member = group.members[req.member_id] = ConsumerMember(req.member_id)
+                bump = True
+            else:
+                # A known member rejoining lost its state: it owns nothing any more.
+                member.assigned, member.pending_revocation = {}, {}
+                member.state = MemberState.STABLE
+                member.member_epoch, member.previous_member_epoch = 0, -1
+                member.rebalance_deadline_ms = None
+        else:
+            if member is None:
+                return HeartbeatResult(
+                    ErrorCode.unknown_member_id, error_message=f"Member {req.member_id} is not a member of the group."
+                )
+            if req.instance_id is not None and group.static_members.get(req.instance_id) != member.member_id:
+                return HeartbeatResult(ErrorCode.fenced_instance_id)
+            if not self._epoch_valid(member, req.member_epoch, req.owned):
+                return HeartbeatResult(
+                    ErrorCode.fenced_member_epoch,
+                    error_message=f"The consumer group member has a smaller member epoch ({req.member_epoch}) "
+                    f"than the one known by the group coordinator ({member.member_epoch}).",
+                )
+        # Update the member's static fields; a subscription or assignor change bumps the group epoch.
+        if req.instance_id is not None and member.instance_id is None:
+            member.instance_id = req.instance_id
+            group.static_members[req.instance_id] = member.member_id
+        if req.rack_id is not None:
+            member.rack_id = req.rack_id
+        if req.rebalance_timeout_ms != -1:
+            member.rebalance_timeout_ms = req.rebalance_timeout_ms
+        member.client_id = req.client_id or member.client_id
+        member.client_host = req.client_host or member.client_host
+        if req.subscribed_topic_names is not None:
+            topics = tuple(sorted(set(req.subscribed_topic_names)))
+            if topics != member.subscribed_topics:
+                member.subscribed_topics = topics
+                bump = True
+        if req.server_assignor is not None and req.server_assignor != member.server_assignor:
+            member.server_assignor = req.server_assignor
+            bump = True
+        metadata = self._subscription_metadata(group)
+        if metadata != group.subscription_metadata:
+            group.subscription_metadata = metadata
+            bump = True
+        if bump:
+            group.group_epoch += 1
+            self._compute_target(group)
+        before = (dict(member.assigned), member.member_epoch)
+        self._reconcile(group, member, req.owned, now_ms)
+        member.session_deadline_ms = now_ms + self.config.session_timeout_ms
+        changed = before != (member.assigned, member.member_epoch)
+        send_assignment = req.member_epoch == JOIN_EPOCH or req.owned is not None or changed
+        return HeartbeatResult(
+            ErrorCode.none,
+            member.member_id,
+            member.member_epoch,
+            self.config.heartbeat_interval_ms,
+            dict(member.assigned) if send_assignment else None,
+        )
+
+    def _leave(self, req: HeartbeatRequest, now_ms: int) -> HeartbeatResult:
+        group = self.groups.get(req.group_id)
+        if group is None:
+            return HeartbeatResult(ErrorCode.group_id_not_found, error_message=f"Group {req.group_id} not found.")
+        member = group.members.get(req.member_id)
+        if member is None and req.instance_id is not None:
+            current = group.static_members.get(req.instance_id)
+            member = group.members.get(current) if current is not None else None
+            if member is not None:
+                return HeartbeatResult(ErrorCode.fenced_instance_id)
+        if member is None:
+            return HeartbeatResult(ErrorCode.unknown_member_id)
+        if req.member_epoch == STATIC_LEAVE_EPOCH and member.instance_id is not None:
+            # Kept, with its assignment, until its session expires or it rejoins.
+            member.previous_member_epoch = member.member_epoch
+            member.member_epoch = STATIC_LEAVE_EPOCH
+            member.session_deadline_ms = now_ms + self.config.session_timeout_ms
+            member.rebalance_deadline_ms = None
+        else:
+            self._remove_member(group, member)
+            self._refresh_target(group)
+        return HeartbeatResult(ErrorCode.none, req.member_id, req.member_epoch, 0)
+
+    @staticmethod
+    def _epoch_valid(member: ConsumerMember, epoch: int, owned: Assignment | None) -> bool:
+        """Kafka's throwIfMemberEpochIsInvalid."""
+        if epoch > member.member_epoch:
+            return False
+        if epoch < member.member_epoch:
+            # The response carrying the bumped epoch may have been lost: accept the previous epoch
+            # if what the member owns is a subset of its current assignment.
+            if epoch != member.previous_member_epoch or owned is None:
+                return False
+            return _flatten(owned) <= _flatten(member.assigned)
+        return True
+
+    def _replace_static_member(self, group: ConsumerGroup, old: ConsumerMember, new_id: str) -> ConsumerMember:
+        del group.members[old.member_id]
+        target = group.target.pop(old.member_id, None)
+        old.member_id = new_id
+        # The old epoch was -2: the rejoining member continues from the assignment epoch it had.
+        old.member_epoch = old.previous_member_epoch if old.previous_member_epoch >= 0 else 0
+        group.members[new_id] = old
+        if target is not None:
+            group.target[new_id] = target
+        assert old.instance_id is not None
+        group.static_members[old.instance_id] = new_id
+        return old
+
+    def _remove_member(self, group: ConsumerGroup, member: ConsumerMember) -> None:
+        group.members.pop(member.member_id, None)
+        group.target.pop(member.member_id, None)
+        if member.instance_id is not None and group.static_members.get(member.instance_id) == member.member_id:
+            del group.static_members[member.instance_id]
+        member.session_deadline_ms = member.rebalance_deadline_ms = None
+
+    def _refresh_target(self, group: ConsumerGroup) -> None:
+        """After a removal: new group epoch and target, then wake members held by released partitions."""
+        group.group_epoch += 1
+        group.subscription_metadata = self._subscription_metadata(group)
+        self._compute_target(group)
+
+    def _subscription_metadata(self, group: ConsumerGroup) -> dict[str, int]:
+        out = {}
+        for topic in sorted(group.subscribed_topics()):
+            count = self.partitions_of(topic)
+            if count is not None and count > 0:
+                out[topic] = count
+        return out
+
+    def _compute_target(self, group: ConsumerGroup) -> None:
+        assignor = _ASSIGNOR_FUNCS[group.assignor(self.config.assignors[0])]
+        subscriptions = {m.member_id: m.subscribed_topics for m in group.members.values()}
+        group.target = assignor(subscriptions, group.subscription_metadata, group.target)
+        group.assignment_epoch = group.group_epoch
+
+    # --- CurrentAssignmentBuilder -------------------------------------------------------------
+
+    def _owner_elsewhere(self, group: ConsumerGroup, member: ConsumerMember) -> set[tuple[str, int]]:
+        return {tp for m in group.members.values() if m is not member for tp in m.owns()}
+
+    def _reconcile(self, group: ConsumerGroup, member: ConsumerMember, owned: Assignment | None, now_ms: int) -> None:
+        if member.member_epoch == STATIC_LEAVE_EPOCH:
+            return
+        target_epoch = group.assignment_epoch
+        if member.state is MemberState.UNREVOKED_PARTITIONS:
+            if self._still_owns(owned, member.pending_revocation):
+                return
+            member.pending_revocation = {}
+            member.rebalance_deadline_ms = None
+            self._next_assignment(group, member, target_epoch, now_ms)
+        elif member.state is MemberState.UNRELEASED_PARTITIONS or member.member_epoch != target_epoch:
+            self._next_assignment(group, member, target_epoch, now_ms)
+
+    @staticmethod
+    def _still_owns(owned: Assignment | None, revoking: Assignment) -> bool:
+        if owned is None:
+            return True  # unchanged since the last heartbeat: still owns them
+        return bool(_flatten(owned) & _flatten(revoking))
+
+    def _next_assignment(self, group: ConsumerGroup, member: ConsumerMember, target_epoch: int, now_ms: int) -> None:
+        """Kafka's computeNextAssignment."""
+        target = _flatten(group.target.get(member.member_id, {}))
+        current = _flatten(member.assigned)
+        kept = current & target
+        revoking = current - target
+        wanted = target - current
+        elsewhere = self._owner_elsewhere(group, member)
+        free = {tp for tp in wanted if tp not in elsewhere}
+        unreleased = bool(wanted - free)
+        if revoking:
+            # New partitions are withheld until the member confirms the revocation.
+            member.assigned = _group_by_topic(kept)
+            member.pending_revocation = _group_by_topic(revoking)
+            member.state = MemberState.UNREVOKED_PARTITIONS
+            member.rebalance_deadline_ms = now_ms + member.rebalance_timeout_ms
+            return
+        if member.member_epoch != target_epoch:
+            member.previous_member_epoch = member.member_epoch
+            member.member_epoch = target_epoch
+        member.assigned = _group_by_topic(kept | free)
+        member.pending_revocation = {}
+        member.rebalance_deadline_ms = None
+        member.state = MemberState.UNRELEASED_PARTITIONS if unreleased else MemberState.STABLE
+
+    # --- unload -------------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        self.groups.clear()
