@@ -207,13 +207,15 @@ async def test_leader_sigkill_under_acks_all_load(cluster_factory) -> None:
 def test_consumer_with_a_rack_fetches_from_the_replica_in_its_rack(cluster_factory) -> None:
     """KIP-392 on classic topics: the leader points a consumer that sent client.rack at the
     in-sync replica in that rack, and the consumer's data then comes from there."""
-    cluster = cluster_factory()
+    # A long lag time: under load a follower must not drop out of the ISR (the leader then serves).
+    cluster = cluster_factory(overrides={"replica.lag.time.max.ms": "30000"})
     create_topic(cluster.bootstrap, "racked", 1)
     leader = partition_states(cluster.bootstrap, "racked")[0][0]
     producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
     for i in range(2000):
         producer.produce("racked", value=f"value-{i}".encode().ljust(500, b"."))
     assert producer.flush(30) == 0
+    wait_until(lambda: sorted(partition_states(cluster.bootstrap, "racked")[0][2]) == [0, 1, 2], 30)
     other = next(b for b in cluster.brokers if b.node_id != leader)
     before = other.metrics()
     consumer = Consumer(

@@ -106,7 +106,9 @@ async def test_retention_deletes_wal_objects_and_keeps_retained_data(cluster_fac
     managers = start_managers(cluster, tmp_path)
     topic = "expiring"
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
-    configs = {"diskless.enabled": "true", "segment.bytes": "2000", "retention.ms": "600000"}
+    # segment.ms: the first current record (two hours newer than the old ones) rolls a new segment,
+    # so no segment mixes old and new pointers.
+    configs = {"diskless.enabled": "true", "segment.bytes": "2000", "segment.ms": "1000", "retention.ms": "600000"}
     admin.create_topics([NewTopic(topic, 1, 3, config=configs)])[topic].result(30)
 
     # Old records (timestamps two hours back) in their own WAL objects, then current ones.

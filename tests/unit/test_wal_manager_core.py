@@ -8,10 +8,13 @@ deletion, and restarts of the manager. It drives a ``WalManagerCore`` exactly as
 does, and checks after every step that nothing referenced is ever deleted and that every pointer
 still finds its object; at the end, that every unreferenced object was deleted.
 
-Example counts: 2,000 by default, scaled with the loaded hypothesis profile (20x its
-``max_examples``: ``thorough`` gives 20,000); ``WAL_MANAGER_PROFILE=deep`` (or
-``HYPOTHESIS_PROFILE=deep``, once such a profile is registered in conftest.py) runs 20,000
-longer examples; ``WAL_MANAGER_EXAMPLES=N`` overrides the count.
+Example counts (conftest.py's profiles set 100/1,000 examples for the rest of the unit suite):
+this test runs 20x the loaded profile's ``max_examples`` but at least 2,000 (default "unit"
+profile: 2,000 examples of up to 50 steps, about 30 s; ``HYPOTHESIS_PROFILE=thorough``: 20,000).
+``WAL_MANAGER_PROFILE=deep`` runs 20,000 examples of up to 100 steps (about 10 minutes);
+``HYPOTHESIS_PROFILE=deep`` selects the same once a "deep" profile is registered in conftest.py
+(until then conftest.py's ``load_profile`` rejects the name). ``WAL_MANAGER_EXAMPLES=N``
+overrides the count.
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from __future__ import annotations
 import os
 import sys
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TypeVar
 
 import pytest
-from hypothesis import HealthCheck, event, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -67,7 +71,8 @@ _EXAMPLES = int(os.environ.get("WAL_MANAGER_EXAMPLES", 0)) or (
     20_000 if _DEEP else max(2_000, 20 * settings.default.max_examples)
 )
 _STEPS = 100 if _DEEP else 50
-_CHUNK = 2_000
+COVERAGE: Counter[str] = Counter()  # examples in which something interesting happened
+_CHUNK = 1_000
 
 
 def ref(n: int, partition: int = 0) -> PartitionRef:
@@ -128,6 +133,7 @@ class WalManagerMachine(RuleBasedStateMachine):
         self.questions: list[tuple[str, PartitionRef]] = []  # asked by the current core, not answered
         self.responses: list[tuple[str, PartitionRef, Answer]] = []  # answered, not delivered yet
         self.deleting: list[str] = []  # handed out by deletable(), DELETE not done yet
+        self.handed_out: dict[str, int] = {}  # handed out, outcome not reported (dropped ones too)
         self.pending_scan: tuple[int, dict[str, int], tuple[str, ...]] | None = None  # started, listing, prefixes
         self.counter = 0
         self.topic_counter = 0
@@ -136,8 +142,9 @@ class WalManagerMachine(RuleBasedStateMachine):
         self.loop_ms: int | None = None  # the service runs its loop every loop_ms (None: only when told)
         self.scan_every: int | None = None  # ...and scans the bucket every scan_every loops
         self.loops = 0
+        self.die_every: int | None = None  # ...and every die_every-th pass dies after deletable()
         self.stale_mask = 0  # which partitions' stale leaders (if any) the service asks
-        self.seen: set[str] = set()  # what happened in this example, for --hypothesis-show-statistics
+        self.seen: set[str] = set()  # what happened in this example, see test_wal_manager_model
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -162,6 +169,8 @@ class WalManagerMachine(RuleBasedStateMachine):
             self.loops += 1
             if self.scan_every is not None and self.loops % self.scan_every == 0:
                 self._scan("full+trailers")
+            if self.die_every is not None and self.loops % self.die_every == 0:
+                self._service_step(self.stale_mask, dies=True)
             self._drain(self.stale_mask)
         self.now = target
 
@@ -213,13 +222,24 @@ class WalManagerMachine(RuleBasedStateMachine):
 
     def _start_deletes(self) -> int:
         keys = self.core.deletable(self.now)
-        assert len(keys) <= CONFIG.max_delete_batch
-        assert not set(keys) & set(self.deleting)
-        self.deleting.extend(keys)
+        assert len(keys) == len(set(keys)) <= CONFIG.max_delete_batch
+        for key in keys:
+            # Handed out again only if its outcome has not been reported for check_interval_ms.
+            assert self.now - self.handed_out.get(key, -CHECK_INTERVAL) >= CHECK_INTERVAL
+            self.handed_out[key] = self.now
+        self.deleting.extend(k for k in keys if k not in self.deleting)
         return len(keys)
+
+    def _lose_deletes(self, count: int) -> None:
+        """A pass of the service hands keys out and dies: their outcome is never reported."""
+        if self._start_deletes():
+            self.seen.add("delete outcome lost")
+        self.deleting = self.deleting[:-count]
 
     def _finish_deletes(self, count: int, fail: bool) -> None:
         done, self.deleting = self.deleting[:count], self.deleting[count:]
+        for key in done:
+            self.handed_out.pop(key, None)
         if fail:
             self.core.on_delete_failed(done, self.now)
             return
@@ -227,11 +247,15 @@ class WalManagerMachine(RuleBasedStateMachine):
             self._delete(key)
         self.core.on_deleted(done, self.now)
 
-    def _service_step(self, stale_mask: int) -> bool:
-        """One synchronous pass of the service loop; whether it had anything to do."""
+    def _service_step(self, stale_mask: int, dies: bool = False) -> bool:
+        """One synchronous pass of the service loop; whether it had anything to do. A pass that
+        ``dies`` does so right after deletable(): the keys' outcome is never reported."""
         asked = self._ask()
         self._answer_questions(len(self.questions), stale_mask)
         self._deliver(len(self.responses))
+        if dies:
+            self._lose_deletes(CONFIG.max_delete_batch)
+            return bool(asked)
         handed_out = self._start_deletes()
         self._finish_deletes(len(self.deleting), fail=False)
         return bool(asked or handed_out)
@@ -268,14 +292,22 @@ class WalManagerMachine(RuleBasedStateMachine):
         sizes=st.lists(st.integers(1, 3), min_size=1, max_size=2),
         loop_ms=st.sampled_from([None, 2_000, SKEW, CHECK_INTERVAL, 25_000]),
         scan_every=st.sampled_from([None, 1, 3, 10]),
+        die_every=st.sampled_from([None, None, 2, 7]),
         stale_mask=st.integers(0, 15),
     )
     def setup(
-        self, skews: list[int], sizes: list[int], loop_ms: int | None, scan_every: int | None, stale_mask: int
+        self,
+        skews: list[int],
+        sizes: list[int],
+        loop_ms: int | None,
+        scan_every: int | None,
+        die_every: int | None,
+        stale_mask: int,
     ) -> None:
         self.skew = skews
         self.loop_ms = loop_ms
         self.scan_every = scan_every
+        self.die_every = die_every
         self.stale_mask = stale_mask
         for n in sizes:
             self._new_topic(n)
@@ -508,6 +540,7 @@ class WalManagerMachine(RuleBasedStateMachine):
             for key in self.deleting:
                 self._delete(key)
         self.deleting = []
+        self.handed_out = {}
         self.questions = []
         self.responses = []
         self.pending_scan = None
@@ -531,12 +564,15 @@ class WalManagerMachine(RuleBasedStateMachine):
         else:
             self._deliver(count)
 
-    @rule(action=st.sampled_from(["start", "finish", "fail"]), count=st.integers(1, 5), dt=LATER)
+    @rule(action=st.sampled_from(["start", "finish", "fail", "drop"]), count=st.integers(1, 5), dt=LATER)
     def deletes(self, action: str, count: int, dt: int) -> None:
-        """deletable() hands keys out; DELETEs complete (or fail) later."""
+        """deletable() hands keys out; DELETEs complete (or fail) later, or a pass of the service
+        dies after deletable() and its keys are lost: the core must offer them again."""
         self._advance(dt)
         if action == "start":
             self._start_deletes()
+        elif action == "drop":
+            self._lose_deletes(count)
         else:
             self._finish_deletes(count, fail=action == "fail")
 
@@ -554,13 +590,12 @@ class WalManagerMachine(RuleBasedStateMachine):
         stats = self.core.stats()
         assert stats["checks_outstanding"] == len(self.questions) + len(self.responses)
         # <=: a scan may forget a key being deleted (a late notice relearned it after its deletion).
-        assert stats["objects_deleting"] <= len(self.deleting)
+        assert stats["objects_deleting"] <= len(self.handed_out)
         assert stats["objects_pending"] >= 0 and stats["bytes_known"] >= 0
 
     def teardown(self) -> None:
         if sys.exc_info()[0] is None:  # a failing step is the error to report, not liveness
-            for what in sorted(self.seen):
-                event(what)
+            COVERAGE.update(self.seen | {"examples"})
             self._check_liveness()
 
     def _check_liveness(self) -> None:
@@ -600,6 +635,7 @@ class WalManagerMachine(RuleBasedStateMachine):
 
 @pytest.mark.timeout(0 if _DEEP or _EXAMPLES > 2_000 else 600)
 def test_wal_manager_model() -> None:
+    COVERAGE.clear()
     # In runs of at most _CHUNK examples: hypothesis keeps every choice of a run in memory
     # (about 0.2 MB per example of 50 steps, 0.6 MB at 150), which 20,000 long examples would
     # turn into gigabytes.
@@ -615,6 +651,17 @@ def test_wal_manager_model() -> None:
             ),
         )
         remaining -= _CHUNK
+    # The model must keep reaching the situations that matter (typical shares in parentheses); a
+    # change to the strategies that stops it doing so should fail here rather than go unnoticed.
+    share = {what: n / COVERAGE["examples"] for what, n in COVERAGE.items()}
+    print(" ".join(f"{what}: {100 * f:.1f}%" for what, f in sorted(share.items())))
+    if _EXAMPLES >= 1_000:
+        assert share.get("deleted during the run", 0) > 0.1  # (30%)
+        assert share.get("restarted", 0) > 0.1  # (42%)
+        assert share.get("commit refused as too old", 0) > 0.05  # (22%)
+        assert share.get("stale leader answered", 0) > 0.02  # (8%)
+        assert share.get("delete outcome lost", 0) > 0.02  # (9%)
+        assert share.get("commit accepted thanks to a slow leader clock", 0) > 0  # (1%)
 
 
 # --- plain unit tests of edge cases ----------------------------------------------------------------
@@ -848,3 +895,40 @@ def test_config_validation_and_partition_ref() -> None:
         PartitionRef("not-a-uuid", 0)
     with pytest.raises(ValueError):
         PartitionRef(str(u), -1)
+
+
+def test_trailers_needed_oldest_first_and_gone_objects_forgotten() -> None:
+    core = WalManagerCore(CONFIG)
+    keys = [key_at(T0 + 3_600_000, 1), key_at(T0, 2), key_at(T0 + 5, 3)]
+    for k in keys:
+        core.on_listed(k, 1, T0)
+    assert core.trailers_needed() == sorted(keys) == [keys[1], keys[2], keys[0]]
+    assert core.trailers_needed(limit=1) == [keys[1]]
+    core.on_gone(keys[1], T0)  # 404 on the trailer read
+    core.on_trailer(keys[1], [P1], T0)  # late: unknown keys are ignored
+    assert core.trailers_needed() == [keys[2], keys[0]] and core.stats()["objects_known"] == 2
+
+
+def test_unreadable_trailer_ignored_when_a_notice_gave_the_partitions() -> None:
+    core = WalManagerCore(CONFIG)
+    key = key_at(T0)
+    core.on_notice(key, 1, [P1], T0)
+    core.on_trailer_unreadable(key, T0)
+    assert core.stats()["objects_unreadable"] == 0
+    assert core.checks_due(T0 + GRACE + 1) == [(key, P1)]
+
+
+def test_delete_outcome_never_reported_is_offered_again() -> None:
+    core = WalManagerCore(CONFIG)
+    key = key_at(T0)
+    core.on_notice(key, 1, [P1], T0)
+    t = T0 + GRACE + 1
+    confirm_once(core, t)
+    confirm_once(core, t + CONFIRM)
+    t += CONFIRM
+    assert core.deletable(t) == [key]  # ... and the service loses it
+    assert core.deletable(t + CHECK_INTERVAL - 1) == []
+    assert core.deletable(t + CHECK_INTERVAL) == [key]
+    core.on_deleted([key], t + CHECK_INTERVAL)
+    core.on_deleted([key], t + CHECK_INTERVAL)  # both DELETEs landed: counted once
+    assert core.stats()["objects_deleted"] == 1 and core.stats()["objects_deleting"] == 0
