@@ -180,7 +180,8 @@ class WalManagerCore:
         self._check_heap: list[tuple[int, str]] = []  # (due_ms, key), lazily invalidated
         self._confirmed_once: set[str] = set()
         self._deletable: dict[str, None] = {}  # ordered set: garbage not handed out
-        self._deleting: set[str] = set()  # handed out by deletable(), outcome not reported yet
+        # Handed out by deletable(), outcome not reported yet: key -> when (last) handed out.
+        self._deleting: dict[str, int] = {}
         self._bytes_known = 0
         self._deleted_objects = 0
         self._deleted_bytes = 0
@@ -343,19 +344,35 @@ class WalManagerCore:
     def deletable(self, now_ms: int) -> list[str]:
         """Hand out up to ``max_delete_batch`` keys that are safe to delete now.
 
-        Handed-out keys are not returned again until ``on_delete_failed`` reports them (then
-        after ``check_interval_ms``). Confirmation does not expire: references never come back.
+        Each key handed out should be reported to ``on_deleted`` or ``on_delete_failed``; a
+        failed key is offered again after ``check_interval_ms``, and so is a key whose outcome
+        was never reported (a pass of the service that died, keys it dropped): deleting an
+        object twice is harmless, and confirmation does not expire because references never
+        come back.
         """
+        limit = self.config.max_delete_batch
         out: list[str] = []
         for key in self._deletable:
-            if len(out) >= self.config.max_delete_batch:
+            if len(out) >= limit:
                 break
             obj = self._objects[key]
             if obj.next_check_ms <= now_ms and self._older_than_grace(obj, now_ms):
                 out.append(key)
         for key in out:
             del self._deletable[key]
-            self._deleting.add(key)
+        overdue = now_ms - self.config.check_interval_ms
+        for key in [k for k, handed_out in self._deleting.items() if handed_out <= overdue]:
+            if len(out) >= limit:
+                break
+            obj = self._objects[key]
+            if obj.garbage:
+                out.append(key)
+            else:  # its partition set grew after it was handed out: check it again first
+                del self._deleting[key]
+                self._schedule(obj)
+        for key in out:
+            self._deleting.pop(key, None)
+            self._deleting[key] = now_ms  # re-inserted at the end: oldest hand-outs stay first
         return out
 
     def on_deleted(self, keys: Iterable[str], now_ms: int) -> None:
@@ -373,7 +390,7 @@ class WalManagerCore:
             if key not in self._deleting:
                 continue
             self._delete_failures += 1
-            self._deleting.discard(key)
+            del self._deleting[key]
             obj = self._objects[key]
             obj.next_check_ms = now_ms + self.config.check_interval_ms
             if obj.garbage:
@@ -504,4 +521,4 @@ class WalManagerCore:
         self._needs_trailer.pop(key, None)
         self._confirmed_once.discard(key)
         self._deletable.pop(key, None)
-        self._deleting.discard(key)
+        self._deleting.pop(key, None)
