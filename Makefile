@@ -24,8 +24,9 @@ install: $(STAMP) .kcat
 run: install
 	$(PY) -m diskless dev --data-dir ./data
 
+# The outer limit only guards CI against a hang no per-test timeout could catch.
 test: install
-	$(PY) -m pytest -q -p no:cacheprovider
+	timeout --kill-after=30 2700 $(PY) -m pytest -q -p no:cacheprovider
 
 unit: install
 	$(PY) -m pytest -q tests/unit
