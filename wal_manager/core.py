@@ -56,7 +56,9 @@ the same (object, partition) outstanding, so it attributes every answer exactly.
 What the leaders must guarantee (the service maps their replies): UNREFERENCED only if no
 pointer from the log start on, uncommitted tail included, points into the object; UNKNOWN when
 not (or no longer sure to be) the leader, while the log is loading, and on any error. A deleted
-topic references nothing: the service answers UNREFERENCED for it.
+topic references nothing: the service answers UNREFERENCED for it, but only when it knows the
+topic was deleted, not merely because its metadata view (which may lag behind a topic or a
+partition created recently) lacks it; then the answer is UNKNOWN.
 
 *Lost state is safe.* Deletion needs positive evidence gathered by this very instance: the
 partition set (from a notice or the trailer, both written by the object's writer), and two
@@ -459,8 +461,9 @@ class WalManagerCore:
             # The round in progress (if any) completes as unconfirmed (round_asked is too small).
             self._reset(obj, next_check_ms=now_ms)
             if obj.garbage:
-                # If the service is deleting it already, that cannot be stopped; only notices that
-                # disagree with the trailer (a writer bug) get here. A failed delete is not retried.
+                # Only notices that disagree with the trailer (a writer bug) get here. A delete
+                # the service already runs cannot be stopped; if it fails or is lost, the object is
+                # checked again rather than deleted again.
                 obj.garbage = False
                 self._deletable.pop(obj.key, None)
         if obj.round_issued_ms is None:

@@ -28,23 +28,44 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def free_port(host: str = "127.0.0.1", plus: int = 0) -> int:
-    """A free port on ``host``; with ``plus`` also ``port + plus`` is free (SeaweedFS gRPC ports)."""
-    for _ in range(200):
-        with socket.socket() as s:
+def free_ports(count: int, host: str = "127.0.0.1", plus: int = 0) -> list[int]:
+    """``count`` distinct free ports on ``host`` (with ``plus``, ``port + plus`` is free too).
+
+    All sockets stay bound until every port is chosen: ports picked one at a time can repeat,
+    and two components of one server given the same port is a failure that looks healthy.
+    """
+    held: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        for _ in range(count * 50):
+            if len(ports) == count:
+                break
+            s = socket.socket()
             s.bind((host, 0))
             port = int(s.getsockname()[1])
-        if not plus or port + plus > 65535:
-            if not plus:
-                return port
-            continue
-        try:
-            with socket.socket() as s:
-                s.bind((host, port + plus))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError("no free port")
+            if plus:
+                if port + plus > 65535:
+                    s.close()
+                    continue
+                try:
+                    extra = socket.socket()
+                    extra.bind((host, port + plus))
+                except OSError:
+                    s.close()
+                    continue
+                held.append(extra)
+            held.append(s)
+            ports.append(port)
+        if len(ports) < count:
+            raise RuntimeError("no free ports")
+        return ports
+    finally:
+        for s in held:
+            s.close()
+
+
+def free_port(host: str = "127.0.0.1", plus: int = 0) -> int:
+    return free_ports(1, host, plus)[0]
 
 
 def _load_prctl() -> Callable[..., int] | None:
@@ -144,8 +165,7 @@ class EtcdServer(ManagedProcess):
         super().__init__("etcd", data_dir.parent / "etcd.log")
         self.data_dir = data_dir
         self.host = host
-        self.client_port = free_port(host)
-        self.peer_port = free_port(host)
+        self.client_port, self.peer_port = free_ports(2, host)
         self._started_once = False
 
     @property
@@ -167,8 +187,9 @@ class EtcdServer(ManagedProcess):
                 if attempt == 2:
                     raise
                 if not self._started_once:
-                    self.client_port = free_port(self.host)
-                self.peer_port = free_port(self.host)
+                    self.client_port, self.peer_port = free_ports(2, self.host)
+                else:
+                    self.peer_port = next(p for p in free_ports(2, self.host) if p != self.client_port)
         raise AssertionError("unreachable")
 
     def _start_once(self, timeout: float) -> EtcdServer:
@@ -242,7 +263,7 @@ class S3Server(ManagedProcess):
             health = f"{self.endpoint}/minio/health/live"
         else:
             # Every SeaweedFS component also listens on its port + 10000 (gRPC).
-            master, volume, filer, admin = (free_port(self.host, plus=10000) for _ in range(4))
+            master, volume, filer, admin = self._internal_ports()
             self._ports += [master, volume, filer, admin]
             env["GOMEMLIMIT"] = "128MiB"
             cmd = [
@@ -259,6 +280,13 @@ class S3Server(ManagedProcess):
         _wait(lambda: _http_ok(health), timeout, self.proc, f"S3 server ({self.kind})")
         self._started_once = True
         return self
+
+    def _internal_ports(self) -> list[int]:
+        """Four more ports (master, volume, filer, admin), none equal to the S3 port."""
+        while True:
+            ports = free_ports(4, self.host, plus=10000)
+            if self.port not in ports and self.port not in (p + 10000 for p in ports):
+                return ports
 
     def stop(self, timeout: float = 20.0) -> int | None:
         code = super().stop(timeout)

@@ -4,9 +4,10 @@ The state machine keeps, in memory, a bucket of WAL objects, partitions with rep
 logs, representatives that upload objects and later commit pointers (leaders with skewed clocks
 refuse commits older than the commit timeout), best-effort notices, bucket scans, leader
 failovers (with a deposed leader that may go on answering for a while), retention, topic
-deletion, and restarts of the manager. It drives a ``WalManagerCore`` exactly as the service
-does, and checks after every step that nothing referenced is ever deleted and that every pointer
-still finds its object; at the end, that every unreferenced object was deleted.
+deletion, restarts of the manager and service passes that die. It drives a ``WalManagerCore``
+as the service does, and checks after every step that nothing referenced is ever deleted and
+that every pointer still finds its object; at the end, that every unreferenced object was
+deleted.
 
 Example counts (conftest.py's profiles set 100/1,000 examples for the rest of the unit suite):
 this test runs 20x the loaded profile's ``max_examples`` but at least 2,000 (default "unit"
