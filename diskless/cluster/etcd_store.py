@@ -67,7 +67,6 @@ class EtcdMetadataStore:
         self._lease: aetcd.leases.Lease | None = None
         self._keepalive: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
-        self._watch: object | None = None
         self.on_change: ChangeCallback | None = None
         self._registration: tuple[BrokerInfo, int] = (BrokerInfo(-1, "", 0), 1)
 
@@ -125,7 +124,6 @@ class EtcdMetadataStore:
         while True:
             try:
                 watch = await self.client.watch_prefix(self.prefix.encode(), start_revision=start_revision)
-                self._watch = watch
                 async for event in watch:
                     start_revision = event.kv.mod_revision + 1
                     await self._on_event(event)

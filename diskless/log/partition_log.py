@@ -520,9 +520,6 @@ class PartitionLog:
         """
         return self._refs()[object_key] > 0
 
-    def referenced_objects(self) -> set[str]:
-        return {key for key, count in self._refs().items() if count > 0}
-
     def _refs(self) -> Counter[str]:
         if self._wal_refs_stale:
             total: Counter[str] = Counter()

@@ -109,16 +109,6 @@ class ProducerStateManager:
             )
         )
 
-    def truncate_from(self, offset: int) -> None:
-        """Forget batches at or after ``offset`` (log truncation); callers replay from a snapshot."""
-        for pid in list(self.producers):
-            entry = self.producers[pid]
-            kept = [b for b in entry.batches if b.last_offset < offset]
-            entry.batches.clear()
-            entry.batches.extend(kept)
-            if not kept:
-                del self.producers[pid]
-
     # --- snapshots ---------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:

@@ -126,9 +126,6 @@ class LogSegment:
         self._bytes_since_index += size
         self.next_offset = last_offset + 1
 
-    def rolling_timestamp(self) -> int:
-        return self.first_batch_timestamp if self.first_batch_timestamp is not None else self.created_ms
-
     # --- reading ---------------------------------------------------------------------------
 
     def _entry_at(self, position: int) -> tuple[records.BatchHeader, int] | None:

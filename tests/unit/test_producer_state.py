@@ -134,16 +134,6 @@ def test_producers_are_independent() -> None:
     assert _error(a.append, header(9, pid=1)) == "out_of_order_sequence_number"
 
 
-def test_truncate_from() -> None:
-    a = Appender()
-    for i in range(4):
-        a.append(header(i, pid=1))
-    a.append(header(0, pid=2))  # offset 4
-    a.state.truncate_from(2)
-    assert [b.first_seq for b in a.state.producers[1].batches] == [0, 1]
-    assert 2 not in a.state.producers
-
-
 @given(
     producers=st.dictionaries(
         st.integers(0, 2**62),

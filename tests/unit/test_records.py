@@ -88,7 +88,6 @@ def test_parse_header_reads_every_field(recs: list[Record], codec: int) -> None:
     assert r.validate_batch(memoryview(batch), 1 << 20) == h
     assert r.peek_offset_and_size(batch, 0) == (1234, len(batch))
     assert r.last_offset_at(batch, 0) == h.last_offset
-    assert r.max_timestamp_at(batch, 0) == h.max_timestamp
 
 
 def test_parse_header_too_short() -> None:
