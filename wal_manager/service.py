@@ -213,19 +213,30 @@ class WalManagerService:
         core = self._core()
         answers: list[tuple[str, PartitionRef, Answer]] = []
         by_leader: dict[int, list[tuple[str, PartitionRef]]] = defaultdict(list)
-        for key, ref in core.checks_due(_now_ms()):
-            topic = self.metadata.topic_by_id(ref.topic_id)
-            if topic is None or ref.partition >= len(topic.partitions):
-                answers.append((key, ref, Answer.UNREFERENCED))  # deleted topics reference nothing
-                continue
-            leader = topic.partitions[ref.partition].leader
-            if leader < 0:
-                answers.append((key, ref, Answer.UNKNOWN))  # an offline partition blocks deletion
-            else:
-                by_leader[leader].append((key, ref))
-        for leader, queries in by_leader.items():
-            answers += await self._ask(leader, queries)
-        core.on_answers(answers, _now_ms())
+        asked = core.checks_due(_now_ms())
+        try:
+            for key, ref in asked:
+                topic = self.metadata.topic_by_id(ref.topic_id)
+                if topic is None:
+                    # Topic ids are never reused and the object is older than the grace period, so
+                    # a topic we do not know was deleted: deleted topics reference nothing.
+                    answers.append((key, ref, Answer.UNREFERENCED))
+                    continue
+                if ref.partition >= len(topic.partitions):
+                    answers.append((key, ref, Answer.UNKNOWN))  # our view lags: partitions never shrink
+                    continue
+                leader = topic.partitions[ref.partition].leader
+                if leader < 0:
+                    answers.append((key, ref, Answer.UNKNOWN))  # an offline partition blocks deletion
+                else:
+                    by_leader[leader].append((key, ref))
+            for leader, queries in by_leader.items():
+                answers += await self._ask(leader, queries)
+        finally:
+            # Every question gets exactly one answer, even if this pass dies half-way.
+            answered = {(key, ref) for key, ref, _ in answers}
+            answers += [(key, ref, Answer.UNKNOWN) for key, ref in asked if (key, ref) not in answered]
+            core.on_answers(answers, _now_ms())
 
     async def _ask(
         self, leader: int, queries: list[tuple[str, PartitionRef]]

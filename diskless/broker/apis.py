@@ -689,8 +689,11 @@ class KafkaApis:
         answers = []
         for key, topic_id, index in body["queries"]:
             topic = self._meta.topic_by_id(topic_id)
-            if topic is None or index >= len(topic.partitions):
-                answers.append(REF_NO)
+            if topic is None:
+                answers.append(REF_NO)  # deleted topics reference nothing (ids are never reused)
+                continue
+            if index >= len(topic.partitions):
+                answers.append(REF_UNKNOWN)  # our metadata lags: partitions never shrink
                 continue
             replica = self.broker.replicas.partitions.get((topic.name, index))
             if replica is None or replica.leader_state is None:
