@@ -4,11 +4,16 @@ aiokafka's transactional producer."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
+from pathlib import Path
+from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from support import wait_until
 
 OVERRIDES = {
     "group.initial.rebalance.delay.ms": "0",
@@ -69,7 +74,12 @@ def test_aborted_transactions_are_invisible_to_read_committed(cluster_factory) -
     assert len(everything) == 250 and {v[:1] for v in everything} == {b"c", b"a"}
 
 
-def test_consume_transform_produce_is_exactly_once_across_a_broker_kill(cluster_factory) -> None:
+def test_consume_transform_produce_is_exactly_once_across_a_broker_kill(cluster_factory, tmp_path) -> None:
+    """The loop runs as its own process (tests/integration/ctp_app.py) under a small supervisor:
+    a broker is killed mid-way, and an instance that dies or stops making progress is replaced
+    (its transactional.id fences the old one), as an application would be in production.
+    librdkafka can wedge inside send_offsets_to_transaction when the transaction coordinator's
+    broker dies, ignoring its own timeout; a restart is what an operator's supervisor does then."""
     cluster = cluster_factory(s3=True, overrides=OVERRIDES)
     create(cluster, "ctp-in", "ctp-out")
     total = 3000
@@ -78,61 +88,62 @@ def test_consume_transform_produce_is_exactly_once_across_a_broker_kill(cluster_
         feeder.produce("ctp-in", key=str(i).encode(), value=f"in-{i}".encode())
     assert feeder.flush(60) == 0
 
-    def make_loop() -> tuple[Consumer, Producer]:
-        consumer = Consumer(
-            {
-                "bootstrap.servers": cluster.bootstrap,
-                "group.id": "transformer",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "auto.offset.reset": "earliest",
-            }
-        )
-        consumer.subscribe(["ctp-in"])
-        producer = Producer(
-            {
-                "bootstrap.servers": cluster.bootstrap,
-                "transactional.id": "transformer-1",
-                "transaction.timeout.ms": 10000,
-            }
-        )
-        producer.init_transactions(60)
-        return consumer, producer
+    app = Path(__file__).parent / "ctp_app.py"
+    instances: list[subprocess.Popen[bytes]] = []
 
-    consumer, producer = make_loop()
-    processed = 0
-    killed = False
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        messages = [m for m in consumer.consume(200, 1.0) if m.error() is None]
-        if not messages:
-            if processed >= total:
-                break
-            continue
-        try:
-            producer.begin_transaction()
-            for m in messages:
-                producer.produce("ctp-out", key=m.key(), value=m.value().replace(b"in-", b"out-"))
-            producer.send_offsets_to_transaction(
-                consumer.position(consumer.assignment()), consumer.consumer_group_metadata(), 30
+    def start_app() -> Path:
+        progress = tmp_path / f"progress-{len(instances)}"
+        with open(tmp_path / f"ctp-app-{len(instances)}.log", "wb") as log:
+            instances.append(
+                subprocess.Popen([sys.executable, str(app), cluster.bootstrap, str(progress)], stdout=log, stderr=log)
             )
-            producer.commit_transaction(60)
-            processed += len(messages)
-        except KafkaException as exc:
-            # A fatal or abortable error mid-transaction (the broker kill): abort if possible and
-            # restart the loop from the last committed offsets, as an application would.
-            error = exc.args[0]
-            if error.txn_requires_abort():
-                producer.abort_transaction(60)
-            consumer.close()
-            consumer, producer = make_loop()
-            continue
-        if not killed and processed >= total // 3:
-            victim = next(b for b in cluster.brokers if b.alive() and b.node_id != 0)
-            victim.kill()
-            killed = True
-    consumer.close()
+        return progress
+
+    def progress_of(path: Path) -> int:
+        try:
+            return int(path.read_text() or 0)
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    watcher = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "transformer"})
+
+    def group_done() -> int:
+        try:
+            offsets = watcher.committed([TopicPartition("ctp-in", p) for p in range(PARTITIONS)], timeout=10)
+        except KafkaException:
+            return -1
+        return sum(max(tp.offset, 0) for tp in offsets)
+
+    state: dict[str, Any] = {"progress": start_app(), "killed": False, "seen": 0, "seen_at": time.monotonic()}
+
+    def supervise() -> bool:
+        """One supervisor round; True once the group has committed past all the input."""
+        if group_done() >= total:
+            state["done"] = True
+            return True
+        now = time.monotonic()
+        current = progress_of(state["progress"])
+        if not state["killed"] and current >= total // 3:
+            next(b for b in cluster.brokers if b.alive() and b.node_id != 0).kill()
+            state["killed"] = True
+        if current != state["seen"]:
+            state["seen"], state["seen_at"] = current, now
+        if instances[-1].poll() is not None or now - state["seen_at"] > 45:
+            instances[-1].kill()
+            instances[-1].wait(10)
+            state.update(progress=start_app(), seen=0, seen_at=now)
+        return False
+
+    try:
+        wait_until(supervise, 300, 0.5)
+    finally:
+        for proc in instances:
+            proc.kill()
+            proc.wait(10)
+        watcher.close()
+    killed = state["killed"]
     assert killed, "the loop finished before the broker could be killed"
+    assert state.get("done"), "the transformer did not get through its input"
 
     out = read_all(cluster.bootstrap, "ctp-out", "read_committed", total, timeout=90)
     assert len(out) == len(set(out)), "an input record was output twice"
