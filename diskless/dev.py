@@ -337,11 +337,19 @@ def _demo(cluster: DevCluster) -> None:
     say, check = cluster.say, cluster.request.check
     bootstrap = cluster.bootstrap
     racks = cluster.rack_of()
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    # The demo's clients live in the first AZ: zone-aligned metadata keeps all their traffic there
+    # (the diskless topic's data goes through S3, only pointers cross AZs).
+    first_az = sorted(set(racks.values()))[0]
+    zone = {
+        "bootstrap.servers": cluster.bootstrap_by_az()[first_az],
+        "client.id": f"diskless-demo diskless_az={first_az}",
+    }
+    admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": zone["client.id"]})
     _until(lambda: len(admin.list_topics(timeout=5).brokers) >= len(racks), 20, check, "brokers did not all register")
     replication = min(3, len(racks))
     created = True
-    future = admin.create_topics([NewTopic(DEMO_TOPIC, DEMO_PARTITIONS, replication)], request_timeout=20)[DEMO_TOPIC]
+    demo_topic = NewTopic(DEMO_TOPIC, DEMO_PARTITIONS, replication, config={"diskless.enabled": "true"})
+    future = admin.create_topics([demo_topic], request_timeout=20)[DEMO_TOPIC]
     try:
         future.result(30)
     except KafkaException as exc:
@@ -365,7 +373,8 @@ def _demo(cluster: DevCluster) -> None:
     first = next(iter(layout_now.values()))
     say(
         f"demo: topic '{DEMO_TOPIC}' {'created' if created else 'exists'}: "
-        f"{len(layout_now)} partitions, replication factor {len(first.replicas)}"
+        f"{len(layout_now)} partitions, replication factor {len(first.replicas)}, diskless.enabled=true "
+        "(record data in S3, pointers in the partition logs)"
     )
 
     def who(node: int) -> str:
@@ -374,14 +383,12 @@ def _demo(cluster: DevCluster) -> None:
     for index in sorted(layout_now):
         p = layout_now[index]
         replicas = ", ".join(who(r) for r in p.replicas)
-        say(f"  partition {index}: leader {who(p.leader)}  replicas {replicas}  isr {sorted(p.isrs)}")
+        say(f"  partition {index}: {first_az} clients use {who(p.leader)}  replicas {replicas}  isr {sorted(p.isrs)}")
 
-    consumer = Consumer(
-        {"bootstrap.servers": bootstrap, "group.id": f"diskless-dev-{os.getpid()}", "enable.auto.commit": False}
-    )
+    consumer = Consumer({**zone, "group.id": f"diskless-dev-{os.getpid()}", "enable.auto.commit": False})
     try:
         starts = {p: consumer.get_watermark_offsets(TopicPartition(DEMO_TOPIC, p), timeout=10)[1] for p in layout_now}
-        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "compression.type": "zstd", "linger.ms": 5})
+        producer = Producer({**zone, "acks": "all", "compression.type": "zstd", "linger.ms": 5})
         errors: list[str] = []
         delivered = 0
 
