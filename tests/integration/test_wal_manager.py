@@ -13,6 +13,7 @@ import time
 import uuid
 
 import boto3
+import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from botocore.config import Config
 from confluent_kafka import TopicCollection
@@ -62,15 +63,24 @@ def put_object(cluster, key: str, data: bytes) -> None:
     s3.put_object(Bucket="diskless", Key=key, Body=data)
 
 
-def start_managers(cluster, tmp_path, count: int = 2) -> list[WalManagerServer]:
-    managers = []
-    for i in range(count):
-        manager = WalManagerServer(
-            f"wal-manager-{i}", tmp_path / "managers", cluster.etcd.endpoint, cluster.s3.endpoint
-        )
-        manager.overrides.update(TIMINGS)
-        managers.append(manager.start())
-    return managers
+@pytest.fixture
+def start_managers(tmp_path):
+    """Start an active and a standby manager for a cluster; both are killed at teardown, pass or fail."""
+    started: list[WalManagerServer] = []
+
+    def start(cluster, count: int = 2) -> list[WalManagerServer]:
+        for i in range(count):
+            manager = WalManagerServer(
+                f"wal-manager-{i}", tmp_path / "managers", cluster.etcd.endpoint, cluster.s3.endpoint
+            )
+            manager.overrides.update(TIMINGS)
+            started.append(manager)
+            manager.start()
+        return started[-count:]
+
+    yield start
+    for manager in started:
+        manager.kill()
 
 
 async def produce(bootstrap: str, topic: str, values: list[bytes], timestamp_ms: int | None) -> None:
@@ -101,9 +111,9 @@ async def read_all(bootstrap: str, topic: str) -> list[bytes]:
     return out
 
 
-async def test_retention_deletes_wal_objects_and_keeps_retained_data(cluster_factory, tmp_path) -> None:
+async def test_retention_deletes_wal_objects_and_keeps_retained_data(cluster_factory, start_managers) -> None:
     cluster = cluster_factory(s3=True, overrides={**TIMINGS, "log.retention.check.interval.ms": "300"})
-    managers = start_managers(cluster, tmp_path)
+    start_managers(cluster)
     topic = "expiring"
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     # segment.ms: the first current record (two hours newer than the old ones) rolls a new segment,
@@ -129,13 +139,11 @@ async def test_retention_deletes_wal_objects_and_keeps_retained_data(cluster_fac
     retained = await read_all(cluster.bootstrap, topic)
     assert retained[-len(new) :] == new
     assert all(v.startswith(b"new-") for v in retained), "expired records still readable"
-    for manager in managers:
-        manager.stop()
 
 
-async def test_orphans_go_after_grace_and_the_standby_takes_over(cluster_factory, tmp_path) -> None:
+async def test_orphans_go_after_grace_and_the_standby_takes_over(cluster_factory, start_managers) -> None:
     cluster = cluster_factory(s3=True, overrides=TIMINGS)
-    managers = start_managers(cluster, tmp_path)
+    managers = start_managers(cluster)
     topic = "orphans"
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     admin.create_topics([NewTopic(topic, 1, 3, config={"diskless.enabled": "true"})])[topic].result(30)
@@ -178,5 +186,3 @@ async def test_orphans_go_after_grace_and_the_standby_takes_over(cluster_factory
     key, put_at = orphan()
     await asyncio.to_thread(wait_until, lambda: key not in bucket_keys(cluster), 60, 0.2)
     assert committed <= bucket_keys(cluster)
-    for manager in managers:
-        manager.stop()
