@@ -136,7 +136,7 @@ class TxnShell(CoordinatorShell[TransactionCoordinatorCore]):
         request = m.build(load_request_schema(m.API_WRITE_TXN_MARKERS, MARKERS_VERSION), body)
         if leader == self.broker.node_id:
             header = m.RequestHeader(m.API_WRITE_TXN_MARKERS, MARKERS_VERSION, 0, "txn-coordinator")
-            response = await self.broker.apis.write_txn_markers(header, request)
+            response = await self.broker.apis.txn.write_txn_markers(header, request)
             return list(response["markers"])
         conn = await self.broker.peers.get(leader)
         answer = await conn.request(m.API_WRITE_TXN_MARKERS, MARKERS_VERSION, body, timeout=40)

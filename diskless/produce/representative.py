@@ -253,7 +253,7 @@ class Representative:
     def _send_commit(self, leader: int, body: dict[str, Any]) -> Awaitable[dict[str, Any]]:
         """Start a commit now (appends happen in call order); returns what to await for the answer."""
         if leader == self.broker.node_id:
-            return self.broker.apis.commit_batches_now(body)
+            return self.broker.apis.diskless.commit_batches_now(body)
         conn = self.broker.peers.connected(leader)
         if conn is None:
             raise ClientError(f"no connection to leader {leader}")

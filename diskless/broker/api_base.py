@@ -1,0 +1,125 @@
+"""What every Kafka API family shares: constants, the broker handle, finding the local log of a
+partition, and forwarding a request to a partition's leader."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from kio.schema.errors import ErrorCode
+
+from diskless.log.partition_log import PartitionLog
+from diskless.protocol import messages as m
+from diskless.protocol.client import ClientError
+from diskless.replication.partition import FOLLOWER, Partition
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = structlog.get_logger(__name__)
+
+
+RESOURCE_TOPIC = 2
+RESOURCE_BROKER = 4
+SOURCE_TOPIC = 1
+SOURCE_STATIC_BROKER = 4
+SOURCE_DEFAULT = 5
+CONFIG_TYPES = {"boolean": 1, "string": 2, "int": 3, "long": 5, "list": 7}
+EARLIEST = -2
+LATEST = -1
+MAX_TIMESTAMP = -3
+READ_COMMITTED = 1
+NO_AUTHORIZED_OPERATIONS = -(2**31)
+OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
+REF_NO, REF_YES, REF_UNKNOWN = 0, 1, 2
+
+
+def _ms(value: Any) -> int:
+    """kio decodes millisecond durations as timedelta; accept ints too."""
+    return int(value.total_seconds() * 1000) if hasattr(value, "total_seconds") else int(value)
+
+
+class CloseConnection(Exception):
+    """Raised by a handler whose only possible answer is closing the client's connection."""
+
+
+class ApiFamily:
+    """Base of one family of API handlers: holds the broker and the lookups every handler needs."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+
+    def handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
+        return {}
+
+    @property
+    def local_az(self) -> str:
+        return self.broker.config.broker_rack or "none"
+
+    @property
+    def _meta(self) -> Any:
+        return self.broker.metadata
+
+    def _leader_log(
+        self, topic: str, partition: int, current_leader_epoch: int = -1, any_replica: bool = False
+    ) -> tuple[ErrorCode, PartitionLog | None, Partition | None]:
+        """The local log of a partition this broker leads, or the Kafka error explaining why not.
+
+        With ``any_replica`` (reads of diskless partitions) a follower replica serves too, up to
+        the high watermark it learned from its leader.
+        """
+        state = self._meta.partition(topic, partition)
+        if state is None:
+            return ErrorCode.unknown_topic_or_partition, None, None
+        replica = self.broker.replicas.partitions.get((topic, partition))
+        serving = replica is not None and (
+            replica.leader_state is not None or (any_replica and replica.role == FOLLOWER)
+        )
+        if replica is None or not serving:
+            code = ErrorCode.leader_not_available if state.leader < 0 else ErrorCode.not_leader_or_follower
+            return code, None, None
+        if current_leader_epoch >= 0 and current_leader_epoch != replica.leader_epoch:
+            code = (
+                ErrorCode.fenced_leader_epoch
+                if current_leader_epoch < replica.leader_epoch
+                else ErrorCode.unknown_leader_epoch
+            )
+            return code, None, None
+        return ErrorCode.none, replica.log, replica
+
+    # --- ApiVersions / Metadata / DescribeCluster -----------------------------------------------
+
+    def _is_diskless(self, topic: str) -> bool:
+        meta = self._meta.topics.get(topic)
+        return meta is not None and self.broker.is_diskless(meta)
+
+    def _forward_target(self, topic: str, partition: int, diskless: bool, replica: Partition | None) -> int | None:
+        """Where a request about a diskless partition goes when no replica here can answer it: zone-
+        aligned metadata sends clients to a broker of their AZ, which may host no replica."""
+        if not diskless or replica is not None:
+            return None
+        state = self._meta.partition(topic, partition)
+        if state is None or state.leader < 0 or state.leader == self.broker.node_id:
+            return None
+        return int(state.leader)
+
+    async def _forward(self, leader: int, api_key: int, version: int, body: dict[str, Any]) -> Any | None:
+        try:
+            conn = await self.broker.peers.get(leader)
+            return await conn.request(api_key, version, body, timeout=30)
+        except (ClientError, OSError, TimeoutError) as exc:
+            log.info("forwarding to the leader failed", leader=leader, api=api_key, error=str(exc))
+            return None
+
+
+def _find_partition(answer: Any, topic: str, index: int, topic_field: str, index_field: str) -> Any | None:
+    """The partition entry of a forwarded response (kio entity), if the leader answered for it."""
+    if answer is None:
+        return None
+    for t in answer.topics:
+        if getattr(t, topic_field) == topic:
+            for p in t.partitions:
+                if getattr(p, index_field) == index:
+                    return p
+    return None

@@ -1,0 +1,115 @@
+"""The internal RPCs a leader of diskless partitions answers: CommitBatches from representatives,
+FetchPointers from brokers without a replica, WalReferences from the WAL file manager."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from typing import Any
+
+import structlog
+from kio.schema.errors import ErrorCode
+
+from diskless.log.partition_log import OffsetOutOfRange
+from diskless.metrics import DISKLESS_COMMIT_SECONDS
+from diskless.protocol import records
+from diskless.replication.partition import Partition
+
+from .api_base import REF_NO, REF_UNKNOWN, REF_YES, ApiFamily
+
+log = structlog.get_logger(__name__)
+
+
+class DisklessRpcs(ApiFamily):
+    """Leader side of the diskless commit, pointer-fetch and reference-query RPCs."""
+
+    def commit_batches_now(self, body: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        """CommitBatches on the leader: append every pointer now (in call order), then return what
+        to await for acks=all replication. Called directly by a local representative and by the
+        internal RPC handler, whose handlers start in request order."""
+        now = self.broker.now_ms()
+        key = body["key"]
+        expired = now - int(body["created_ms"]) > self.broker.config.diskless_wal_commit_timeout_ms
+        results: list[dict[str, Any]] = []
+        waits: list[tuple[int, Partition, int]] = []
+        appended = False
+        for entry in body["entries"]:
+            if expired:
+                results.append({"error_code": int(ErrorCode.request_timed_out)})
+                continue
+            code, plog, replica = self._leader_log(entry["topic"], entry["partition"])
+            if plog is None or replica is None:
+                results.append({"error_code": int(code)})
+                continue
+            if entry["acks"] == -1 and len(replica.isr) < plog.config.min_insync_replicas:
+                results.append({"error_code": int(ErrorCode.not_enough_replicas)})
+                continue
+            try:
+                result = plog.append_pointer_as_leader(
+                    entry["header"], key, entry["position"], replica.leader_epoch, now
+                )
+            except records.InvalidBatch as exc:
+                results.append({"error_code": int(ErrorCode[exc.error])})
+                continue
+            if not result.duplicate:
+                self.broker.on_leader_append(replica)
+                appended = True
+            results.append(
+                {
+                    "error_code": 0,
+                    "base_offset": result.base_offset,
+                    "log_append_time": result.log_append_time,
+                    "log_start_offset": result.log_start_offset,
+                }
+            )
+            if entry["acks"] == -1:
+                waits.append((len(results) - 1, replica, result.last_offset))
+        if appended:
+            self.broker.prefetch_objects({key})
+
+        async def replicated() -> dict[str, Any]:
+            started = time.monotonic()
+            outcomes = await asyncio.gather(*(r.wait_for_commit(last, 30.0) for _, r, last in waits))
+            for (index, replica, _), committed in zip(waits, outcomes, strict=True):
+                if not committed:
+                    lost = replica.leader_state is None
+                    results[index] = {
+                        "error_code": int(ErrorCode.not_leader_or_follower if lost else ErrorCode.request_timed_out)
+                    }
+            DISKLESS_COMMIT_SECONDS.observe(time.monotonic() - started)
+            return {"results": results}
+
+        return replicated()
+
+    async def wal_references_rpc(self, body: dict[str, Any]) -> dict[str, Any]:
+        """WalReferences from the WAL file manager: for each (object, topic id, partition), does that
+        partition, answered by its leader (us), still reference the object? 0 no, 1 yes, 2 cannot
+        say (not the leader). A topic id that no longer exists references nothing."""
+        answers = []
+        for key, topic_id, index in body["queries"]:
+            topic = self._meta.topic_by_id(topic_id)
+            if topic is None:
+                answers.append(REF_NO)  # deleted topics reference nothing (ids are never reused)
+                continue
+            if index >= len(topic.partitions):
+                answers.append(REF_UNKNOWN)  # our metadata lags: partitions never shrink
+                continue
+            replica = self.broker.replicas.partitions.get((topic.name, index))
+            if replica is None or replica.leader_state is None:
+                answers.append(REF_UNKNOWN)
+            else:
+                answers.append(REF_YES if replica.log.references(key) else REF_NO)
+        return {"answers": answers}
+
+    async def fetch_pointers_rpc(self, body: dict[str, Any]) -> dict[str, Any]:
+        """FetchPointers on the leader: a slice of the log for a broker that has no replica."""
+        code, plog, _ = self._leader_log(body["topic"], body["partition"])
+        if plog is None:
+            return {"error_code": int(code)}
+        answer = {"high_watermark": plog.high_watermark, "log_start_offset": plog.log_start_offset}
+        try:
+            result = plog.read(body["offset"], body["max_bytes"], min_one=True)
+        except OffsetOutOfRange:
+            return {"error_code": int(ErrorCode.offset_out_of_range), **answer}
+        return {"error_code": 0, "kind": result.kind, "data": result.records, **answer}

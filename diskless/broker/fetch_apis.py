@@ -1,0 +1,326 @@
+"""Fetch, ListOffsets and OffsetForLeaderEpoch: reading partitions, classic and diskless, from a
+leader, a follower (KIP-392 / zone-aligned reads) or, for a broker with no replica of a diskless
+partition, pointers from the leader and data from object storage."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from kio.schema.errors import ErrorCode
+
+from diskless.log.partition_log import OffsetOutOfRange, PartitionLog
+from diskless.log.segment import POINTERS
+from diskless.protocol import internal
+from diskless.protocol import messages as m
+from diskless.protocol.client import ClientError
+from diskless.replication.partition import Partition, wrap_pointers
+from diskless.storage import pointer
+
+from .api_base import EARLIEST, LATEST, MAX_TIMESTAMP, READ_COMMITTED, ApiFamily, _find_partition, _ms
+
+log = structlog.get_logger(__name__)
+
+
+log = structlog.get_logger(__name__)
+
+
+class FetchApis(ApiFamily):
+    """Read-side APIs."""
+
+    def handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
+        return {
+            m.API_FETCH: self.fetch,
+            m.API_LIST_OFFSETS: self.list_offsets,
+            m.API_OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
+        }
+
+    async def fetch(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        session_id = getattr(request, "session_id", 0)
+        session_epoch = getattr(request, "session_epoch", -1)
+        if session_id != 0:
+            return {
+                "throttle_time": 0,
+                "error_code": ErrorCode.fetch_session_id_not_found,
+                "session_id": 0,
+                "responses": [],
+            }
+        if session_epoch not in (0, -1):
+            return {
+                "throttle_time": 0,
+                "error_code": ErrorCode.invalid_fetch_session_epoch,
+                "session_id": 0,
+                "responses": [],
+            }
+        max_wait_ms = _ms(request.max_wait)
+        deadline = time.monotonic() + max_wait_ms / 1000
+        while True:
+            responses, total, has_error, remote, forwards = self._fetch_once(request)
+            if forwards:
+                total += await self._fetch_from_leaders(forwards, remote)
+            remaining = deadline - time.monotonic()
+            if total >= request.min_bytes or has_error or remaining <= 0 or (total > 0 and request.min_bytes <= 1):
+                if remote:
+                    await self._serve_pointers(remote)
+                return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": responses}
+            # Partitions read through their leader get no local wake-up: poll them at a short interval.
+            await self.broker.replicas.wait_for_append(min(remaining, 0.1) if forwards else remaining)
+
+    async def _fetch_from_leaders(
+        self, forwards: list[tuple[dict[str, Any], str, int, int, int, int]], remote: list[tuple[dict[str, Any], bytes]]
+    ) -> int:
+        """Diskless partitions with no replica here: pointers (metadata only) come from the leader,
+        the data from object storage in this AZ. Returns the bytes the batches will take."""
+
+        async def one(item: tuple[dict[str, Any], str, int, int, int, int]) -> int:
+            entry, topic, partition, offset, limit, leader = item
+            body = {"topic": topic, "partition": partition, "offset": offset, "max_bytes": limit}
+            try:
+                conn = await self.broker.peers.get(leader)
+                answer = await conn.wait(conn.send_internal(internal.INTERNAL_FETCH_POINTERS, body), timeout=10)
+            except (ClientError, OSError, TimeoutError):
+                entry["error_code"] = ErrorCode.not_leader_or_follower
+                return 0
+            entry["error_code"] = ErrorCode(answer["error_code"])
+            for field in ("high_watermark", "log_start_offset"):
+                entry[field] = answer.get(field, -1)
+            entry["last_stable_offset"] = entry["high_watermark"]
+            data = answer.get("data", b"")
+            if answer.get("kind") == POINTERS and data:
+                remote.append((entry, data))
+                return pointer.served_size(data)
+            entry["records"] = data
+            return len(data)
+
+        sizes = await asyncio.gather(*(one(item) for item in forwards))
+        return sum(sizes)
+
+    def _preferred_read_replica(self, replica: Partition | None, rack: str) -> int:
+        """KIP-392 for classic topics: a consumer that sent its rack is sent to an in-sync replica
+        there (diskless topics need none of this: metadata already points clients into their AZ)."""
+        if not rack or replica is None or replica.leader_state is None or rack == self.local_az:
+            return -1
+        for node_id in replica.isr:
+            info = self._meta.brokers.get(node_id)
+            if node_id != self.broker.node_id and info is not None and info.rack == rack:
+                return node_id
+        return -1
+
+    async def _serve_pointers(self, remote: list[tuple[dict[str, Any], bytes]]) -> None:
+        """Replace pointer entries by the batches they point to (cache, else ranged GETs)."""
+        reader = self.broker.wal_reader
+
+        async def one(entry: dict[str, Any], raw: bytes) -> None:
+            entries = pointer.iter_entries(raw)
+            pointers = [e for e in entries if isinstance(e, pointer.PointerEntry)]
+            try:
+                served = iter(await reader.batches(pointers) if reader is not None and pointers else [])
+            except Exception as exc:
+                log.warning("serving diskless batches failed", error=str(exc))
+                entry["error_code"] = ErrorCode.kafka_storage_error
+                return
+            # Inline entries (transaction markers) are served from the log itself, in place.
+            entry["records"] = b"".join(
+                e.batch if isinstance(e, pointer.InlineEntry) else next(served) for e in entries
+            )
+
+        await asyncio.gather(*(one(entry, raw) for entry, raw in remote))
+
+    def _fetch_once(
+        self, request: Any
+    ) -> tuple[
+        list[dict[str, Any]],
+        int,
+        bool,
+        list[tuple[dict[str, Any], bytes]],
+        list[tuple[dict[str, Any], str, int, int, int, int]],
+    ]:
+        max_bytes = getattr(request, "max_bytes", 2**31 - 1)
+        committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
+        follower = getattr(request, "replica_id", -1)
+        total = 0
+        has_error = False
+        responses = []
+        remote: list[tuple[dict[str, Any], bytes]] = []
+        forwards: list[tuple[dict[str, Any], str, int, int, int, int]] = []
+        for topic in request.topics:
+            parts = []
+            diskless = self._is_diskless(topic.topic)
+            # Consumers may read from any replica (KIP-392); followers serve up to the HW they know.
+            any_replica = follower < 0
+            rack = getattr(request, "rack_id", "") if follower < 0 and not self._is_diskless(topic.topic) else ""
+            for p in topic.partitions:
+                code, plog, replica = self._leader_log(
+                    topic.topic, p.partition, getattr(p, "current_leader_epoch", -1), any_replica
+                )
+                entry: dict[str, Any] = {
+                    "partition_index": p.partition,
+                    "error_code": code,
+                    "high_watermark": -1,
+                    "last_stable_offset": -1,
+                    "log_start_offset": -1,
+                    "aborted_transactions": [] if committed else None,
+                    "preferred_read_replica": -1,
+                    "records": b"",
+                }
+                preferred = self._preferred_read_replica(replica, rack)
+                state = self._meta.partition(topic.topic, p.partition)
+                if diskless and follower < 0 and replica is None and state is not None and state.leader >= 0:
+                    limit = min(p.partition_max_bytes, max(max_bytes - total, 0))
+                    forwards.append((entry, topic.topic, p.partition, p.fetch_offset, limit, state.leader))
+                    entry["error_code"] = ErrorCode.none
+                elif preferred >= 0 and plog is not None:
+                    entry.update(
+                        preferred_read_replica=preferred,
+                        high_watermark=plog.high_watermark,
+                        last_stable_offset=plog.last_stable_offset,
+                        log_start_offset=plog.log_start_offset,
+                    )
+                    has_error = True  # answer now: the consumer moves to the replica in its rack
+                elif plog is not None and replica is not None:
+                    limit = min(p.partition_max_bytes, max(max_bytes - total, 0))
+                    # read_committed stops at the last stable offset (open transactions).
+                    max_offset = plog.last_stable_offset if committed else None
+                    diverging = None
+                    if follower >= 0:
+                        # A follower reads up to our log end and, by the offset it asks for, tells us its own.
+                        max_offset = plog.log_end_offset
+                        diverging = replica.diverging_epoch(getattr(p, "last_fetched_epoch", -1), p.fetch_offset)
+                        if diverging is None and p.fetch_offset <= plog.log_end_offset:
+                            self.broker.on_follower_fetch(replica, follower, p.fetch_offset)
+                            if replica.hw_news_for(follower):
+                                has_error = True  # answer now: the follower serves reads up to this HW
+                    try:
+                        if diverging is not None:
+                            entry["diverging_epoch"] = {"epoch": diverging.epoch, "end_offset": diverging.end_offset}
+                            has_error = True  # answer now: the follower must truncate before fetching on
+                        else:
+                            result = plog.read(p.fetch_offset, limit, max_offset=max_offset, min_one=total == 0)
+                            if result.kind == POINTERS and follower >= 0:
+                                entry["records"] = wrap_pointers(result.records)
+                                total += len(result.records)
+                            elif result.kind == POINTERS:
+                                remote.append((entry, result.records))
+                                total += pointer.served_size(result.records)
+                            else:
+                                entry["records"] = result.records
+                                total += len(result.records)
+                            if committed and follower < 0 and result.records:
+                                aborted = plog.txns.aborted_between(p.fetch_offset, plog.last_stable_offset)
+                                entry["aborted_transactions"] = [
+                                    {"producer_id": a.producer_id, "first_offset": a.first_offset} for a in aborted
+                                ]
+                    except OffsetOutOfRange:
+                        entry["error_code"] = ErrorCode.offset_out_of_range
+                    entry["high_watermark"] = plog.high_watermark
+                    entry["last_stable_offset"] = plog.last_stable_offset
+                    entry["log_start_offset"] = plog.log_start_offset
+                has_error = has_error or entry["error_code"] != ErrorCode.none
+                parts.append(entry)
+            responses.append({"topic": topic.topic, "partitions": parts})
+        return responses, total, has_error, remote, forwards
+
+    # --- ListOffsets / OffsetForLeaderEpoch ---------------------------------------------------
+
+    async def list_offsets(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        topics = []
+        forwards: dict[int, list[tuple[dict[str, Any], str, int, int]]] = {}
+        for topic in request.topics:
+            parts = []
+            diskless = self._is_diskless(topic.name)
+            for p in topic.partitions:
+                code, plog, replica = self._leader_log(
+                    topic.name, p.partition_index, getattr(p, "current_leader_epoch", -1), diskless
+                )
+                entry = {
+                    "partition_index": p.partition_index,
+                    "error_code": code,
+                    "timestamp": -1,
+                    "offset": -1,
+                    "leader_epoch": -1,
+                }
+                leader = self._forward_target(topic.name, p.partition_index, diskless, replica)
+                if leader is not None:
+                    forwards.setdefault(leader, []).append((entry, topic.name, p.partition_index, p.timestamp))
+                elif plog is not None:
+                    found = await self._offset_for(plog, p.timestamp, getattr(request, "isolation_level", 0) == 1)
+                    if found is not None:
+                        entry["offset"], entry["timestamp"] = found
+                        entry["leader_epoch"] = plog.epochs.epoch_for_offset(found[0])
+                parts.append(entry)
+            topics.append({"name": topic.name, "partitions": parts})
+        for leader, items in forwards.items():
+            body = {
+                "replica_id": -1,
+                "isolation_level": getattr(request, "isolation_level", 0),
+                "topics": [
+                    {"name": t, "partitions": [{"partition_index": i, "timestamp": ts}]} for _, t, i, ts in items
+                ],
+            }
+            answer = await self._forward(leader, m.API_LIST_OFFSETS, 7, body)
+            for entry, topic_name, index, _ in items:
+                found = _find_partition(answer, topic_name, index, "name", "partition_index")
+                if found is None:
+                    entry["error_code"] = ErrorCode.not_leader_or_follower
+                    continue
+                entry.update(
+                    error_code=found.error_code,
+                    timestamp=found.timestamp,
+                    offset=found.offset,
+                    leader_epoch=found.leader_epoch,
+                )
+        return {"throttle_time": 0, "topics": topics}
+
+    def _forward_target(self, topic: str, partition: int, diskless: bool, replica: Partition | None) -> int | None:
+        """Where a request about a diskless partition goes when no replica here can answer it: zone-
+        aligned metadata sends clients to a broker of their AZ, which may host no replica."""
+        if not diskless or replica is not None:
+            return None
+        state = self._meta.partition(topic, partition)
+        if state is None or state.leader < 0 or state.leader == self.broker.node_id:
+            return None
+        return int(state.leader)
+
+    async def _forward(self, leader: int, api_key: int, version: int, body: dict[str, Any]) -> Any | None:
+        try:
+            conn = await self.broker.peers.get(leader)
+            return await conn.request(api_key, version, body, timeout=30)
+        except (ClientError, OSError, TimeoutError) as exc:
+            log.info("forwarding to the leader failed", leader=leader, api=api_key, error=str(exc))
+            return None
+
+    async def _offset_for(self, plog: PartitionLog, timestamp: int, committed: bool = False) -> tuple[int, int] | None:
+        if timestamp == LATEST:
+            return (plog.last_stable_offset if committed else plog.high_watermark), -1
+        if timestamp == EARLIEST:
+            return plog.log_start_offset, -1
+        if timestamp == MAX_TIMESTAMP:
+            found = plog.batch_of_max_timestamp()
+            if found is None:
+                return None
+            return plog.record_with_max_timestamp(await self.broker.batch_bytes(*found))
+        # The first batch reaching the timestamp normally holds the answer; record timestamps need
+        # not be monotonic, so keep going if it does not.
+        for segment, location in plog.batches_reaching(timestamp):
+            hit = plog.first_record_reaching(await self.broker.batch_bytes(segment, location), timestamp)
+            if hit is not None:
+                return hit
+        return None
+
+    def offset_for_leader_epoch(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        topics = []
+        for topic in request.topics:
+            parts = []
+            for p in topic.partitions:
+                code, plog, _ = self._leader_log(
+                    topic.topic, p.partition, getattr(p, "current_leader_epoch", -1), self._is_diskless(topic.topic)
+                )
+                epoch, end = -1, -1
+                if plog is not None:
+                    epoch, end = plog.epochs.end_offset_for(p.leader_epoch, plog.log_end_offset)
+                parts.append({"error_code": code, "partition": p.partition, "leader_epoch": epoch, "end_offset": end})
+            topics.append({"topic": topic.topic, "partitions": parts})
+        return {"throttle_time": 0, "topics": topics}

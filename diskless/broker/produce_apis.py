@@ -1,0 +1,209 @@
+"""Produce and InitProducerId.
+
+Ordering note: the connection layer starts handlers in request order, and ``produce`` appends
+before its first ``await``, so pipelined produce requests on one connection append in order.
+Diskless partitions are handed to the representative instead of appended here."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from kio.schema.errors import ErrorCode
+
+from diskless.log.partition_log import timestamp_allowed
+from diskless.protocol import messages as m
+from diskless.protocol import records
+from diskless.replication.partition import Partition
+
+from .api_base import ApiFamily, CloseConnection, _ms
+
+log = structlog.get_logger(__name__)
+
+
+class ProduceApis(ApiFamily):
+    """Produce to classic partitions (append here) and diskless ones (via the representative)."""
+
+    def handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
+        return {
+            m.API_PRODUCE: self.produce,
+            m.API_INIT_PRODUCER_ID: self.init_producer_id,
+        }
+
+    def produce(self, header: m.RequestHeader, request: Any) -> Any:
+        """Append synchronously (request order is append order), then wait for acks=all if asked."""
+        now = self.broker.now_ms()
+        acks = request.acks
+        timeout_s = _ms(request.timeout) / 1000
+        responses = []
+        pending: list[tuple[dict[str, Any], Partition, int]] = []
+        remote: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = []
+        for topic_data in request.topic_data:
+            parts = []
+            diskless = self._is_diskless(topic_data.name)
+            for pdata in topic_data.partition_data:
+                if diskless:
+                    result, future = self._produce_diskless(topic_data.name, pdata.index, pdata.records, acks, now)
+                    if future is not None:
+                        remote.append((result, future))
+                    parts.append(result)
+                    continue
+                result, replica, last_offset = self._produce_partition(
+                    topic_data.name, pdata.index, pdata.records, acks, now
+                )
+                if replica is not None and acks == -1:
+                    pending.append((result, replica, last_offset))
+                parts.append(result)
+            responses.append({"name": topic_data.name, "partition_responses": parts})
+        if acks == 0:
+            # As Kafka does: a failed acks=0 produce closes the connection, the client's only signal
+            # that its records were refused (it then refreshes metadata and reconnects).
+            errors = [p["error_code"] for t in responses for p in t["partition_responses"] if p["error_code"]]
+            if errors:
+                raise CloseConnection(f"acks=0 produce failed: {[e.name for e in errors]}")
+            return None
+        body = {"responses": responses, "throttle_time": 0}
+        if not pending and not remote:
+            return body
+        return self._await_replication(body, pending, remote, timeout_s)
+
+    async def _await_replication(
+        self,
+        body: dict[str, Any],
+        pending: list[tuple[dict[str, Any], Partition, int]],
+        remote: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]],
+        timeout_s: float,
+    ) -> dict[str, Any]:
+        if remote:
+            await asyncio.wait([f for _, f in remote], timeout=timeout_s)
+            for entry, future in remote:
+                outcome = future.result() if future.done() else {"error_code": int(ErrorCode.request_timed_out)}
+                code = ErrorCode(outcome["error_code"])
+                entry["error_code"] = code
+                if code == ErrorCode.none:
+                    entry["base_offset"] = outcome["base_offset"]
+                    entry["log_start_offset"] = outcome.get("log_start_offset", -1)
+                    append_time = outcome.get("log_append_time", -1)
+                    entry["log_append_time"] = append_time if append_time >= 0 else None
+        results = await asyncio.gather(*(replica.wait_for_commit(last, timeout_s) for _, replica, last in pending))
+        for (entry, replica, _), committed in zip(pending, results, strict=True):
+            if committed:
+                if len(replica.isr) < replica.log.config.min_insync_replicas:
+                    entry.update(error_code=ErrorCode.not_enough_replicas_after_append, base_offset=-1)
+                continue
+            code = ErrorCode.request_timed_out if replica.leader_state is not None else ErrorCode.not_leader_or_follower
+            entry.update(error_code=code, base_offset=-1, log_append_time=None, log_start_offset=-1)
+        return body
+
+    def _is_diskless(self, topic: str) -> bool:
+        meta = self._meta.topics.get(topic)
+        return meta is not None and self.broker.is_diskless(meta)
+
+    def _produce_diskless(
+        self, topic: str, partition: int, data: bytes | None, acks: int, now: int
+    ) -> tuple[dict[str, Any], asyncio.Future[dict[str, Any]] | None]:
+        """Any broker accepts diskless produce: validate the header, hand the batch to the representative."""
+        entry: dict[str, Any] = {
+            "index": partition,
+            "error_code": ErrorCode.none,
+            "base_offset": -1,
+            "log_append_time": None,
+            "log_start_offset": -1,
+            "record_errors": [],
+            "error_message": None,
+        }
+
+        def failed(code: ErrorCode, message: str | None = None) -> tuple[dict[str, Any], None]:
+            entry.update(error_code=code, error_message=message)
+            return entry, None
+
+        meta = self._meta.topics.get(topic)
+        state = self._meta.partition(topic, partition)
+        if meta is None or state is None:
+            return failed(ErrorCode.unknown_topic_or_partition)
+        if acks not in (0, 1, -1):
+            return failed(ErrorCode.invalid_required_acks)
+        representative = self.broker.representative
+        if representative is None:
+            return failed(ErrorCode.kafka_storage_error, "diskless topics need diskless.s3.endpoint")
+        if not data:
+            return failed(ErrorCode.invalid_record, "produce request carries no records")
+        config = self.broker.log_config(meta)
+        try:
+            batches = records.split_batches(data)
+            if len(batches) != 1:
+                raise records.InvalidBatch("invalid_record", "produce v3+ must carry exactly one record batch")
+            header = records.validate_batch(batches[0], config.max_message_bytes)
+            if not timestamp_allowed(header, config, now):
+                raise records.InvalidBatch("invalid_timestamp", "timestamp outside the allowed range")
+        except records.InvalidBatch as exc:
+            return failed(ErrorCode[exc.error], str(exc))
+        if acks == -1 and len(state.isr) < config.min_insync_replicas:
+            return failed(ErrorCode.not_enough_replicas)
+        batch = bytearray(batches[0])
+        if config.message_timestamp_type == "LogAppendTime":
+            # Stamped before upload: the bytes in object storage are the bytes consumers get.
+            records.set_log_append_time(batch, now)
+        return entry, representative.submit(topic, meta.topic_id, partition, bytes(batch), acks)
+
+    def _produce_partition(
+        self, topic: str, partition: int, data: bytes | None, acks: int, now: int
+    ) -> tuple[dict[str, Any], Partition | None, int]:
+        def failed(code: ErrorCode, message: str | None = None) -> tuple[dict[str, Any], None, int]:
+            entry = {
+                "index": partition,
+                "error_code": code,
+                "base_offset": -1,
+                "log_append_time": None,
+                "log_start_offset": -1,
+                "record_errors": [],
+                "error_message": message,
+            }
+            return entry, None, -1
+
+        if acks not in (0, 1, -1):
+            return failed(ErrorCode.invalid_required_acks)
+        code, plog, replica = self._leader_log(topic, partition)
+        if plog is None or replica is None:
+            return failed(code)
+        if not data:
+            return failed(ErrorCode.invalid_record, "produce request carries no records")
+        try:
+            batches = records.split_batches(data)
+            if len(batches) != 1:
+                raise records.InvalidBatch("invalid_record", "produce v3+ must carry exactly one record batch")
+            if acks == -1 and len(replica.isr) < plog.config.min_insync_replicas:
+                return failed(ErrorCode.not_enough_replicas)
+            result = plog.append_as_leader(batches, replica.leader_epoch, now)
+        except records.InvalidBatch as exc:
+            return failed(ErrorCode[exc.error], str(exc))
+        if not result.duplicate:
+            self.broker.on_leader_append(replica)
+        entry = {
+            "index": partition,
+            "error_code": ErrorCode.none,
+            "base_offset": result.base_offset,
+            "log_append_time": result.log_append_time if result.log_append_time >= 0 else None,
+            "log_start_offset": result.log_start_offset,
+            "record_errors": [],
+            "error_message": None,
+        }
+        return entry, replica, result.last_offset
+
+    async def init_producer_id(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        if request.transactional_id is not None:
+            from diskless.transactions.handlers import init_producer_id
+
+            answer = await init_producer_id(self.broker.txns, header, request)
+            if answer is not None:
+                return answer
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.none,
+            "producer_id": await self.broker.allocate_producer_id(),
+            "producer_epoch": 0,
+        }
+
+    # --- Fetch -----------------------------------------------------------------------------------

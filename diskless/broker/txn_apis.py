@@ -1,0 +1,101 @@
+"""Broker-side transaction APIs that are not the coordinator's: WriteTxnMarkers (partition leaders
+end a transaction with a control batch) and TxnOffsetCommit (the group coordinator's part)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+from kio.schema.errors import ErrorCode
+
+from diskless.protocol import messages as m
+from diskless.replication.partition import Partition
+
+from .api_base import ApiFamily
+
+log = structlog.get_logger(__name__)
+
+
+class TxnApis(ApiFamily):
+    """WriteTxnMarkers and TxnOffsetCommit."""
+
+    def handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
+        return {
+            m.API_WRITE_TXN_MARKERS: self.write_txn_markers,
+            m.API_TXN_OFFSET_COMMIT: self.txn_offset_commit,
+        }
+
+    async def write_txn_markers(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        """WriteTxnMarkers from a transaction coordinator: end a producer's transaction on each
+        partition we lead with a control batch, answered once it is replicated (acks=all)."""
+        from .group_shell import OFFSETS_TOPIC
+
+        now = self.broker.now_ms()
+        results = []
+        waits: list[tuple[dict[str, Any], Partition, int]] = []
+        for marker in request.markers:
+            topics = []
+            for topic in marker.topics:
+                parts = []
+                for index in topic.partition_indexes:
+                    code, plog, replica = self._leader_log(topic.name, index)
+                    entry: dict[str, Any] = {"partition_index": index, "error_code": code}
+                    if plog is not None and replica is not None:
+                        offset = plog.append_marker_as_leader(
+                            marker.producer_id,
+                            marker.producer_epoch,
+                            bool(marker.transaction_result),
+                            marker.coordinator_epoch,
+                            replica.leader_epoch,
+                            now,
+                        )
+                        self.broker.on_leader_append(replica)
+                        waits.append((entry, replica, offset))
+                        if topic.name == OFFSETS_TOPIC:
+                            self.broker.groups.on_marker(index, marker.producer_id, bool(marker.transaction_result))
+                    parts.append(entry)
+                topics.append({"name": topic.name, "partitions": parts})
+            results.append({"producer_id": marker.producer_id, "topics": topics})
+        outcomes = await asyncio.gather(*(r.wait_for_commit(offset, 30.0) for _, r, offset in waits))
+        for (entry, replica, _), committed in zip(waits, outcomes, strict=True):
+            if not committed:
+                lost = replica.leader_state is None
+                entry["error_code"] = ErrorCode.not_leader_or_follower if lost else ErrorCode.request_timed_out
+        return {"markers": results}
+
+    async def txn_offset_commit(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        """TxnOffsetCommit: offsets that count only if the producer's transaction commits."""
+        from diskless.groups.coordinator import OffsetAndMetadata
+        from diskless.groups.records import encode_offset
+
+        group_id = request.group_id
+        shell = self.broker.groups
+        core = shell.coordinator(group_id)
+        code = core if isinstance(core, ErrorCode) else ErrorCode.none
+        now = self.broker.now_ms()
+        generation = getattr(request, "generation_id", -1)
+        if not isinstance(core, ErrorCode) and generation >= 0:
+            code = core.validate_commit(
+                group_id,
+                generation,
+                getattr(request, "member_id", ""),
+                getattr(request, "group_instance_id", None),
+                now,
+            )
+        offsets: dict[tuple[str, int], OffsetAndMetadata] = {}
+        for topic in request.topics:
+            for p in topic.partitions:
+                offsets[(topic.name, p.partition_index)] = OffsetAndMetadata(
+                    p.committed_offset, getattr(p, "committed_leader_epoch", -1), p.committed_metadata or "", now
+                )
+        if code == ErrorCode.none:
+            entries = [encode_offset(group_id, t, i, value) for (t, i), value in offsets.items()]
+            code = await shell.persist(group_id, entries, (request.producer_id, request.producer_epoch))
+            if code == ErrorCode.none:
+                shell.add_pending(group_id, request.producer_id, offsets)
+        topics: dict[str, list[dict[str, Any]]] = {}
+        for t, i in offsets:
+            topics.setdefault(t, []).append({"partition_index": i, "error_code": code})
+        return {"throttle_time": 0, "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()]}
