@@ -88,8 +88,6 @@ class ApiFamily:
             return code, None, None
         return ErrorCode.none, replica.log, replica
 
-    # --- ApiVersions / Metadata / DescribeCluster -----------------------------------------------
-
     def _is_diskless(self, topic: str) -> bool:
         meta = self._meta.topics.get(topic)
         return meta is not None and self.broker.is_diskless(meta)

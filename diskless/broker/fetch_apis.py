@@ -274,24 +274,6 @@ class FetchApis(ApiFamily):
                 )
         return {"throttle_time": 0, "topics": topics}
 
-    def _forward_target(self, topic: str, partition: int, diskless: bool, replica: Partition | None) -> int | None:
-        """Where a request about a diskless partition goes when no replica here can answer it: zone-
-        aligned metadata sends clients to a broker of their AZ, which may host no replica."""
-        if not diskless or replica is not None:
-            return None
-        state = self._meta.partition(topic, partition)
-        if state is None or state.leader < 0 or state.leader == self.broker.node_id:
-            return None
-        return int(state.leader)
-
-    async def _forward(self, leader: int, api_key: int, version: int, body: dict[str, Any]) -> Any | None:
-        try:
-            conn = await self.broker.peers.get(leader)
-            return await conn.request(api_key, version, body, timeout=30)
-        except (ClientError, OSError, TimeoutError) as exc:
-            log.info("forwarding to the leader failed", leader=leader, api=api_key, error=str(exc))
-            return None
-
     async def _offset_for(self, plog: PartitionLog, timestamp: int, committed: bool = False) -> tuple[int, int] | None:
         if timestamp == LATEST:
             return (plog.last_stable_offset if committed else plog.high_watermark), -1
