@@ -175,7 +175,13 @@ class PartitionLog:
 
     @property
     def size_bytes(self) -> int:
+        """Bytes of the segment files on disk (pointer entries, not the batches they point to)."""
         return sum(s.size for s in self.segments)
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of the batches in the log, wherever they live (``retention.bytes`` limits this)."""
+        return sum(s.data_bytes for s in self.segments)
 
     # --- appending -----------------------------------------------------------------------------
 
@@ -466,13 +472,15 @@ class PartitionLog:
         if self.config.retention_ms >= 0:
             deleted += self._delete_oldest(lambda seg: now_ms - seg.max_timestamp > self.config.retention_ms, now_ms)
         if self.config.retention_bytes >= 0:
-            excess = self.size_bytes - self.config.retention_bytes
+            # A diskless partition is as big as the batches it points to: a pointer entry is ~100
+            # bytes whatever the batch, so counting entries would keep ~100x the data asked for.
+            excess = self.data_bytes - self.config.retention_bytes
 
             def over_size(seg: LogSegment) -> bool:
                 nonlocal excess
-                if excess - seg.size < 0:
+                if excess - seg.data_bytes < 0:
                     return False
-                excess -= seg.size
+                excess -= seg.data_bytes
                 return True
 
             deleted += self._delete_oldest(over_size, now_ms)

@@ -71,6 +71,7 @@ class LogSegment:
         # Pointers segments: WAL object key -> entries at or after ``ref_floor`` pointing into it.
         self.wal_refs: Counter[str] = Counter()
         self.ref_floor = base_offset
+        self._pointed_bytes = 0  # pointers segments: sum of the batch sizes in the entries' headers
 
     # --- appending -------------------------------------------------------------------------
 
@@ -83,9 +84,17 @@ class LogSegment:
         self.size += len(batch)
         self._track(position, base_offset, last_offset, len(batch), max_ts)
         if self.kind == POINTERS:
+            self._pointed_bytes += records.peek_offset_and_size(batch, pointer.ENTRY_HEADER_POS)[1]
             key = pointer.entry_key(batch, 0)
             if key is not None:
                 self.wal_refs[key] += 1
+
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of the batches this segment holds, or (pointers) points to or holds inline.
+
+        What a reader of the whole segment gets back, hence what ``retention.bytes`` limits."""
+        return self._pointed_bytes if self.kind == POINTERS else self.size
 
     def set_ref_floor(self, offset: int) -> None:
         """The log start moved into this segment: entries wholly below it reference nothing."""
@@ -93,7 +102,9 @@ class LogSegment:
         self.count_refs()
 
     def count_refs(self) -> None:
+        """Recount ``wal_refs`` (entries at or after ``ref_floor``) and ``data_bytes`` (all entries)."""
         self.wal_refs = Counter()
+        self._pointed_bytes = 0
         if self.kind != POINTERS:
             return
         position = 0
@@ -104,6 +115,7 @@ class LogSegment:
                 size = pointer.pointer_entry_size(chunk, at)
                 if at + size > len(chunk):
                     break
+                self._pointed_bytes += records.peek_offset_and_size(chunk, at + pointer.ENTRY_HEADER_POS)[1]
                 if records.last_offset_at(chunk, at + pointer.ENTRY_HEADER_POS) >= self.ref_floor:
                     key = pointer.entry_key(chunk, at)
                     if key is not None:
