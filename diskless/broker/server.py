@@ -3,7 +3,8 @@
 One task reads frames and starts a handler per request (so a long-polling fetch never blocks a
 produce pipelined behind it); another writes responses strictly in request order, as Kafka
 clients require. Anything undecodable, an oversized frame, or an unsupported version of any API
-other than ApiVersions closes that connection only.
+other than ApiVersions closes that connection only. A handler that fails unexpectedly is answered
+with the API's error code (``error_responses``); the connection stays open.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from kio.schema.errors import ErrorCode
 
 from diskless.aio import cancel_and_wait
 from diskless.metrics import CONNECTION_BYTES, CONNECTIONS, REQUEST_ERRORS, REQUESTS
-from diskless.protocol import internal
+from diskless.protocol import error_responses, internal
 from diskless.protocol import messages as m
 from diskless.protocol.framing import FrameDecoder, FrameError
 
@@ -148,8 +149,23 @@ class Connection:
         await self.pending.put((header, task))
 
     async def _respond(self, header: m.RequestHeader, request: Any) -> bytes | None:
-        body = await self.server.apis.handle(header, request)
-        return None if body is None else m.encode_response(header, body)
+        try:
+            body = await self.server.apis.handle(header, request)
+            return None if body is None else m.encode_response(header, body)
+        except CloseConnection:
+            raise
+        except Exception as exc:
+            # As Kafka does: an unexpected failure answers this request with the API's error code
+            # (per topic/partition/group where the response has them), and the connection and
+            # every request pipelined on it carry on.
+            REQUEST_ERRORS.labels(reason="handler_exception").inc()
+            log.exception("request handler failed; answering with an error", peer=self.peer, api=header.api_key)
+            if header.api_key == m.API_PRODUCE and getattr(request, "acks", -1) == 0:
+                # acks=0 producers read no answers: closing is their only signal (Kafka does so).
+                raise CloseConnection(f"acks=0 produce failed: {exc!r}") from exc
+            code = error_responses.code_for(exc)
+            body = error_responses.error_response(header.api_key, header.api_version, request, code)
+            return m.encode_response(header, body)
 
     async def _respond_internal(self, header: m.RequestHeader, body: dict[str, Any]) -> bytes:
         result = await self.server.apis.handle_internal(header, body)
