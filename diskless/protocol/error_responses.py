@@ -105,7 +105,9 @@ def code_for(exc: BaseException) -> ErrorCode:
 def error_response(api_key: int, version: int, request: Any, code: ErrorCode, message: str | None = None) -> dict:
     """A response body (the dict ``messages.encode_response`` takes) answering ``request`` with ``code``."""
     cls = m._response_type(api_key, version)
-    text = message if message is not None else (UNKNOWN_SERVER_ERROR_MESSAGE if code == ErrorCode.unknown_server_error else None)
+    text = message
+    if text is None and code == ErrorCode.unknown_server_error:
+        text = UNKNOWN_SERVER_ERROR_MESSAGE
     return _fill(cls, request, code, text, top=True)
 
 

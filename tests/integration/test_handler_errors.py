@@ -23,7 +23,9 @@ pytestmark = pytest.mark.integration
 
 def create_topics(name: str, partitions: int) -> CreateTopicsRequest:
     return CreateTopicsRequest(
-        topics=(CreatableTopic(name=name, num_partitions=partitions, replication_factor=1, assignments=(), configs=()),),
+        topics=(
+            CreatableTopic(name=name, num_partitions=partitions, replication_factor=1, assignments=(), configs=()),
+        ),
         timeout=datetime.timedelta(seconds=30),
         validate_only=False,
     )

@@ -148,7 +148,11 @@ def test_per_partition_answer_mirrors_the_request() -> None:
         },
     )
     body = er.error_response(m.API_PRODUCE, 9, request, ErrorCode.unknown_server_error)
-    got = [(t["name"], p["index"], p["error_code"], p["base_offset"]) for t in body["responses"] for p in t["partition_responses"]]
+    got = [
+        (t["name"], p["index"], p["error_code"], p["base_offset"])
+        for t in body["responses"]
+        for p in t["partition_responses"]
+    ]
     assert got == [
         ("a", 0, ErrorCode.unknown_server_error, -1),
         ("a", 3, ErrorCode.unknown_server_error, -1),
