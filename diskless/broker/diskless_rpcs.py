@@ -103,13 +103,28 @@ class DisklessRpcs(ApiFamily):
         return {"answers": answers}
 
     async def fetch_pointers_rpc(self, body: dict[str, Any]) -> dict[str, Any]:
-        """FetchPointers on the leader: a slice of the log for a broker that has no replica."""
+        """FetchPointers on the leader: a slice of the log for a broker that has no replica, with the
+        last stable offset and, for ``read_committed``, reads bounded by it plus the aborted
+        transactions of the range (a consumer there must see what a consumer here would)."""
         code, plog, _ = self._leader_log(body["topic"], body["partition"])
         if plog is None:
             return {"error_code": int(code)}
-        answer = {"high_watermark": plog.high_watermark, "log_start_offset": plog.log_start_offset}
+        stable = plog.last_stable_offset
+        answer = {
+            "high_watermark": plog.high_watermark,
+            "last_stable_offset": stable,
+            "log_start_offset": plog.log_start_offset,
+        }
+        # read_committed stops at the last stable offset, exactly as a local read does; the reader
+        # needs the aborted transactions of the range to drop their records.
+        committed = bool(body.get("read_committed", False))
         try:
-            result = plog.read(body["offset"], body["max_bytes"], min_one=True)
+            result = plog.read(
+                body["offset"], body["max_bytes"], max_offset=stable if committed else None, min_one=True
+            )
         except OffsetOutOfRange:
             return {"error_code": int(ErrorCode.offset_out_of_range), **answer}
-        return {"error_code": 0, "kind": result.kind, "data": result.records, **answer}
+        aborted = []
+        if committed and result.records:
+            aborted = [[a.producer_id, a.first_offset] for a in plog.txns.aborted_between(body["offset"], stable)]
+        return {"error_code": 0, "kind": result.kind, "data": result.records, "aborted_transactions": aborted, **answer}

@@ -78,6 +78,9 @@ class FetchApis(ApiFamily):
         async def one(item: tuple[dict[str, Any], str, int, int, int, int]) -> int:
             entry, topic, partition, offset, limit, leader = item
             body = {"topic": topic, "partition": partition, "offset": offset, "max_bytes": limit}
+            # The entry was built with a list of aborted transactions exactly when read_committed.
+            committed = entry["aborted_transactions"] is not None
+            body["read_committed"] = committed
             try:
                 conn = await self.broker.peers.get(leader)
                 answer = await conn.wait(conn.send_internal(internal.INTERNAL_FETCH_POINTERS, body), timeout=10)
@@ -85,9 +88,16 @@ class FetchApis(ApiFamily):
                 entry["error_code"] = ErrorCode.not_leader_or_follower
                 return 0
             entry["error_code"] = ErrorCode(answer["error_code"])
-            for field in ("high_watermark", "log_start_offset"):
+            if committed and entry["error_code"] == ErrorCode.none and "last_stable_offset" not in answer:
+                # A leader that does not bound reads by its LSO: never serve its data as committed.
+                entry["error_code"] = ErrorCode.not_leader_or_follower
+                return 0
+            for field in ("high_watermark", "last_stable_offset", "log_start_offset"):
                 entry[field] = answer.get(field, -1)
-            entry["last_stable_offset"] = entry["high_watermark"]
+            if committed:
+                entry["aborted_transactions"] = [
+                    {"producer_id": pid, "first_offset": first} for pid, first in answer.get("aborted_transactions", [])
+                ]
             data = answer.get("data", b"")
             if answer.get("kind") == POINTERS and data:
                 remote.append((entry, data))

@@ -1,0 +1,110 @@
+"""read_committed in every AZ of a diskless topic, including AZs with no replica of the partition:
+there a broker reads pointers from the leader (FetchPointers) and the data from object storage,
+and the last stable offset and the aborted transactions must come from the leader too."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, IsolationLevel, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+AZS = ["az-1", "az-2", "az-3"]
+OVERRIDES = {"transaction.state.log.num.partitions": "3", "offsets.topic.num.partitions": "3"}
+
+
+def hosts_replica(broker_dir: Path, topic: str) -> bool:
+    return any(p.name == f"{topic}-0" for p in broker_dir.rglob(f"{topic}-0") if p.is_dir())
+
+
+def read_committed_in(az: str, bootstrap: str, topic: str, expected: int, timeout: float = 60) -> list[bytes]:
+    """Everything a read_committed consumer of ``az`` gets; reads on for 2 s after ``expected``
+    values so that anything beyond them (aborted or still-open records) shows up."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "client.id": f"reader diskless_az={az}",
+            "group.id": f"rc-{az}-{time.monotonic_ns()}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        values: list[bytes] = []
+        deadline = time.monotonic() + timeout
+        idle_until = None
+        while time.monotonic() < deadline:
+            values.extend(m.value() for m in consumer.consume(1000, 0.5) if m.error() is None)
+            if len(values) >= expected:
+                idle_until = idle_until or time.monotonic() + 2
+                if time.monotonic() > idle_until:
+                    break
+        return values
+    finally:
+        consumer.close()
+
+
+def latest_offsets_in(az: str, bootstrap: str, topic: str) -> tuple[int, int]:
+    """(read_uncommitted, read_committed) ListOffsets(latest) answered through a broker of ``az``."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": f"admin diskless_az={az}"})
+    tp = TopicPartition(topic, 0)
+    found = []
+    for level in (IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED):
+        result = admin.list_offsets({tp: OffsetSpec.latest()}, isolation_level=level, request_timeout=30)
+        found.append(result[tp].result(30).offset)
+    return found[0], found[1]
+
+
+def test_read_committed_in_azs_without_a_replica(cluster_factory) -> None:
+    """The user's report: 3 AZs, replication factor 1, 50 committed and 50 aborted transactional
+    records; read_committed consumers in the AZs without a replica got all 100. A transaction
+    left open at the end must also stay invisible (reads stop at the leader's LSO)."""
+    cluster = cluster_factory(s3=True, overrides=OVERRIDES)
+    topic = "rc-remote"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1, config={"diskless.enabled": "true"})])[topic].result(30)
+
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap_in("az-1"),
+            "client.id": "txn diskless_az=az-1",
+            "transactional.id": "rc-remote",
+        }
+    )
+    producer.init_transactions(30)
+    committed = []
+    for round_, (commit, count) in enumerate([(True, 25), (False, 50), (True, 25)]):
+        producer.begin_transaction()
+        for i in range(count):
+            value = f"{'c' if commit else 'a'}-{round_}-{i}".encode()
+            producer.produce(topic, value=value, partition=0)
+            if commit:
+                committed.append(value)
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.flush(30)
+            producer.abort_transaction(30)
+    # A transaction still open: its records are in the log (below the HW) but not stable.
+    producer.begin_transaction()
+    for i in range(10):
+        producer.produce(topic, value=f"open-{i}".encode(), partition=0)
+    assert producer.flush(30) == 0
+
+    # 25 + 50 + 25 records, three markers, then the open transaction's 10 records.
+    stable = 25 + 1 + 50 + 1 + 25 + 1
+    remote = [b.rack for b in cluster.brokers if not hosts_replica(b.data_dir, topic)]
+    assert len(remote) == 2, "replication factor 1 over 3 AZs leaves two AZs without a replica"
+    try:
+        for az in AZS:
+            uncommitted_end, committed_end = latest_offsets_in(az, cluster.bootstrap_in(az), topic)
+            assert (uncommitted_end, committed_end) == (stable + 10, stable), f"ListOffsets in {az}"
+            got = read_committed_in(az, cluster.bootstrap_in(az), topic, len(committed))
+            assert sorted(got) == sorted(committed), (
+                f"read_committed consumer in {az} (replica here: {az not in remote}) got {len(got)} records, "
+                f"{sum(v.startswith(b'a-') for v in got)} aborted, {sum(v.startswith(b'open-') for v in got)} open"
+            )
+    finally:
+        producer.abort_transaction(30)
