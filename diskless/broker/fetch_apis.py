@@ -17,6 +17,16 @@ from diskless.log.segment import POINTERS
 from diskless.protocol import internal
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError
+from diskless.replication.follower_reads import (
+    FORWARD,
+    OUT_OF_RANGE,
+    SERVE,
+    ReadDecision,
+    earliest_offset,
+    follower_read,
+    is_fresh,
+    max_staleness_ms,
+)
 from diskless.replication.partition import Partition, wrap_pointers
 from diskless.storage import pointer
 
@@ -178,10 +188,22 @@ class FetchApis(ApiFamily):
                 }
                 preferred = self._preferred_read_replica(replica, rack)
                 state = self._meta.partition(topic.topic, p.partition)
-                if diskless and follower < 0 and replica is None and state is not None and state.leader >= 0:
+                # A follower shown to its AZ's clients as the leader answers only what the leader would.
+                route = self._follower_route(diskless, follower, replica, p.fetch_offset)
+                through_leader = replica is None or (
+                    route.action == FORWARD and state is not None and state.leader != self.broker.node_id
+                )
+                if diskless and follower < 0 and through_leader and state is not None and state.leader >= 0:
                     limit = min(p.partition_max_bytes, max(max_bytes - total, 0))
                     forwards.append((entry, topic.topic, p.partition, p.fetch_offset, limit, state.leader))
                     entry["error_code"] = ErrorCode.none
+                elif route.action == OUT_OF_RANGE and plog is not None:
+                    entry.update(
+                        error_code=ErrorCode.offset_out_of_range,
+                        high_watermark=plog.high_watermark,
+                        last_stable_offset=plog.last_stable_offset,
+                        log_start_offset=route.log_start_offset,
+                    )
                 elif preferred >= 0 and plog is not None:
                     entry.update(
                         preferred_read_replica=preferred,
@@ -228,14 +250,36 @@ class FetchApis(ApiFamily):
                     entry["high_watermark"] = plog.high_watermark
                     entry["last_stable_offset"] = plog.last_stable_offset
                     entry["log_start_offset"] = plog.log_start_offset
+                    if diskless and follower < 0 and replica.leader_state is None:
+                        entry["log_start_offset"] = earliest_offset(replica.follower_view())
                 has_error = has_error or entry["error_code"] != ErrorCode.none
                 parts.append(entry)
             responses.append({"topic": topic.topic, "partitions": parts})
         return responses, total, has_error, remote, forwards
 
+    @property
+    def _max_staleness_ms(self) -> int:
+        config = self.broker.config
+        return max_staleness_ms(config.replica_fetch_wait_max_ms, config.replica_lag_time_max_ms)
+
+    def _follower_route(self, diskless: bool, follower: int, replica: Partition | None, offset: int) -> ReadDecision:
+        """How a consumer's fetch of a diskless partition at ``offset`` is answered when the replica
+        here is a follower (follower_reads); SERVE for everything else."""
+        if not diskless or follower >= 0 or replica is None or replica.leader_state is not None:
+            return ReadDecision(SERVE)
+        return follower_read(replica.follower_view(), offset, self.broker.now_ms(), self._max_staleness_ms)
+
+    def _stale_follower(self, diskless: bool, replica: Partition | None) -> bool:
+        """A follower replica of a diskless partition unfit to answer reads itself (out of the ISR,
+        or no word from its leader lately): it answers as a broker without a replica would."""
+        if not diskless or replica is None or replica.leader_state is not None:
+            return False
+        return not is_fresh(replica.follower_view(), self.broker.now_ms(), self._max_staleness_ms)
+
     # --- ListOffsets / OffsetForLeaderEpoch ---------------------------------------------------
 
     async def list_offsets(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        from_client = internal.broker_of_client(header.client_id) is None
         topics = []
         forwards: dict[int, list[tuple[dict[str, Any], str, int, int]]] = {}
         for topic in request.topics:
@@ -252,11 +296,17 @@ class FetchApis(ApiFamily):
                     "offset": -1,
                     "leader_epoch": -1,
                 }
-                leader = self._forward_target(topic.name, p.partition_index, diskless, replica)
+                # Requests other brokers forward to us are never forwarded on (no loops between two
+                # brokers whose metadata disagree about the leader).
+                local = None if from_client and self._stale_follower(diskless, replica) else replica
+                leader = self._forward_target(topic.name, p.partition_index, diskless, local)
                 if leader is not None:
                     forwards.setdefault(leader, []).append((entry, topic.name, p.partition_index, p.timestamp))
                 elif plog is not None:
                     found = await self._offset_for(plog, p.timestamp, getattr(request, "isolation_level", 0) == 1)
+                    follower_here = diskless and replica is not None and replica.leader_state is None
+                    if found is not None and p.timestamp == EARLIEST and follower_here and replica is not None:
+                        found = earliest_offset(replica.follower_view()), -1
                     if found is not None:
                         entry["offset"], entry["timestamp"] = found
                         entry["leader_epoch"] = plog.epochs.epoch_for_offset(found[0])
@@ -302,17 +352,65 @@ class FetchApis(ApiFamily):
                 return hit
         return None
 
-    def offset_for_leader_epoch(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+    async def offset_for_leader_epoch(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        """The end offset of the client's leader epoch (KIP-320). For a diskless partition that a
+        follower or a broker without a replica serves, the leader answers: a follower's log may end
+        before the leader's, and its end offset for the current epoch would make the client
+        truncate or reset. A request another broker forwarded is answered by the leader only."""
+        from_client = internal.broker_of_client(header.client_id) is None
         topics = []
+        forwards: dict[int, list[tuple[dict[str, Any], str, Any]]] = {}
         for topic in request.topics:
             parts = []
+            diskless = self._is_diskless(topic.topic)
             for p in topic.partitions:
-                code, plog, _ = self._leader_log(
-                    topic.topic, p.partition, getattr(p, "current_leader_epoch", -1), self._is_diskless(topic.topic)
+                code, plog, replica = self._leader_log(
+                    topic.topic, p.partition, getattr(p, "current_leader_epoch", -1), diskless and from_client
                 )
-                epoch, end = -1, -1
-                if plog is not None:
-                    epoch, end = plog.epochs.end_offset_for(p.leader_epoch, plog.log_end_offset)
-                parts.append({"error_code": code, "partition": p.partition, "leader_epoch": epoch, "end_offset": end})
+                entry: dict[str, Any] = {
+                    "error_code": code,
+                    "partition": p.partition,
+                    "leader_epoch": -1,
+                    "end_offset": -1,
+                }
+                state = self._meta.partition(topic.topic, p.partition)
+                leads_here = replica is not None and replica.leader_state is not None
+                if (
+                    diskless
+                    and from_client
+                    and not leads_here
+                    and state is not None
+                    and 0 <= state.leader != self.broker.node_id
+                ):
+                    forwards.setdefault(int(state.leader), []).append((entry, topic.topic, p))
+                elif plog is not None:
+                    entry["leader_epoch"], entry["end_offset"] = plog.epochs.end_offset_for(
+                        p.leader_epoch, plog.log_end_offset
+                    )
+                parts.append(entry)
             topics.append({"topic": topic.topic, "partitions": parts})
+        for leader, items in forwards.items():
+            body = {
+                "replica_id": -1,
+                "topics": [
+                    {
+                        "topic": name,
+                        "partitions": [
+                            {
+                                "partition": p.partition,
+                                "current_leader_epoch": getattr(p, "current_leader_epoch", -1),
+                                "leader_epoch": p.leader_epoch,
+                            }
+                        ],
+                    }
+                    for _, name, p in items
+                ],
+            }
+            answer = await self._forward(leader, m.API_OFFSET_FOR_LEADER_EPOCH, 4, body)
+            for entry, name, p in items:
+                found = _find_partition(answer, name, p.partition, "topic", "partition")
+                if found is None:
+                    entry["error_code"] = ErrorCode.not_leader_or_follower
+                    continue
+                entry.update(error_code=found.error_code, leader_epoch=found.leader_epoch, end_offset=found.end_offset)
         return {"throttle_time": 0, "topics": topics}

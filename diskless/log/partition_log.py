@@ -209,6 +209,8 @@ class PartitionLog:
             if duplicate is not None:
                 # A retry of a batch already in the log: answer with where it went, append nothing.
                 return AppendResult(duplicate.first_offset, duplicate.last_offset, -1, self.log_start_offset, True)
+        if check_sequence and headers:
+            self._abort_superseded_txn(headers[0], leader_epoch, now_ms)
         log_append = self.config.message_timestamp_type == "LogAppendTime"
         base_offset = self.log_end_offset
         next_offset = base_offset
@@ -239,6 +241,7 @@ class PartitionLog:
         duplicate = self.producer_state.check(parsed)
         if duplicate is not None:
             return AppendResult(duplicate.first_offset, duplicate.last_offset, -1, self.log_start_offset, True)
+        self._abort_superseded_txn(parsed, leader_epoch, now_ms)
         base_offset = self.log_end_offset
         self.epochs.assign(leader_epoch, base_offset)
         assigned = bytearray(header[: records.HEADER_SIZE])
@@ -251,6 +254,28 @@ class PartitionLog:
         self.txns.on_batch(replace(parsed, base_offset=base_offset))
         log_append_time = parsed.max_timestamp if parsed.is_log_append_time else -1
         return AppendResult(base_offset, last, log_append_time, self.log_start_offset)
+
+    def _abort_superseded_txn(self, header: records.BatchHeader, leader_epoch: int, now_ms: int) -> None:
+        """Close, with an ABORT marker, a transaction its producer can no longer end, before a
+        transactional batch of that producer at a newer epoch is appended.
+
+        A producer's transaction still open here at an older epoch than its new batch has ended:
+        the coordinator bumps an epoch only for a complete transaction (every marker written) or
+        by fencing one (its ABORT marker carries the new epoch and closes it), so that transaction
+        was opened by a batch that arrived after its marker. That happens to diskless commits:
+        the client timed out on a batch, aborted, bumped its epoch (KIP-360) and went on while the
+        representative's late flush was still on its way. Left alone, the batch would hold the
+        last stable offset and then be committed with the producer's next transaction. (A late
+        batch that is followed by no newer epoch looks exactly like the first batch of a next
+        transaction at the same epoch; only the coordinator can tell them apart, KIP-890.)
+        """
+        if not header.is_transactional or header.is_control or header.producer_id not in self.txns.ongoing:
+            return
+        entry = self.producer_state.producers.get(header.producer_id)
+        if entry is None or header.producer_epoch <= entry.epoch:
+            return
+        # The marker says who wrote it through the coordinator epoch: -1, not a coordinator.
+        self.append_marker_as_leader(header.producer_id, entry.epoch, False, -1, leader_epoch, now_ms)
 
     def append_pointers_as_follower(self, data: bytes | memoryview, now_ms: int) -> int:
         """Append pointer entries replicated from the leader; returns the new log end offset."""

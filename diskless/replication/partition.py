@@ -17,6 +17,7 @@ from diskless.cluster.metadata import PartitionState
 from diskless.log.leader_epoch import UNDEFINED_EPOCH
 from diskless.log.partition_log import PartitionLog
 
+from .follower_reads import FollowerView
 from .leader_state import LeaderState
 
 LEADER = "leader"
@@ -62,6 +63,10 @@ class Partition:
         self.leader_state: LeaderState | None = None
         self._waiters: list[tuple[int, int, asyncio.Future[bool]]] = []  # (offset, seq, future)
         self._seq = 0
+        # As a follower: when the current leader last answered a replica fetch, and the largest log
+        # start offset it reported. Reads served here depend on both (follower_reads).
+        self.heard_from_leader_ms = -1
+        self.leader_log_start_offset = -1
 
     # --- role changes ---------------------------------------------------------------------------
 
@@ -80,6 +85,8 @@ class Partition:
                 self._on_hw_advanced()
             return None
         previous = self.role
+        if epoch_changed or previous != FOLLOWER:
+            self.heard_from_leader_ms = -1  # nothing heard from this leader yet
         self.leader_id = state.leader
         self.leader_epoch = state.leader_epoch
         self.leader_state = None
@@ -180,10 +187,22 @@ class Partition:
         elif records:
             self.log.append_as_follower(records, now_ms)
         self.log.high_watermark = max(self.log.high_watermark, min(leader_hw, self.log.log_end_offset))
+        self.heard_from_leader_ms = now_ms
+        self.leader_log_start_offset = max(self.leader_log_start_offset, leader_log_start)
         if leader_log_start > self.log.log_start_offset:
             # Retention and DeleteRecords on the leader move our start too (references drop).
             self.log.delete_records_before(min(leader_log_start, self.log.high_watermark))
         return entries
+
+    def follower_view(self) -> FollowerView:
+        """What this follower knows when a consumer's read arrives (see follower_reads)."""
+        return FollowerView(
+            in_isr=self.node_id in self.isr,
+            heard_from_leader_ms=self.heard_from_leader_ms,
+            log_start_offset=self.log.log_start_offset,
+            high_watermark=self.log.high_watermark,
+            leader_log_start_offset=self.leader_log_start_offset,
+        )
 
     def truncate_on_divergence(self, diverging: DivergingEpoch, now_ms: int) -> None:
         if diverging.end_offset < 0:
