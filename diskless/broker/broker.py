@@ -274,7 +274,9 @@ class Broker:
                 if topic is None:
                     self.replicas.delete_topic(name)
                 else:
-                    self.replicas.update_config(name, self.log_config(topic))
+                    # Also drops replicas of an older incarnation of the name (a deletion we may
+                    # never have seen, e.g. across a lost watch): they must not serve the new one.
+                    self.replicas.on_topic(topic, self.log_config(topic))
             elif kind == "partition":
                 topic = self.metadata.topics.get(change[1])
                 index = int(change[2])

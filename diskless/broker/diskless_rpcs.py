@@ -1,5 +1,10 @@
 """The internal RPCs a leader of diskless partitions answers: CommitBatches from representatives,
-FetchPointers from brokers without a replica, WalReferences from the WAL file manager."""
+FetchPointers from brokers without a replica, WalReferences from the WAL file manager.
+
+Every partition named in a request carries its topic id as well as its name, and the leader
+serves it only when that id is the topic's current one: a topic deleted and re-created under the
+same name is another topic, and a commit or read meant for one must never touch the other.
+"""
 
 from __future__ import annotations
 
@@ -37,6 +42,10 @@ class DisklessRpcs(ApiFamily):
         for entry in body["entries"]:
             if expired:
                 results.append({"error_code": int(ErrorCode.request_timed_out)})
+                continue
+            stale = self._incarnation_error(entry["topic"], entry["partition"], entry.get("topic_id"))
+            if stale is not None:
+                results.append({"error_code": int(stale)})
                 continue
             code, plog, replica = self._leader_log(entry["topic"], entry["partition"])
             if plog is None or replica is None:
@@ -106,6 +115,9 @@ class DisklessRpcs(ApiFamily):
         """FetchPointers on the leader: a slice of the log for a broker that has no replica, with the
         last stable offset and, for ``read_committed``, reads bounded by it plus the aborted
         transactions of the range (a consumer there must see what a consumer here would)."""
+        stale = self._incarnation_error(body["topic"], body["partition"], body.get("topic_id"))
+        if stale is not None:
+            return {"error_code": int(stale)}
         code, plog, _ = self._leader_log(body["topic"], body["partition"])
         if plog is None:
             return {"error_code": int(code)}
@@ -128,3 +140,25 @@ class DisklessRpcs(ApiFamily):
         if committed and result.records:
             aborted = [[a.producer_id, a.first_offset] for a in plog.txns.aborted_between(body["offset"], stable)]
         return {"error_code": 0, "kind": result.kind, "data": result.records, "aborted_transactions": aborted, **answer}
+
+    def _incarnation_error(self, topic: str, partition: int, topic_id: Any) -> ErrorCode | None:
+        """Why a request naming ``topic_id`` must not touch our ``topic``/``partition``, or None.
+
+        No id (a sender from before ids were sent) is INVALID_REQUEST: guessing the incarnation is
+        exactly the mistake ids exist to prevent. An id that is not the topic's current one is
+        UNKNOWN_TOPIC_ID, as Kafka answers a stale id: the sender's batch belongs to a topic that
+        no longer exists. The current id while our hosted replica still belongs to an older
+        incarnation (its metadata change not applied yet) is NOT_LEADER_OR_FOLLOWER: retriable,
+        the old log must not take it. A topic gone altogether is left to the usual lookup.
+        """
+        if not isinstance(topic_id, str):
+            return ErrorCode.invalid_request
+        meta = self._meta.topics.get(topic)
+        if meta is None:
+            return None
+        if meta.topic_id != topic_id:
+            return ErrorCode.unknown_topic_id
+        hosted = self.broker.replicas.topic_id_of(topic, partition)
+        if hosted is not None and hosted != topic_id:
+            return ErrorCode.not_leader_or_follower
+        return None

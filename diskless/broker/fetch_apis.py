@@ -87,7 +87,18 @@ class FetchApis(ApiFamily):
 
         async def one(item: tuple[dict[str, Any], str, int, int, int, int]) -> int:
             entry, topic, partition, offset, limit, leader = item
-            body = {"topic": topic, "partition": partition, "offset": offset, "max_bytes": limit}
+            meta = self._meta.topics.get(topic)
+            if meta is None:  # deleted since the fetch was planned
+                entry["error_code"] = ErrorCode.unknown_topic_or_partition
+                return 0
+            # The id lets the leader refuse to answer from another incarnation of the name.
+            body = {
+                "topic": topic,
+                "topic_id": meta.topic_id,
+                "partition": partition,
+                "offset": offset,
+                "max_bytes": limit,
+            }
             # The entry was built with a list of aborted transactions exactly when read_committed.
             committed = entry["aborted_transactions"] is not None
             body["read_committed"] = committed
@@ -98,6 +109,8 @@ class FetchApis(ApiFamily):
                 entry["error_code"] = ErrorCode.not_leader_or_follower
                 return 0
             entry["error_code"] = ErrorCode(answer["error_code"])
+            if entry["error_code"] == ErrorCode.unknown_topic_id:  # Fetch v4-12 names topics
+                entry["error_code"] = ErrorCode.unknown_topic_or_partition
             if committed and entry["error_code"] == ErrorCode.none and "last_stable_offset" not in answer:
                 # A leader that does not bound reads by its LSO: never serve its data as committed.
                 entry["error_code"] = ErrorCode.not_leader_or_follower

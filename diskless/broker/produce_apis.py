@@ -81,6 +81,10 @@ class ProduceApis(ApiFamily):
             for entry, future in remote:
                 outcome = future.result() if future.done() else {"error_code": int(ErrorCode.request_timed_out)}
                 code = ErrorCode(outcome["error_code"])
+                if code == ErrorCode.unknown_topic_id:
+                    # The leader refused a commit naming a deleted incarnation. Produce v3-9 names
+                    # topics, and clients of those versions know only this code for a missing topic.
+                    code = ErrorCode.unknown_topic_or_partition
                 entry["error_code"] = code
                 if code == ErrorCode.none:
                     entry["base_offset"] = outcome["base_offset"]

@@ -1,7 +1,9 @@
 """The partition replicas this broker hosts: their logs on disk, roles, fetchers and wake-ups.
 
 A log directory is ``<log.dirs>/<topic>-<partition>`` with a ``partition.metadata`` file holding
-the topic id, so a topic deleted and re-created under the same name never reuses old data.
+the topic id. A hosted replica belongs to one incarnation of its topic (its topic id): when the
+metadata shows the name under another id (a deletion and re-creation, possibly never seen as such
+after a lost etcd watch), the old replica is deleted and a fresh log created, never reused.
 ``apply`` follows the metadata store: it creates replicas this broker was assigned, switches
 their roles (leader, follower, offline) and moves followers between per-leader fetchers.
 """
@@ -48,6 +50,9 @@ class ReplicaManager:
         self.on_pointers = on_pointers
         os.makedirs(log_dir, exist_ok=True)
         self.partitions: dict[tuple[str, int], Partition] = {}
+        # The incarnation each hosted replica belongs to. Lookups stay by name (one incarnation of a
+        # name exists at a time); every path that creates or reuses a replica checks the id.
+        self.topic_ids: dict[tuple[str, int], str] = {}
         self.fetchers: dict[int, ReplicaFetcher] = {}
         self._appended = asyncio.Event()
         self._closed = False
@@ -81,18 +86,52 @@ class ReplicaManager:
             if plog.recovered_bytes_truncated:
                 log.warning("truncated torn log tail", dir=name, bytes=plog.recovered_bytes_truncated)
             self.partitions[(topic, int(part))] = Partition(topic, int(part), plog, self.node_id)
+            self.topic_ids[(topic, int(part))] = meta.topic_id
 
     def _ensure(self, topic: TopicMetadata, index: int, config: LogConfig, now_ms: int) -> Partition:
         key = (topic.name, index)
         partition = self.partitions.get(key)
+        if partition is not None and self.topic_ids.get(key) != topic.topic_id:
+            log.info(
+                "replacing the replica of an older incarnation",
+                topic=topic.name,
+                partition=index,
+                old_topic_id=self.topic_ids.get(key),
+                topic_id=topic.topic_id,
+            )
+            self._drop(key)
+            partition = None
         if partition is None:
             path = os.path.join(self.log_dir, f"{topic.name}-{index}")
+            if os.path.isdir(path) and _read_topic_id(path) != topic.topic_id:
+                # Not hosted, yet on disk: left by another incarnation (or a creation cut short by a
+                # crash before its metadata file). Never adopt its data.
+                _delete_directory(path)
             os.makedirs(path, exist_ok=True)
             with open(os.path.join(path, PARTITION_METADATA), "w") as f:
                 f.write(f"version: 0\ntopic_id: {topic.topic_id}\n")
             partition = Partition(topic.name, index, PartitionLog(path, config, now_ms), self.node_id)
             self.partitions[key] = partition
+            self.topic_ids[key] = topic.topic_id
         return partition
+
+    def topic_id_of(self, topic: str, index: int) -> str | None:
+        """The topic id of the hosted replica of ``topic``/``index``, None if none is hosted."""
+        return self.topic_ids.get((topic, index)) if (topic, index) in self.partitions else None
+
+    def hosted(self, topic: str, index: int, topic_id: str) -> Partition | None:
+        """The hosted replica of that partition of incarnation ``topic_id``, if this broker has it."""
+        partition = self.partitions.get((topic, index))
+        return partition if partition is not None and self.topic_ids.get((topic, index)) == topic_id else None
+
+    def on_topic(self, topic: TopicMetadata, config: LogConfig) -> None:
+        """A topic record changed: drop replicas of another incarnation of that name (or of
+        partitions the current one does not have), then apply the configs to the rest."""
+        for key in [k for k in self.partitions if k[0] == topic.name]:
+            if self.topic_ids.get(key) != topic.topic_id or key[1] >= len(topic.partitions):
+                log.info("deleting the replica of an older incarnation", topic=key[0], partition=key[1])
+                self._drop(key)
+        self.update_config(topic.name, config)
 
     def delete_topic(self, name: str) -> None:
         for key in [k for k in self.partitions if k[0] == name]:
@@ -100,15 +139,13 @@ class ReplicaManager:
 
     def _drop(self, key: tuple[str, int]) -> None:
         partition = self.partitions.pop(key)
+        self.topic_ids.pop(key, None)
         for fetcher in self.fetchers.values():
             fetcher.remove(key)
         partition.apply_state(PartitionState(replicas=[], leader=-1, leader_epoch=partition.leader_epoch + 1), 0)
         for segment in partition.log.segments:
             segment.close()
-        # Rename first so a crash mid-delete never leaves a directory that looks live.
-        doomed = f"{partition.log.directory}.{uuid.uuid4().hex}-delete"
-        os.rename(partition.log.directory, doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
+        _delete_directory(partition.log.directory)
 
     def update_config(self, topic: str, config: LogConfig) -> None:
         for (name, _), partition in self.partitions.items():
@@ -193,6 +230,13 @@ class ReplicaManager:
         self._appended.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._appended.wait(), timeout)
+
+
+def _delete_directory(path: str) -> None:
+    # Rename first so a crash mid-delete never leaves a directory that looks live.
+    doomed = f"{path}.{uuid.uuid4().hex}-delete"
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _read_topic_id(path: str) -> str | None:

@@ -1,0 +1,231 @@
+"""Topic identity on the leader and in hosted replicas: a topic deleted and re-created under the
+same name is a different topic. Commits and pointer fetches name the topic id as well as the name
+and are refused when it is not the partition's current one; a hosted replica of the old
+incarnation is replaced by a fresh log, never reused.
+
+Driven without sockets: a real ``ReplicaManager`` over a temporary directory and the leader-side
+RPC handlers (``DisklessRpcs``) over an in-memory broker stand-in.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from batches import values_batch
+
+from diskless.broker.diskless_rpcs import DisklessRpcs
+from diskless.broker.replica_manager import PARTITION_METADATA, ReplicaManager
+from diskless.cluster.metadata import ClusterMetadata, PartitionState, TopicMetadata
+from diskless.config import BrokerConfig
+from diskless.log.config import LogConfig
+from diskless.log.segment import POINTERS
+from diskless.replication.partition import Partition
+
+UNKNOWN_TOPIC_OR_PARTITION = 3
+INVALID_REQUEST = 42
+NOT_LEADER_OR_FOLLOWER = 6
+UNKNOWN_TOPIC_ID = 100
+NODE = 0
+CONFIG = LogConfig(diskless_enabled=True)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def topic(name: str, partitions: int = 1, topic_id: str | None = None) -> TopicMetadata:
+    """A topic led by this broker alone (its own ISR), so a commit is committed on append."""
+    states = [PartitionState(replicas=[NODE], leader=NODE, leader_epoch=0, isr=[NODE]) for _ in range(partitions)]
+    return TopicMetadata(name, topic_id or str(uuid.uuid4()), states, {"diskless.enabled": "true"})
+
+
+class FakeBroker:
+    """What the leader-side RPC handlers use of a broker: metadata, replicas, config and a clock."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.config = BrokerConfig()
+        self.metadata = ClusterMetadata("identity-test")
+        self.replicas = ReplicaManager(str(log_dir), NODE, self.metadata.brokers.get)
+        self.appended: list[Partition] = []
+
+    @staticmethod
+    def now_ms() -> int:
+        return now_ms()
+
+    def on_leader_append(self, partition: Partition) -> None:
+        partition.on_local_append()
+        self.appended.append(partition)
+
+    def prefetch_objects(self, keys: set[str]) -> None:
+        pass
+
+    def host(self, meta: TopicMetadata) -> list[Partition]:
+        """Put ``meta`` into the metadata and follow it, as ``Broker._on_metadata_change`` does."""
+        self.metadata.topics[meta.name] = meta
+        hosted = [self.replicas.apply(meta, i, CONFIG, now_ms()) for i in range(len(meta.partitions))]
+        assert all(p is not None for p in hosted)
+        return [p for p in hosted if p is not None]
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> FakeBroker:
+    return FakeBroker(tmp_path / "logs")
+
+
+def commit_body(entries: list[dict[str, Any]], key: str = "wal/obj-1.wal") -> dict[str, Any]:
+    return {"key": key, "created_ms": now_ms(), "entries": entries}
+
+
+def entry(name: str, topic_id: str | None, partition: int = 0, tag: str = "v") -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "topic": name,
+        "partition": partition,
+        "header": values_batch(2, tag=tag)[:61],
+        "position": 0,
+        "acks": 1,
+    }
+    if topic_id is not None:
+        body["topic_id"] = topic_id
+    return body
+
+
+async def commit(rpcs: DisklessRpcs, entries: list[dict[str, Any]]) -> list[int]:
+    answer = await rpcs.commit_batches_now(commit_body(entries))
+    return [r["error_code"] for r in answer["results"]]
+
+
+# --- CommitBatches ------------------------------------------------------------------------------
+
+
+async def test_commit_naming_the_old_incarnation_is_refused_and_appends_nothing(broker: FakeBroker) -> None:
+    old_id = str(uuid.uuid4())
+    (replica,) = broker.host(topic("reborn"))
+    current_id = broker.metadata.topics["reborn"].topic_id
+    rpcs = DisklessRpcs(broker)  # type: ignore[arg-type]
+
+    codes = await commit(rpcs, [entry("reborn", old_id, tag="old"), entry("reborn", current_id, tag="new")])
+
+    assert codes == [UNKNOWN_TOPIC_ID, 0]
+    assert replica.log.log_end_offset == 2  # only the current incarnation's two records
+
+
+async def test_commit_without_a_topic_id_is_an_invalid_request(broker: FakeBroker) -> None:
+    (replica,) = broker.host(topic("t"))
+    rpcs = DisklessRpcs(broker)  # type: ignore[arg-type]
+
+    codes = await commit(rpcs, [entry("t", None), {**entry("t", None), "topic_id": 7}])
+
+    assert codes == [INVALID_REQUEST, INVALID_REQUEST]
+    assert replica.log.log_end_offset == 0
+
+
+async def test_commit_while_the_hosted_replica_is_still_the_old_incarnation_is_retriable(broker: FakeBroker) -> None:
+    """Metadata already shows the new incarnation but its replica is not applied yet (the change
+    handler has not run): the old log must not take the new topic's commit, and the representative
+    may retry (the id is current, only this broker lags)."""
+    (old_replica,) = broker.host(topic("t"))
+    new = topic("t")
+    broker.metadata.topics["t"] = new  # metadata updated, replicas not yet
+    rpcs = DisklessRpcs(broker)  # type: ignore[arg-type]
+
+    codes = await commit(rpcs, [entry("t", new.topic_id)])
+
+    assert codes == [NOT_LEADER_OR_FOLLOWER]
+    assert old_replica.log.log_end_offset == 0
+
+
+# --- FetchPointers ------------------------------------------------------------------------------
+
+
+async def test_fetch_pointers_checks_the_topic_id(broker: FakeBroker) -> None:
+    (replica,) = broker.host(topic("t"))
+    current_id = broker.metadata.topics["t"].topic_id
+    rpcs = DisklessRpcs(broker)  # type: ignore[arg-type]
+    assert await commit(rpcs, [entry("t", current_id)]) == [0]
+    assert replica.log.high_watermark == 2
+    base = {"topic": "t", "partition": 0, "offset": 0, "max_bytes": 1 << 20}
+
+    current = await rpcs.fetch_pointers_rpc({**base, "topic_id": current_id})
+    stale = await rpcs.fetch_pointers_rpc({**base, "topic_id": str(uuid.uuid4())})
+    missing = await rpcs.fetch_pointers_rpc(base)
+
+    assert current["error_code"] == 0 and current["kind"] == POINTERS and current["data"]
+    assert stale["error_code"] == UNKNOWN_TOPIC_ID and not stale.get("data")
+    assert missing["error_code"] == INVALID_REQUEST and not missing.get("data")
+
+
+# --- hosted replicas ------------------------------------------------------------------------------
+
+
+def produce_pointer(replica: Partition, key: str) -> None:
+    replica.log.append_pointer_as_leader(values_batch(3)[:61], key, 0, replica.leader_epoch, now_ms())
+    replica.on_local_append()
+
+
+def topic_id_on_disk(replica: Partition) -> str:
+    with open(os.path.join(replica.log.directory, PARTITION_METADATA)) as f:
+        return next(line.split(":", 1)[1].strip() for line in f if line.startswith("topic_id:"))
+
+
+def test_same_name_with_a_new_id_gets_a_fresh_log(broker: FakeBroker) -> None:
+    """What a resync after a lost etcd watch reports: the same name, a new id, no deletion seen."""
+    old = topic("t", partitions=2)
+    hosted = broker.host(old)
+    for replica in hosted:
+        produce_pointer(replica, "wal/old.wal")
+        assert replica.log.references("wal/old.wal")
+
+    new = topic("t", partitions=1)
+    broker.metadata.topics["t"] = new
+    broker.replicas.on_topic(new, CONFIG)
+    fresh = broker.replicas.apply(new, 0, CONFIG, now_ms())
+
+    assert fresh is not None and fresh is not hosted[0]
+    assert fresh.log.log_end_offset == 0 and not fresh.log.references("wal/old.wal")
+    assert topic_id_on_disk(fresh) == new.topic_id
+    assert broker.replicas.topic_id_of("t", 0) == new.topic_id
+    # The old incarnation's second partition is beyond the new topic: dropped, its directory gone.
+    assert ("t", 1) not in broker.replicas.partitions
+    assert sorted(os.listdir(broker.replicas.log_dir)) == ["t-0"]
+
+
+def test_apply_alone_replaces_an_old_incarnation(broker: FakeBroker) -> None:
+    """Even without the topic-level change first (partition changes only), the old log is not reused."""
+    (old,) = broker.host(topic("t"))
+    produce_pointer(old, "wal/old.wal")
+
+    new = topic("t")
+    broker.metadata.topics["t"] = new
+    fresh = broker.replicas.apply(new, 0, CONFIG, now_ms())
+
+    assert fresh is not None and fresh.log.log_end_offset == 0
+    assert topic_id_on_disk(fresh) == new.topic_id
+
+
+def test_same_id_keeps_the_log(broker: FakeBroker) -> None:
+    meta = topic("t")
+    (replica,) = broker.host(meta)
+    produce_pointer(replica, "wal/a.wal")
+
+    broker.replicas.on_topic(meta, CONFIG)
+    again = broker.replicas.apply(meta, 0, CONFIG, now_ms())
+
+    assert again is replica and again.log.log_end_offset == 3
+
+
+def test_reload_after_restart_knows_the_topic_id(broker: FakeBroker, tmp_path: Path) -> None:
+    meta = topic("t")
+    (replica,) = broker.host(meta)
+    produce_pointer(replica, "wal/a.wal")
+    replica.log.close(clean=True)
+
+    restarted = ReplicaManager(broker.replicas.log_dir, NODE, broker.metadata.brokers.get)
+    restarted.load({"t": meta}, lambda _: CONFIG, now_ms())
+
+    assert restarted.topic_id_of("t", 0) == meta.topic_id
+    assert restarted.partitions[("t", 0)].log.log_end_offset == 3
