@@ -68,17 +68,29 @@ class ClusterMetadata:
         self.topics: dict[str, TopicMetadata] = {}
         self.controller_id = -1
         self.wal_manager: tuple[str, int] | None = None  # where representatives send commit notices
+        self._name_of_id: dict[str, str] = {}  # a cache for topic_by_id, checked on every hit
 
     # --- queries -------------------------------------------------------------------------------
 
     def topic_by_id(self, topic_id: str) -> TopicMetadata | None:
-        for topic in self.topics.values():
-            if topic.topic_id == topic_id:
-                return topic
-        return None
+        topic = self.topics.get(self._name_of_id.get(topic_id, ""))
+        if topic is not None and topic.topic_id == topic_id:
+            return topic
+        # ``topics`` is changed in place by its writers: rebuild the cache when it missed.
+        self._name_of_id = {t.topic_id: t.name for t in self.topics.values()}
+        topic = self.topics.get(self._name_of_id.get(topic_id, ""))
+        return topic if topic is not None and topic.topic_id == topic_id else None
 
     def partition(self, topic: str, partition: int) -> PartitionState | None:
         meta = self.topics.get(topic)
+        if meta is None or not 0 <= partition < len(meta.partitions):
+            return None
+        return meta.partitions[partition]
+
+    def partition_by_id(self, topic_id: str, partition: int) -> PartitionState | None:
+        """A partition of the topic incarnation ``topic_id``: None once that incarnation is deleted,
+        even when its name now belongs to a re-created topic."""
+        meta = self.topic_by_id(topic_id)
         if meta is None or not 0 <= partition < len(meta.partitions):
             return None
         return meta.partitions[partition]

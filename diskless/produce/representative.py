@@ -206,10 +206,10 @@ class Representative:
         retry: list[int] = []
         for index in indexes:
             item = batches[index]
-            state = self.broker.metadata.partition(item.topic, item.partition)
-            if state is None or not self._same_incarnation(item):
-                # The batch was accepted for a topic since deleted (perhaps re-created under its
-                # name): it must fail, never be routed to the new incarnation's leader.
+            # Routed by topic id: a batch accepted for a topic since deleted (perhaps re-created
+            # under its name) fails, and never goes to the new incarnation's leader.
+            state = self.broker.metadata.partition_by_id(item.topic_id, item.partition)
+            if state is None:
                 _resolve(item, {"error_code": int(ErrorCode.unknown_topic_or_partition)})
             elif state.leader < 0:
                 retry.append(index)
@@ -252,10 +252,6 @@ class Representative:
                 else:
                     _resolve(batches[index], result)
         return sorted(retry)
-
-    def _same_incarnation(self, item: BufferedBatch) -> bool:
-        topic = self.broker.metadata.topics.get(item.topic)
-        return topic is not None and topic.topic_id == item.topic_id
 
     def _send_commit(self, leader: int, body: dict[str, Any]) -> Awaitable[dict[str, Any]]:
         """Start a commit now (appends happen in call order); returns what to await for the answer."""

@@ -229,3 +229,23 @@ def test_reload_after_restart_knows_the_topic_id(broker: FakeBroker, tmp_path: P
 
     assert restarted.topic_id_of("t", 0) == meta.topic_id
     assert restarted.partitions[("t", 0)].log.log_end_offset == 3
+
+
+# --- routing by id ------------------------------------------------------------------------------
+
+
+def test_partition_by_id_forgets_a_deleted_incarnation_even_when_its_name_is_reused() -> None:
+    metadata = ClusterMetadata("identity-test")
+    old = topic("t", partitions=2)
+    metadata.topics["t"] = old
+    assert metadata.partition_by_id(old.topic_id, 1) is old.partitions[1]
+    assert metadata.partition_by_id(old.topic_id, 2) is None
+
+    new = topic("t", partitions=2)
+    metadata.topics["t"] = new  # replaced in place, as the metadata store's writers do
+
+    assert metadata.partition_by_id(old.topic_id, 0) is None
+    assert metadata.partition_by_id(new.topic_id, 0) is new.partitions[0]
+    assert metadata.topic_by_id(old.topic_id) is None
+    del metadata.topics["t"]
+    assert metadata.partition_by_id(new.topic_id, 0) is None
