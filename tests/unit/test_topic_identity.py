@@ -249,3 +249,27 @@ def test_partition_by_id_forgets_a_deleted_incarnation_even_when_its_name_is_reu
     assert metadata.topic_by_id(old.topic_id) is None
     del metadata.topics["t"]
     assert metadata.partition_by_id(new.topic_id, 0) is None
+
+
+async def test_broker_resync_replaces_the_log_of_a_topic_recreated_while_the_watch_was_lost(tmp_path: Path) -> None:
+    """The change list an etcd resync reports (every live topic and partition, no deletion for a
+    name that still exists) goes through ``Broker._on_metadata_change``: the re-created topic gets
+    a fresh log, not the one the old incarnation left."""
+    from diskless.broker.broker import Broker
+
+    broker = Broker(BrokerConfig(node_id=NODE, log_dirs=str(tmp_path / "broker")))
+    old = topic("t")
+    broker.metadata.topics["t"] = old
+    await broker._apply_all()
+    replica = broker.replicas.partitions[("t", 0)]
+    produce_pointer(replica, "wal/old.wal")
+
+    new = topic("t")
+    broker.metadata.topics["t"] = new  # what _resync loaded: same name, new id
+    await broker._on_metadata_change([("topic", "t"), ("partition", "t", "0")])
+
+    fresh = broker.replicas.partitions[("t", 0)]
+    assert fresh is not replica
+    assert fresh.log.log_end_offset == 0 and not fresh.log.references("wal/old.wal")
+    assert topic_id_on_disk(fresh) == new.topic_id
+    await broker.replicas.close()
