@@ -72,7 +72,9 @@ class ApiFamily:
         state = self._meta.partition(topic, partition)
         if state is None:
             return ErrorCode.unknown_topic_or_partition, None, None
-        replica = self.broker.replicas.partitions.get((topic, partition))
+        # Only a replica of the incarnation the metadata shows: until the change handler replaces
+        # a re-created topic's old replica, that replica serves nothing under the name.
+        replica = self.broker.replicas.hosted(topic, partition, self._meta.topics[topic].topic_id)
         serving = replica is not None and (
             replica.leader_state is not None or (any_replica and replica.role == FOLLOWER)
         )

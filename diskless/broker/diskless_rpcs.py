@@ -104,7 +104,7 @@ class DisklessRpcs(ApiFamily):
             if index >= len(topic.partitions):
                 answers.append(REF_UNKNOWN)  # our metadata lags: partitions never shrink
                 continue
-            replica = self.broker.replicas.partitions.get((topic.name, index))
+            replica = self.broker.replicas.hosted(topic.name, index, topic_id)
             if replica is None or replica.leader_state is None:
                 answers.append(REF_UNKNOWN)
             else:

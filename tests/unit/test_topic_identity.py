@@ -273,3 +273,36 @@ async def test_broker_resync_replaces_the_log_of_a_topic_recreated_while_the_wat
     assert fresh.log.log_end_offset == 0 and not fresh.log.references("wal/old.wal")
     assert topic_id_on_disk(fresh) == new.topic_id
     await broker.replicas.close()
+
+
+# --- the window between a metadata change and its application -------------------------------------
+
+
+def test_name_lookups_never_return_the_old_incarnations_replica(broker: FakeBroker) -> None:
+    """Between the metadata showing the new incarnation and the change handler replacing the hosted
+    replica (it awaits other work first, e.g. connecting to brokers after a resync), a request by
+    name (Produce, Fetch, ListOffsets ...) must not be served from, or append to, the old log."""
+    (old,) = broker.host(topic("t"))
+    produce_pointer(old, "wal/old.wal")
+    new = topic("t")
+    broker.metadata.topics["t"] = new  # metadata updated, replicas not yet
+    rpcs = DisklessRpcs(broker)  # type: ignore[arg-type]
+
+    code, plog, replica = rpcs._leader_log("t", 0)
+    assert (plog, replica) == (None, None) and code == NOT_LEADER_OR_FOLLOWER
+    code, plog, replica = rpcs._leader_log("t", 0, any_replica=True)
+    assert (plog, replica) == (None, None)
+
+
+async def test_wal_references_about_the_new_incarnation_are_not_answered_from_the_old_log(
+    broker: FakeBroker,
+) -> None:
+    (old,) = broker.host(topic("t"))
+    produce_pointer(old, "wal/shared.wal")
+    new = topic("t")
+    broker.metadata.topics["t"] = new
+    rpcs = DisklessRpcs(broker)  # type: ignore[arg-type]
+
+    answer = await rpcs.wal_references_rpc({"queries": [["wal/shared.wal", new.topic_id, 0]]})
+
+    assert answer["answers"] == [2]  # cannot say: this broker has not applied the new incarnation
