@@ -17,6 +17,11 @@ not KIP-890 "transactions v2"):
   exhausted); on an Ongoing transaction it fences the producer (epoch bump, in memory at once),
   aborts the transaction and answers CONCURRENT_TRANSACTIONS so the client retries, and the retry
   then bumps the epoch again.
+- InitProducerId right after a transaction the client itself aborted first aborts that
+  transaction's partitions again, with the bumped epoch (a FENCE transit: CONCURRENT_TRANSACTIONS,
+  markers, then the retry gets the epoch). A diskless produce request the client gave up on can be
+  committed after the first ABORT marker; the second marker closes the transaction it opened and
+  makes the partition refuse the old epoch. Kafka has no such step (KIP-890 verifies partitions).
 - EndTxn persists PrepareCommit/PrepareAbort; the client is answered then. Markers are written
   afterwards: ``begin_markers`` hands out the work (partitions still lacking their marker),
   ``markers_written`` takes the per-partition results, and once every partition has its marker it
@@ -148,6 +153,10 @@ class _Entry:
     unmarked: set[TopicPartition] = field(default_factory=set)
     claimed: bool = False
     retry_at_ms: int = 0
+    # The partitions of the last transaction if the client aborted it (PrepareAbort by EndTxn,
+    # markers at the producer's own epoch): resealed at the next epoch bump (see init_producer_id).
+    client_aborted: frozenset[TopicPartition] = frozenset()
+    reseal: frozenset[TopicPartition] = frozenset()
 
 
 class TransactionCoordinatorCore:
@@ -183,6 +192,16 @@ class TransactionCoordinatorCore:
         entry = _Entry(meta)
         if meta.state in PREPARE_STATES:
             entry.unmarked = set(meta.partitions)
+        previous = self._txns.get(meta.transactional_id)
+        if (
+            meta.state is TxnState.COMPLETE_ABORT
+            and previous is not None
+            and previous.meta.state is TxnState.PREPARE_ABORT
+            and previous.meta.producer_id == meta.producer_id
+        ):
+            # The log does not say whether the client or a fence aborted: reseal either way (one
+            # needless round of markers at most, after a failover).
+            entry.reseal = previous.meta.partitions
         self._txns[meta.transactional_id] = entry
 
     def remove(self, transactional_id: str) -> None:
@@ -236,6 +255,9 @@ class TransactionCoordinatorCore:
             return self._fence(entry, now_ms)
         if state not in COMPLETE_STATES and state is not TxnState.EMPTY:
             return ErrorCode.unknown_server_error  # Dead / PrepareEpochFence are never current here
+        current = expected is None or expected[1] == meta.producer_epoch
+        if entry.reseal and current and not is_epoch_exhausted(meta.producer_epoch):
+            return self._reseal(entry, expected is not None, now_ms)
         if is_epoch_exhausted(meta.producer_epoch) and (expected is None or expected[1] == meta.producer_epoch):
             if new_producer_id is None:
                 return NEED_PRODUCER_ID
@@ -353,6 +375,29 @@ class TransactionCoordinatorCore:
         target = replace(entry.meta, state=TxnState.PREPARE_ABORT, last_update_ms=now_ms)
         return self._begin(entry, target, TransitKind.FENCE)
 
+    def _reseal(self, entry: _Entry, from_producer: bool, now_ms: int) -> Transit:
+        """Abort the client-aborted last transaction's partitions again, with the next epoch,
+        before that epoch is handed out (the caller answers CONCURRENT_TRANSACTIONS and the
+        producer retries, as after a fence).
+
+        The client aborts after a produce request timed out, and KIP-360 clients then bump their
+        epoch here. That request may still reach a partition after the first ABORT marker (a
+        diskless commit from a late flush) and open a transaction nobody will end. An ABORT
+        marker at the new epoch closes it, and the partition then refuses the old epoch; since
+        it is written before the producer learns the new epoch, it cannot abort the producer's
+        next transaction. ``last_producer_epoch`` lets the producer's retry get this epoch.
+        """
+        meta = entry.meta
+        target = replace(
+            meta,
+            producer_epoch=meta.producer_epoch + 1,
+            last_producer_epoch=meta.producer_epoch if from_producer else NO_PRODUCER_EPOCH,
+            state=TxnState.PREPARE_ABORT,
+            partitions=entry.reseal,
+            last_update_ms=now_ms,
+        )
+        return self._begin(entry, target, TransitKind.FENCE)
+
     def complete_transit(self, transit: Transit, error: ErrorCode, now_ms: int) -> None:
         """The outcome of persisting ``transit`` (NONE: durable). Stale transits are ignored."""
         entry = self._txns.get(transit.transactional_id)
@@ -363,6 +408,9 @@ class TransactionCoordinatorCore:
         if error is ErrorCode.none:
             entry.meta = target
             entry.failed_epoch_fence = False
+            if target.state is TxnState.PREPARE_ABORT:
+                entry.client_aborted = target.partitions if transit.kind is TransitKind.END else frozenset()
+            entry.reseal = entry.client_aborted if target.state is TxnState.COMPLETE_ABORT else frozenset()
             if target.state in PREPARE_STATES:
                 entry.unmarked = set(target.partitions)
                 entry.claimed = False

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from confluent_kafka import Consumer, IsolationLevel, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+from support import wait_until
 
 AZS = ["az-1", "az-2", "az-3"]
 OVERRIDES = {"transaction.state.log.num.partitions": "3", "offsets.topic.num.partitions": "3"}
@@ -108,3 +109,44 @@ def test_read_committed_in_azs_without_a_replica(cluster_factory) -> None:
             )
     finally:
         producer.abort_transaction(30)
+
+
+def test_producer_restarted_after_an_abort_initialises_and_commits(cluster_factory) -> None:
+    """After a client abort, the coordinator reseals the aborted partitions with the new epoch
+    before answering InitProducerId (CONCURRENT_TRANSACTIONS meanwhile): librdkafka retries and
+    carries on, and the reseal marker is one more control batch in the partition."""
+    cluster = cluster_factory(s3=True, overrides=OVERRIDES)
+    topic = "rc-restart"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 3, config={"diskless.enabled": "true"})])[topic].result(30)
+    config = {"bootstrap.servers": cluster.bootstrap_in("az-1"), "client.id": "txn diskless_az=az-1"}
+    first = Producer({**config, "transactional.id": "rc-restart"})
+    first.init_transactions(30)
+    first.begin_transaction()
+    for i in range(10):
+        first.produce(topic, value=f"a-{i}".encode(), partition=0)
+    assert first.flush(30) == 0
+    first.abort_transaction(30)
+    del first
+
+    second = Producer({**config, "transactional.id": "rc-restart"})
+    second.init_transactions(30)
+    second.begin_transaction()
+    committed = [f"c-{i}".encode() for i in range(5)]
+    for value in committed:
+        second.produce(topic, value=value, partition=0)
+    second.commit_transaction(30)
+
+    # 10 aborted records, their ABORT marker, the reseal's ABORT marker, 5 records, COMMIT. The
+    # broker in az-2 is a follower: it learns the high watermark with its next fetch.
+    seen: list[tuple[int, int]] = []
+
+    def reached() -> bool:
+        seen.append(latest_offsets_in("az-2", cluster.bootstrap_in("az-2"), topic))
+        return seen[-1] == (18, 18)
+
+    try:
+        wait_until(reached, timeout=30, interval=0.2)
+    except TimeoutError:
+        raise AssertionError(f"ListOffsets (uncommitted, committed) in az-2: {seen[-1]}") from None
+    assert sorted(read_committed_in("az-2", cluster.bootstrap_in("az-2"), topic, len(committed))) == committed
