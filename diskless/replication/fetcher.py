@@ -54,10 +54,17 @@ class ReplicaFetcher:
         self.on_progress = on_progress
         self.on_pointers = on_pointers
         self.partitions: dict[tuple[str, int], Partition] = {}
+        # The replicas the request in flight was built for: an answer is applied only to the very
+        # replica that asked, never to one that replaced it meanwhile (a topic re-created under the
+        # same name gets a new replica whose log must not receive the old incarnation's batches).
+        self._asked: dict[tuple[str, int], Partition] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._conn: KafkaClientConnection | None = None
         self._stopping = False
+        # When the request being answered was sent: the leader's answer describes it as of that
+        # moment or later, however long the answer then took to be read (follower_reads).
+        self._sent_ms = -1
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -106,6 +113,7 @@ class ReplicaFetcher:
                     backoff = min(backoff * 2, 1.0)
                     continue
             try:
+                self._sent_ms = _now_ms()
                 response = await self._conn.request(
                     m.API_FETCH, FETCH_VERSION, self._request(active), timeout=self.wait_max_ms / 1000 + 10
                 )
@@ -122,6 +130,7 @@ class ReplicaFetcher:
 
     def _request(self, active: list[Partition]) -> dict[str, object]:
         topics: dict[str, list[dict[str, int]]] = {}
+        self._asked = {(p.topic, p.index): p for p in active}
         for p in active:
             topics.setdefault(p.topic, []).append(
                 {
@@ -156,6 +165,8 @@ class ReplicaFetcher:
                 partition = self.partitions.get((topic.topic, data.partition_index))
                 if partition is None or partition.role != FOLLOWER or partition.leader_id != self.leader_id:
                     continue
+                if self._asked.get((topic.topic, data.partition_index)) is not partition:
+                    continue  # replaced while the request was in flight: the answer is not its
                 code = data.error_code
                 if code == ErrorCode.none:
                     diverging = data.diverging_epoch
@@ -163,7 +174,7 @@ class ReplicaFetcher:
                         partition.truncate_on_divergence(DivergingEpoch(diverging.epoch, diverging.end_offset), now)
                     else:
                         entries = partition.on_fetched(
-                            data.records or b"", data.high_watermark, data.log_start_offset, now
+                            data.records or b"", data.high_watermark, data.log_start_offset, now, self._sent_ms
                         )
                         if entries:
                             self.on_pointers(entries)

@@ -306,3 +306,50 @@ async def test_wal_references_about_the_new_incarnation_are_not_answered_from_th
     answer = await rpcs.wal_references_rpc({"queries": [["wal/shared.wal", new.topic_id, 0]]})
 
     assert answer["answers"] == [2]  # cannot say: this broker has not applied the new incarnation
+
+
+# --- replica fetches in flight across a re-creation ---------------------------------------------
+
+
+def test_a_fetch_response_for_a_replaced_replica_is_not_applied_to_its_successor(tmp_path: Path) -> None:
+    """A follower's fetch is in flight (a long poll) when the topic is re-created and the replica
+    replaced under the same name: the answer, read from the old incarnation's log, must not land
+    in the new replica's fresh log."""
+    from types import SimpleNamespace
+
+    from kio.schema.errors import ErrorCode
+
+    from diskless.log.partition_log import PartitionLog
+    from diskless.replication.fetcher import ReplicaFetcher
+
+    follower, leader = 1, 0
+    state = PartitionState(replicas=[leader, follower], leader=leader, leader_epoch=0, isr=[leader, follower])
+
+    def replica(directory: str) -> Partition:
+        partition = Partition("t", 0, PartitionLog(str(tmp_path / directory), LogConfig(), now_ms()), follower)
+        partition.apply_state(state, now_ms())
+        return partition
+
+    fetcher = ReplicaFetcher(follower, leader, lambda node: None, 500, 1 << 20, lambda: None)
+    old = replica("old")
+    fetcher.add(old)
+    fetcher._request([old])  # the long poll goes out for the old replica
+    fetcher.remove(("t", 0))
+    new = replica("new")
+    fetcher.add(new)
+    answer = SimpleNamespace(
+        partition_index=0,
+        error_code=ErrorCode.none,
+        diverging_epoch=None,
+        records=values_batch(3, tag="old"),
+        high_watermark=3,
+        log_start_offset=0,
+    )
+
+    fetcher._handle(SimpleNamespace(responses=[SimpleNamespace(topic="t", partitions=[answer])]))
+
+    assert new.log.log_end_offset == 0
+    # The same answer for a replica that is still the one asked for is applied as usual.
+    fetcher._request([new])
+    fetcher._handle(SimpleNamespace(responses=[SimpleNamespace(topic="t", partitions=[answer])]))
+    assert new.log.log_end_offset == 3
