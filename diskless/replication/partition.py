@@ -179,15 +179,21 @@ class Partition:
 
     # --- follower side --------------------------------------------------------------------------
 
-    def on_fetched(self, records: bytes, leader_hw: int, leader_log_start: int, now_ms: int) -> bytes | None:
-        """Append what the leader sent; returns pointer entries appended (for prefetching)."""
+    def on_fetched(
+        self, records: bytes, leader_hw: int, leader_log_start: int, now_ms: int, sent_ms: int = -1
+    ) -> bytes | None:
+        """Append what the leader sent; returns pointer entries appended (for prefetching).
+
+        ``sent_ms`` is when the replica fetch was sent: the leader's state in the answer is at least
+        that recent, but an answer read late (this process paused, a slow connection) is no fresher.
+        """
         entries = unwrap_pointers(records) if records else None
         if entries is not None:
             self.log.append_pointers_as_follower(entries, now_ms)
         elif records:
             self.log.append_as_follower(records, now_ms)
         self.log.high_watermark = max(self.log.high_watermark, min(leader_hw, self.log.log_end_offset))
-        self.heard_from_leader_ms = now_ms
+        self.heard_from_leader_ms = sent_ms if sent_ms >= 0 else now_ms
         self.leader_log_start_offset = max(self.leader_log_start_offset, leader_log_start)
         if leader_log_start > self.log.log_start_offset:
             # Retention and DeleteRecords on the leader move our start too (references drop).

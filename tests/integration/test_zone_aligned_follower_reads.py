@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from confluent_kafka import TopicPartition as ConfluentPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kio.schema.offset_for_leader_epoch.v4.request import (
     OffsetForLeaderEpochRequest,
@@ -31,8 +32,7 @@ from support import wait_until
 pytestmark = pytest.mark.integration
 
 TOPIC = "zoned-reads"
-# The follower is stopped for well under a second; nothing may time it out meanwhile.
-OVERRIDES = {"broker.session.timeout.ms": "10000", "replica.lag.time.max.ms": "10000"}
+OFFSET_OUT_OF_RANGE = 1
 
 
 def request_as(client: RawClient, request: Any, client_id: str) -> Any:
@@ -66,8 +66,10 @@ def values(records: list[Any]) -> dict[int, bytes]:
     return {r.offset: r.value for r in records}
 
 
-async def test_a_consumer_zone_aligned_to_a_lagging_follower_gets_what_only_the_leader_has(cluster_factory) -> None:
-    cluster = cluster_factory(s3=True, overrides=OVERRIDES)
+def start(cluster_factory: Any, overrides: dict[str, str]) -> tuple[Any, Any, Any, int]:
+    """A cluster with TOPIC (1 partition, 3 replicas, diskless): (cluster, leader, a follower in
+    another AZ to which that AZ's clients are sent, leader epoch)."""
+    cluster = cluster_factory(s3=True, overrides=overrides)
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     admin.create_topics([NewTopic(TOPIC, 1, 3, config={"diskless.enabled": "true"})])[TOPIC].result(30)
 
@@ -80,7 +82,14 @@ async def test_a_consumer_zone_aligned_to_a_lagging_follower_gets_what_only_the_
     leader = cluster.brokers[truth.leader_id]
     follower = next(b for b in cluster.brokers if b.rack != leader.rack)
     assert partition_view(leader.bootstrap, follower.rack).leader_id == follower.node_id, "not zone-aligned"
-    epoch = int(truth.leader_epoch)
+    return cluster, leader, follower, int(truth.leader_epoch)
+
+
+async def test_a_consumer_zone_aligned_to_a_lagging_follower_gets_what_only_the_leader_has(cluster_factory) -> None:
+    # The follower is stopped for well under a second; nothing may time it out meanwhile.
+    cluster, leader, follower, epoch = start(
+        cluster_factory, {"broker.session.timeout.ms": "10000", "replica.lag.time.max.ms": "10000"}
+    )
 
     produced: dict[int, bytes] = {}
     with Session(leader.bootstrap, timeout=30) as session:
@@ -148,3 +157,52 @@ async def test_a_consumer_zone_aligned_to_a_lagging_follower_gets_what_only_the_
         assert consumer._client.cluster.leader_for_partition(tp) == follower.node_id
     finally:
         await consumer.stop()
+
+
+async def test_a_follower_paused_across_delete_records_never_serves_below_the_leaders_log_start(
+    cluster_factory,
+) -> None:
+    """DeleteRecords moves the leader's log start while the follower is stopped, with the leader's
+    last answer (the old log start) waiting in the follower's socket. On resuming, the follower
+    must not serve the deleted offsets from its own log (their WAL objects may be gone): it was out
+    of touch for longer than it may serve reads itself, so it asks the leader, and the client gets
+    OFFSET_OUT_OF_RANGE with the leader's log start."""
+    _, leader, follower, _ = start(
+        cluster_factory, {"broker.session.timeout.ms": "10000", "replica.lag.time.max.ms": "2500"}
+    )
+    with Session(leader.bootstrap, timeout=30) as session:
+        part = session.produce(TOPIC, 0, build_batch([(b"k", b"v-%d" % i) for i in range(10)]), acks=-1)
+        assert part.error_code == 0 and part.base_offset == 0
+
+    fetch_conn = Session(follower.bootstrap, timeout=30)
+    try:
+        wait_until(lambda: len(fetch_conn.fetch_all(TOPIC, 0)) == 10, 30, message="follower never caught up")
+        os.kill(follower.proc.pid, signal.SIGSTOP)
+        try:
+            # The leader drops the silent follower from the ISR after replica.lag.time.max.ms, which
+            # is longer than a follower may go without hearing from its leader and still serve.
+            wait_until(
+                lambda: follower.node_id not in partition_view(leader.bootstrap, "nowhere").isr_nodes,
+                30,
+                message="the stopped follower stayed in the ISR",
+            )
+            admin = AdminClient({"bootstrap.servers": leader.bootstrap})
+            (future,) = admin.delete_records([ConfluentPartition(TOPIC, 0, 5)]).values()
+            assert future.result(30).low_watermark == 5
+            fetch_cid = fetch_conn.send(fetch_request(TOPIC, 0, 2, max_wait_ms=5000))
+        finally:
+            os.kill(follower.proc.pid, signal.SIGCONT)
+        fetched = fetch_conn.receive(response_class_of(fetch_request(TOPIC, 0, 0)), 1, fetch_cid)
+        part = fetched.responses[0].partitions[0]
+        assert part.error_code == OFFSET_OUT_OF_RANGE, f"served offset 2 below the leader's log start: {part!r}"
+        assert part.log_start_offset == 5
+
+        # Back in the ISR, the follower serves from the new log start.
+        wait_until(
+            lambda: follower.node_id in partition_view(follower.bootstrap, "nowhere").isr_nodes,
+            30,
+            message="the follower never rejoined the ISR",
+        )
+        assert values(fetch_conn.fetch_all(TOPIC, 0, 5)) == {o: b"v-%d" % o for o in range(5, 10)}
+    finally:
+        fetch_conn.close()

@@ -146,15 +146,16 @@ class Pair:
         for broker in (self.leader, self.follower):
             await broker.replicas.close()
 
-    def replicate(self, upto: int, now_ms: int | None = None) -> None:
-        """The follower's replica fetcher brings it to ``upto`` (as far as the leader has it)."""
+    def replicate(self, upto: int, now_ms: int | None = None, sent_ms: int = -1) -> None:
+        """The follower's replica fetcher brings it to ``upto`` (as far as the leader has it), with
+        an answer to a request sent at ``sent_ms`` (default: just now)."""
         leader_log = self.leader_part.log
         follower_log = self.follower_part.log
         now = self.follower.clock_ms if now_ms is None else now_ms
         data = b""
         if follower_log.log_end_offset < upto:
             data = leader_log.read(follower_log.log_end_offset, 1 << 20, max_offset=upto).records
-        self.follower_part.on_fetched(data, leader_log.high_watermark, leader_log.log_start_offset, now)
+        self.follower_part.on_fetched(data, leader_log.high_watermark, leader_log.log_start_offset, now, sent_ms)
 
 
 def fetch_request(offset: int, max_wait_ms: int = 0) -> Any:
@@ -308,6 +309,22 @@ async def test_a_follower_not_heard_from_its_leader_lately_reads_through_the_lea
     entry = await fetch(pair.follower, 5)
     assert entry["error_code"] == ErrorCode.none and offsets_of(entry)[0] == 5
     assert (LEADER, internal.INTERNAL_FETCH_POINTERS) in pair.follower.peers.calls, "served from its own log"
+
+
+async def test_an_answer_read_late_is_no_fresher_than_its_request(pairs: Callable[..., Pair]) -> None:
+    """The follower's process was paused for a minute with the leader's answer in its socket: the
+    answer describes the leader as of the request, a minute ago, so the follower reads through
+    the leader until a newer round trip completes."""
+    pair = pairs(leader_end=20, follower_end=10)
+    pair.follower.clock_ms += 60_000
+    pair.replicate(20, sent_ms=pair.follower.clock_ms - 60_000)
+    entry = await fetch(pair.follower, 5)
+    assert entry["error_code"] == ErrorCode.none and offsets_of(entry)[0] == 5
+    assert (LEADER, internal.INTERNAL_FETCH_POINTERS) in pair.follower.peers.calls, "served from its own log"
+    pair.replicate(20, sent_ms=pair.follower.clock_ms - 100)
+    pair.follower.peers.calls.clear()
+    entry = await fetch(pair.follower, 5)
+    assert offsets_of(entry)[0] == 5 and pair.follower.peers.calls == []
 
 
 # --- item 3: never below the leader's log start -----------------------------------------------
