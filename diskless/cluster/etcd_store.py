@@ -4,14 +4,21 @@ Layout under ``/diskless/<cluster.id>/``::
 
     brokers/<id>            broker endpoint and rack, attached to the broker's lease
     controller              {"node_id": n}, attached to the controller's lease
-    topics/<name>           topic id, config overrides, partition count
-    partitions/<name>/<p>   replicas, leader, leader epoch, ISR
+    topics/<name>           topic id, config overrides, every partition's replicas
+    partitions/<name>/<p>   leader, leader epoch, ISR (and topic id), once it left its initial state
     producer-id-block       next free producer id block
 
-Every change is a compare-and-swap transaction on the key's mod revision (partition states) or
-its absence (creation), so concurrent writers (controller electing, leader changing its ISR,
-brokers creating topics) never overwrite each other. Each broker keeps a local copy of the whole
-prefix, loaded once and then kept current by a watch; ``on_change`` is told what changed.
+A topic is created by one put of one key, whatever its partition count: etcd refuses a
+transaction of more than ``--max-txn-ops`` (128 by default) operations, and one key also makes the
+creation atomic for readers. A partition without a key of its own is in its initial state (first
+replica leads, all replicas in sync, epoch 0).
+
+Every change is a compare-and-swap transaction, so concurrent writers (controller electing, leader
+changing its ISR, brokers creating topics) never overwrite each other: on the key's absence
+(creation), on the topic key's mod revision (configs, added partitions), and for partition states
+on the partition key's mod revision or, while it has none, on its absence plus the creation
+revision of the topic incarnation the change was decided for. Each broker keeps a local copy of
+the whole prefix, loaded once and then kept current by a watch; ``on_change`` is told what changed.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from .metadata import (
     TopicMetadata,
     apply_record,
     broker_record,
+    is_initial,
     partition_record,
     topic_record,
 )
@@ -43,6 +51,7 @@ from .producer_ids import BLOCK_SIZE, ProducerIdBlock
 log = structlog.get_logger(__name__)
 
 ChangeCallback = Callable[[list[RecordKey]], Awaitable[None]]
+NOTIFY_SLICE = 128  # changes handed to on_change between yields to the event loop
 _LOAD_ORDER = {"brokers": 0, "controller": 1, "wal-manager": 1, "topics": 2, "partitions": 3}
 
 
@@ -64,6 +73,7 @@ class EtcdMetadataStore:
         self.prefix = f"/diskless/{cluster_id}/"
         self.metadata = metadata
         self.revisions: dict[str, int] = {}
+        self.created: dict[str, int] = {}  # topic path -> create revision of its incarnation
         self._lease: aetcd.leases.Lease | None = None
         self._keepalive: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
@@ -97,15 +107,18 @@ class EtcdMetadataStore:
         records = []
         for kv in result:
             path = kv.key.decode()[len(self.prefix) :]
-            records.append((path, kv.value, kv.mod_revision))
+            records.append((path, kv.value, kv.mod_revision, kv.create_revision))
         records.sort(key=lambda r: (_LOAD_ORDER.get(r[0].split("/")[0], 9), r[0]))
         self.metadata.brokers.clear()
         self.metadata.topics.clear()
         self.metadata.controller_id = -1
         self.metadata.wal_manager = None
         self.revisions.clear()
-        for path, value, revision in records:
+        self.created.clear()
+        for path, value, revision, created in records:
             self.revisions[path] = revision
+            if path.startswith("topics/"):
+                self.created[path] = created
             apply_record(self.metadata, path, value)
         return int(result.header.revision)
 
@@ -146,19 +159,29 @@ class EtcdMetadataStore:
         deleted = event.kind == "DELETE"  # type: ignore[attr-defined]
         if deleted:
             self.revisions.pop(path, None)
+            self.created.pop(path, None)
         else:
             self.revisions[path] = kv.mod_revision
+            if path.startswith("topics/"):
+                self.created[path] = kv.create_revision
         changed = apply_record(self.metadata, path, None if deleted else kv.value)
-        if changed is not None:
-            await self._notify([changed])
+        if changed:
+            await self._notify(changed)
 
     async def _notify(self, changes: list[RecordKey]) -> None:
+        """Tell ``on_change`` in slices, yielding between them: applying a topic of thousands of
+        partitions (logs to create, fetchers to move) must not starve the lease keepalive and
+        the requests being served for seconds."""
         if self.on_change is None or not changes:
             return
-        try:
-            await self.on_change(changes)
-        except Exception:
-            log.exception("metadata change handler failed", changes=changes)
+        for start in range(0, len(changes), NOTIFY_SLICE):
+            part = changes[start : start + NOTIFY_SLICE]
+            try:
+                await self.on_change(part)
+            except Exception:
+                log.exception("metadata change handler failed", changes=part[:20], count=len(part))
+            if start + NOTIFY_SLICE < len(changes):
+                await asyncio.sleep(0)
 
     # --- brokers and controller -------------------------------------------------------------
 
@@ -219,12 +242,19 @@ class EtcdMetadataStore:
         key = self._key(f"topics/{topic.name}")
         tx = self.client.transactions
         ops = [tx.put(key, topic_record(topic))]
-        ops += [
-            tx.put(self._key(f"partitions/{topic.name}/{i}"), partition_record(p))
-            for i, p in enumerate(topic.partitions)
-        ]
+        ops += self._non_initial(topic, dict(enumerate(topic.partitions)))
         created, _ = await self.client.transaction(compare=[tx.version(key) == 0], success=ops, failure=[])
         return bool(created)
+
+    def _non_initial(self, topic: TopicMetadata, states: dict[int, PartitionState]) -> list[object]:
+        """Puts for new partitions whose state is not the one the topic record implies (none for
+        topics created by assignment; kept so that no state is ever silently replaced)."""
+        tx = self.client.transactions
+        return [
+            tx.put(self._key(f"partitions/{topic.name}/{i}"), partition_record(p, topic.topic_id))
+            for i, p in states.items()
+            if not is_initial(p)
+        ]
 
     async def delete_topic(self, name: str) -> bool:
         key = self._key(f"topics/{name}")
@@ -244,17 +274,20 @@ class EtcdMetadataStore:
         key = self._key(path)
         tx = self.client.transactions
         ops = [tx.put(key, topic_record(topic))]
-        ops += [
-            tx.put(self._key(f"partitions/{topic.name}/{i}"), partition_record(p)) for i, p in new_partitions.items()
-        ]
+        ops += self._non_initial(topic, new_partitions)
         ok, _ = await self.client.transaction(
             compare=[tx.mod(key) == self.revisions.get(path, 0)], success=ops, failure=[]
         )
         return bool(ok)
 
     def revision_of(self, topic: str, partition: int) -> int:
-        """The revision of a partition's state as we last saw it (what a CAS must compare to)."""
-        return self.revisions.get(f"partitions/{topic}/{partition}", 0)
+        """The revision of a partition's state as we last saw it (what a CAS must compare to).
+
+        Positive: the mod revision of the partition's own key. Otherwise the partition is still
+        in its initial state and this is minus the creation revision of the topic incarnation,
+        so that a change decided for a deleted topic never lands on a re-created one."""
+        revision = self.revisions.get(f"partitions/{topic}/{partition}", 0)
+        return revision if revision > 0 else -self.created.get(f"topics/{topic}", 0)
 
     async def update_partition(
         self, topic: str, partition: int, state: PartitionState, expected_revision: int | None = None
@@ -262,11 +295,18 @@ class EtcdMetadataStore:
         """CAS one partition state against the revision its change was decided on (AlterPartition)."""
         path = f"partitions/{topic}/{partition}"
         key = self._key(path)
+        meta = self.metadata.topics.get(topic)
+        if meta is None:
+            return False
         tx = self.client.transactions
-        expected = self.revisions.get(path, 0) if expected_revision is None else expected_revision
+        expected = self.revision_of(topic, partition) if expected_revision is None else expected_revision
+        if expected > 0:
+            compare = [tx.mod(key) == expected]
+        else:
+            compare = [tx.version(key) == 0, tx.create(self._key(f"topics/{topic}")) == -expected]
         ok, _ = await self.client.transaction(
-            compare=[tx.mod(key) == expected],
-            success=[tx.put(key, partition_record(state))],
+            compare=compare,
+            success=[tx.put(key, partition_record(state, meta.topic_id))],
             failure=[],
         )
         return bool(ok)

@@ -102,8 +102,7 @@ class ClusterMetadata:
         ids = self._rack_alternating_brokers()
         out = []
         for p in range(first_partition, first_partition + count):
-            replicas = [ids[(p + r) % len(ids)] for r in range(replication_factor)]
-            out.append(PartitionState(replicas=replicas, leader=replicas[0], leader_epoch=0, isr=list(replicas)))
+            out.append(initial_state([ids[(p + r) % len(ids)] for r in range(replication_factor)]))
         return out
 
     def _rack_alternating_brokers(self) -> list[int]:
@@ -157,9 +156,7 @@ class ClusterMetadata:
         except ConfigError as exc:
             raise MetadataError(ErrorCode.invalid_config, str(exc)) from None
         if assignments:
-            partitions = [
-                PartitionState(replicas=list(r), leader=r[0], leader_epoch=0, isr=list(r)) for r in assignments
-            ]
+            partitions = [initial_state(r) for r in assignments]
         else:
             partitions = self._assign(num_partitions, replication_factor, 0)
         topic = TopicMetadata(name, str(uuid.uuid4()), partitions, overrides, internal)
@@ -239,7 +236,19 @@ def broker_record(info: BrokerInfo) -> bytes:
     return json.dumps(asdict(info)).encode()
 
 
+def initial_state(replicas: Sequence[int]) -> PartitionState:
+    """A new partition's state: led by its first replica, every replica in sync, epoch 0."""
+    return PartitionState(replicas=list(replicas), leader=replicas[0], leader_epoch=0, isr=list(replicas))
+
+
+def is_initial(state: PartitionState) -> bool:
+    return bool(state.replicas) and state == initial_state(state.replicas)
+
+
 def topic_record(topic: TopicMetadata) -> bytes:
+    """A topic with its partitions' replica assignments: one key however many partitions it has
+    (etcd caps a transaction at 128 operations by default). A partition's later states (leader,
+    epoch, ISR) are ``partition_record``s; a partition without one is in its initial state."""
     return json.dumps(
         {
             "name": topic.name,
@@ -247,21 +256,24 @@ def topic_record(topic: TopicMetadata) -> bytes:
             "configs": topic.configs,
             "internal": topic.internal,
             "partitions": len(topic.partitions),
-        }
+            "replicas": [p.replicas for p in topic.partitions],
+        },
+        separators=(",", ":"),
     ).encode()
 
 
-def partition_record(state: PartitionState) -> bytes:
-    return json.dumps(asdict(state)).encode()
+def partition_record(state: PartitionState, topic_id: str) -> bytes:
+    return json.dumps({**asdict(state), "topic_id": topic_id}).encode()
 
 
 RecordKey = tuple[str, ...]
 
 
-def apply_record(metadata: ClusterMetadata, path: str, value: bytes | None) -> RecordKey | None:
+def apply_record(metadata: ClusterMetadata, path: str, value: bytes | None) -> list[RecordKey]:
     """Apply one stored record (``brokers/1``, ``topics/t``, ``partitions/t/0``, ``controller``).
 
-    ``value`` None means the record was deleted. Returns what changed, or None if not ours.
+    ``value`` None means the record was deleted. Returns what changed (a new topic's record also
+    brings its partitions), empty if the record is not ours.
     """
     parts = path.split("/")
     if parts[0] == "brokers" and len(parts) == 2:
@@ -270,34 +282,44 @@ def apply_record(metadata: ClusterMetadata, path: str, value: bytes | None) -> R
             metadata.brokers.pop(node_id, None)
         else:
             metadata.brokers[node_id] = BrokerInfo(**json.loads(value))
-        return ("broker", parts[1])
+        return [("broker", parts[1])]
     if parts[0] == "controller" and len(parts) == 1:
         metadata.controller_id = -1 if value is None else int(json.loads(value)["node_id"])
-        return ("controller",)
+        return [("controller",)]
     if parts[0] == "wal-manager" and len(parts) == 1:
         raw = None if value is None else json.loads(value)
         metadata.wal_manager = None if raw is None else (raw["host"], int(raw["port"]))
-        return ("wal-manager",)
+        return [("wal-manager",)]
     if parts[0] == "topics" and len(parts) == 2:
         name = parts[1]
         if value is None:
             metadata.topics.pop(name, None)
-            return ("topic", name)
+            return [("topic", name)]
         raw = json.loads(value)
         existing = metadata.topics.get(name)
+        # Known partitions keep their state (their assignment never changes; a later state came
+        # from their own record); partitions new to us start from the stored assignment.
         partitions = existing.partitions if existing is not None and existing.topic_id == raw["topic_id"] else []
+        known = len(partitions)
+        assignments = raw.get("replicas")
         while len(partitions) < raw["partitions"]:
-            partitions.append(PartitionState(replicas=[], leader=-1, leader_epoch=-1, isr=[]))
+            if assignments is not None:
+                partitions.append(initial_state(assignments[len(partitions)]))
+            else:  # written before assignments lived in the topic record: partition records follow
+                partitions.append(PartitionState(replicas=[], leader=-1, leader_epoch=-1, isr=[]))
         metadata.topics[name] = TopicMetadata(name, raw["topic_id"], partitions, raw["configs"], raw["internal"])
-        return ("topic", name)
+        return [("topic", name)] + [("partition", name, str(i)) for i in range(known, len(partitions))]
     if parts[0] == "partitions" and len(parts) == 3:
         topic = metadata.topics.get(parts[1])
         index = int(parts[2])
         if topic is None or value is None or index >= len(topic.partitions):
-            return None
-        topic.partitions[index] = PartitionState(**json.loads(value))
-        return ("partition", parts[1], parts[2])
-    return None
+            return []
+        raw = json.loads(value)
+        if raw.pop("topic_id", topic.topic_id) != topic.topic_id:
+            return []  # a state decided for an earlier incarnation of the name
+        topic.partitions[index] = PartitionState(**raw)
+        return [("partition", parts[1], parts[2])]
+    return []
 
 
 class LocalBackend:

@@ -18,27 +18,47 @@ _TIME_ENTRY = struct.Struct(">qi")
 
 
 class _AppendOnlyFile:
+    """An index file, opened only for the moment of each operation.
+
+    Index writes are sparse (one entry per ``index.interval.bytes``) and reads happen from the
+    in-memory arrays, so holding two descriptors per segment open buys nothing, while a broker
+    with ten thousand partitions would run out of them (the process limit is often 20k or less).
+    """
+
     def __init__(self, path: str) -> None:
         self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644))
 
     def read_all(self) -> bytes:
-        size = os.fstat(self._fd).st_size
-        return os.pread(self._fd, size, 0)
+        with open(self.path, "rb") as f:
+            return f.read()
 
     def append(self, data: bytes) -> None:
-        os.write(self._fd, data)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
 
     def reset(self, data: bytes = b"") -> None:
-        os.ftruncate(self._fd, 0)
-        if data:
-            os.write(self._fd, data)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            os.ftruncate(fd, 0)
+            if data:
+                os.write(fd, data)
+        finally:
+            os.close(fd)
 
     def fsync(self) -> None:
-        os.fsync(self._fd)
+        # fsync flushes the file's data whichever descriptor asks.
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def close(self) -> None:
-        os.close(self._fd)
+        pass  # nothing held open
 
 
 class OffsetIndex:
