@@ -4,6 +4,8 @@ and the last stable offset and the aborted transactions must come from the leade
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from pathlib import Path
 
@@ -150,3 +152,51 @@ def test_producer_restarted_after_an_abort_initialises_and_commits(cluster_facto
     except TimeoutError:
         raise AssertionError(f"ListOffsets (uncommitted, committed) in az-2: {seen[-1]}") from None
     assert sorted(read_committed_in("az-2", cluster.bootstrap_in("az-2"), topic, len(committed))) == committed
+
+
+def test_a_diskless_commit_that_outlives_its_aborted_transaction_is_never_committed(cluster_factory) -> None:
+    """Object storage stalls while a transactional batch is being uploaded; the client's request
+    times out, the client aborts (and bumps its epoch, KIP-360), storage comes back, and the
+    representative's flush commits the batch after the ABORT marker. The producer's next
+    transaction commits. The late record must never become visible to read_committed, and the
+    last stable offset must not stay behind the high watermark."""
+    cluster = cluster_factory(s3=True, overrides=OVERRIDES)
+    topic = "late-commit"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 3, config={"diskless.enabled": "true"})])[topic].result(30)
+    producer = Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap_in("az-1"),
+            "client.id": "late diskless_az=az-1",
+            "transactional.id": "late-commit",
+            "message.timeout.ms": 3000,
+            "transaction.timeout.ms": 30000,
+        }
+    )
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    producer.produce(topic, value=b"before", partition=0)
+    producer.commit_transaction(30)
+
+    s3 = cluster.s3
+    assert s3 is not None and s3.pid is not None
+    failures: list[str] = []
+    os.kill(s3.pid, signal.SIGSTOP)
+    try:
+        producer.begin_transaction()
+        producer.produce(topic, value=b"late", partition=0, on_delivery=lambda err, _: failures.append(str(err)))
+        wait_until(lambda: producer.poll(0.1) >= 0 and failures, timeout=30, message="the produce never timed out")
+        assert failures != ["None"], "the batch was acknowledged while object storage was stopped"
+        producer.abort_transaction(30)
+    finally:
+        os.kill(s3.pid, signal.SIGCONT)
+
+    producer.begin_transaction()
+    producer.produce(topic, value=b"after", partition=0)
+    producer.commit_transaction(30)
+    # The representative commits a partition's batches in the order it received them: once "after"
+    # is readable, the late batch has been committed or refused.
+    got = read_committed_in("az-1", cluster.bootstrap_in("az-1"), topic, 2)
+    assert sorted(got) == [b"after", b"before"], f"read_committed got {got}"
+    ends = latest_offsets_in("az-1", cluster.bootstrap_in("az-1"), topic)
+    assert ends[0] == ends[1], f"last stable offset {ends[1]} stuck below the high watermark {ends[0]}"
