@@ -41,3 +41,11 @@ DISKLESS_FLUSH_SECONDS = Histogram("diskless_flush_seconds", "WAL flush: upload 
 DISKLESS_COMMIT_RPCS = Counter("diskless_commit_rpcs_total", "CommitBatches sent by representatives", ["target"])
 DISKLESS_COMMIT_SECONDS = Histogram("diskless_commit_seconds", "Leader-side commit of one CommitBatches request")
 DISKLESS_CACHE = Counter("diskless_cache_lookups_total", "WAL cache lookups when serving batches", ["result"])
+
+# Zone-aligned reads on followers (diskless/replication/follower_reads.py): one per consumer fetch pass
+# over a diskless partition whose local replica is a follower, by how it was answered.
+DISKLESS_FOLLOWER_READS = Counter(
+    "diskless_follower_reads_total",
+    "Consumer fetch decisions at a follower replica of a diskless partition",
+    ["outcome"],
+)

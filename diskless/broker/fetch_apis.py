@@ -14,6 +14,7 @@ from kio.schema.errors import ErrorCode
 
 from diskless.log.partition_log import OffsetOutOfRange, PartitionLog
 from diskless.log.segment import POINTERS
+from diskless.metrics import DISKLESS_FOLLOWER_READS
 from diskless.protocol import internal
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError
@@ -280,7 +281,9 @@ class FetchApis(ApiFamily):
         here is a follower (follower_reads); SERVE for everything else."""
         if not diskless or follower >= 0 or replica is None or replica.leader_state is not None:
             return ReadDecision(SERVE)
-        return follower_read(replica.follower_view(), offset, self.broker.now_ms(), self._max_staleness_ms)
+        decision = follower_read(replica.follower_view(), offset, self.broker.now_ms(), self._max_staleness_ms)
+        DISKLESS_FOLLOWER_READS.labels(decision.action).inc()
+        return decision
 
     def _stale_follower(self, diskless: bool, replica: Partition | None) -> bool:
         """A follower replica of a diskless partition unfit to answer reads itself (out of the ISR,
