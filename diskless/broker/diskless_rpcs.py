@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
 from typing import Any
 
 import structlog
@@ -29,15 +28,19 @@ log = structlog.get_logger(__name__)
 class DisklessRpcs(ApiFamily):
     """Leader side of the diskless commit, pointer-fetch and reference-query RPCs."""
 
-    def commit_batches_now(self, body: dict[str, Any]) -> Awaitable[dict[str, Any]]:
-        """CommitBatches on the leader: append every pointer now (in call order), then return what
-        to await for acks=all replication. Called directly by a local representative and by the
-        internal RPC handler, whose handlers start in request order."""
+    def commit_batches_now(self, body: dict[str, Any]) -> dict[str, Any]:
+        """CommitBatches on the leader: append every pointer now, in call order, and answer at once.
+
+        Called directly by a local representative and by the internal RPC handler, whose handlers
+        start in request order. The answer is the appends' outcome only: that is all the
+        representative's ordering needs. For acks=all each success carries ``last_offset`` and
+        ``leader_epoch`` (and ``committed`` when the high watermark already passed it); the
+        representative then awaits replication per partition (``await_replicated``), so one slow
+        follower never holds back answers to other partitions or the commits behind them."""
         now = self.broker.now_ms()
         key = body["key"]
         expired = now - int(body["created_ms"]) > self.broker.config.diskless_wal_commit_timeout_ms
         results: list[dict[str, Any]] = []
-        waits: list[tuple[int, Partition, int]] = []
         appended = False
         for entry in body["entries"]:
             if expired:
@@ -68,28 +71,59 @@ class DisklessRpcs(ApiFamily):
                 {
                     "error_code": 0,
                     "base_offset": result.base_offset,
+                    "last_offset": result.last_offset,
+                    "leader_epoch": replica.leader_epoch,
+                    "committed": plog.high_watermark > result.last_offset,
                     "log_append_time": result.log_append_time,
                     "log_start_offset": result.log_start_offset,
                 }
             )
-            if entry["acks"] == -1:
-                waits.append((len(results) - 1, replica, result.last_offset))
         if appended:
             self.broker.prefetch_objects({key})
+        return {"results": results}
 
-        async def replicated() -> dict[str, Any]:
-            started = time.monotonic()
-            outcomes = await asyncio.gather(*(r.wait_for_commit(last, 30.0) for _, r, last in waits))
-            for (index, replica, _), committed in zip(waits, outcomes, strict=True):
-                if not committed:
-                    lost = replica.leader_state is None
-                    results[index] = {
-                        "error_code": int(ErrorCode.not_leader_or_follower if lost else ErrorCode.request_timed_out)
-                    }
-            DISKLESS_COMMIT_SECONDS.observe(time.monotonic() - started)
-            return {"results": results}
+    async def commit_batches_rpc(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The internal RPC: appends happen in this coroutine's first step, i.e. in request order."""
+        return self.commit_batches_now(body)
 
-        return replicated()
+    async def await_replicated(self, body: dict[str, Any]) -> dict[str, Any]:
+        """AwaitReplicated (acks=all): for each (topic, topic id, partition, offset, leader epoch),
+        is the pointer appended at ``offset`` under ``leader_epoch`` replicated (high watermark past
+        it)? Answers as soon as any entry is decided, or after ``max_wait_ms`` with all pending, so
+        each partition's producers wait for their own followers only. Per entry: ``done`` true,
+        ``error_code`` NOT_LEADER_OR_FOLLOWER when we no longer lead it at that epoch (the pointer
+        may be truncated by the new leader), or neither (still waiting: ask again)."""
+        entries = body["entries"]
+        wait_s = max(0, int(body.get("max_wait_ms", 5000))) / 1000
+
+        def check(entry: dict[str, Any]) -> tuple[dict[str, Any] | None, Partition | None]:
+            stale = self._incarnation_error(entry["topic"], entry["partition"], entry.get("topic_id"))
+            if stale is not None:
+                return {"error_code": int(stale)}, None
+            _, plog, replica = self._leader_log(entry["topic"], entry["partition"])
+            if plog is None or replica is None or replica.leader_epoch != entry["leader_epoch"]:
+                return {"error_code": int(ErrorCode.not_leader_or_follower)}, None
+            if plog.high_watermark > entry["offset"]:
+                return {"error_code": 0, "done": True}, None
+            return None, replica
+
+        started = time.monotonic()
+        checked = [check(entry) for entry in entries]
+        if wait_s > 0 and all(decided is None for decided, _ in checked):
+            waits = [
+                asyncio.ensure_future(replica.wait_for_commit(entry["offset"], wait_s))
+                for entry, (_, replica) in zip(entries, checked, strict=True)
+                if replica is not None
+            ]
+            try:
+                await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiting in waits:
+                    waiting.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+            checked = [check(entry) for entry in entries]
+        DISKLESS_COMMIT_SECONDS.observe(time.monotonic() - started)
+        return {"results": [decided or {"error_code": 0, "done": False} for decided, _ in checked]}
 
     async def wal_references_rpc(self, body: dict[str, Any]) -> dict[str, Any]:
         """WalReferences from the WAL file manager: for each (object, topic id, partition), does that

@@ -165,3 +165,72 @@ async def test_group_shares_rebalances_and_keeps_offsets_across_coordinator_loss
         assert all(offset >= committed_before[p].offset for p, offset in late.seen)
     finally:
         late.close()
+
+
+async def test_member_that_stops_polling_leaves_and_the_other_takes_its_partitions(broker_factory) -> None:
+    """aiokafka leaves the group by itself once ``max_poll_interval_ms`` passes without a poll;
+    the remaining member must finish the rebalance and consume the idle member's partition within
+    about a rebalance timeout, not wait for the member that left.
+
+    The idle member stops by returning from its loop, between two getmany() calls: cancelling a
+    pending getmany() would leave aiokafka 0.14 counting a fetch in progress forever (its
+    fetch_context has no finally), and such a member never leaves and keeps heartbeating."""
+    broker = broker_factory(GROUP_OVERRIDES)
+    topic, group = "idle-member", "idle-group"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+
+    def member(max_poll_interval_ms: int) -> AIOKafkaConsumer:
+        return AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=broker.bootstrap,
+            group_id=group,
+            auto_offset_reset="earliest",
+            session_timeout_ms=6000,  # also aiokafka's rebalance timeout
+            heartbeat_interval_ms=500,
+            max_poll_interval_ms=max_poll_interval_ms,
+        )
+
+    idle, busy = member(3000), member(300_000)
+    seen: dict[str, set[tuple[int, int]]] = {"idle": set(), "busy": set()}
+    polling = {"idle": True, "busy": True}
+
+    async def consume(name: str, consumer: AIOKafkaConsumer) -> None:
+        while polling[name]:
+            for tp, messages in (await consumer.getmany(timeout_ms=200)).items():
+                seen[name].update((tp.partition, m.offset) for m in messages)
+
+    await idle.start()
+    idle_task = asyncio.create_task(consume("idle", idle))
+    await busy.start()
+    busy_task = asyncio.create_task(consume("busy", busy))
+    producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all"})
+    try:
+        await asyncio.to_thread(
+            wait_until, lambda: len(busy.assignment()) == 1 and len(idle.assignment()) == 1, 30, 0.1
+        )
+        for i in range(20):
+            producer.produce(topic, value=f"first-{i}".encode(), partition=i % 2)
+        assert producer.flush(30) == 0
+        await asyncio.to_thread(wait_until, lambda: len(seen["idle"]) == len(seen["busy"]) == 10, 30, 0.1)
+        idle_partition = next(iter(idle.assignment())).partition
+
+        polling["idle"] = False  # the idle member's application stops calling getmany()
+        await idle_task
+        stopped = asyncio.get_running_loop().time()
+        for i in range(10):
+            producer.produce(topic, value=f"later-{i}".encode(), partition=idle_partition)
+        assert producer.flush(30) == 0
+        # max.poll.interval (3 s) + the busy member's next heartbeat and rejoin; the rebalance
+        # timeout (6 s) bounds any wait for a member that does not rejoin.
+        await asyncio.to_thread(
+            wait_until, lambda: sum(1 for p, _ in seen["busy"] if p == idle_partition) >= 10, 30, 0.1
+        )
+        elapsed = asyncio.get_running_loop().time() - stopped
+        assert elapsed < 3 + 6 + 5, elapsed
+        assert {tp.partition for tp in busy.assignment()} == {0, 1}
+    finally:
+        polling["idle"] = polling["busy"] = False
+        await asyncio.gather(idle_task, busy_task, return_exceptions=True)
+        await busy.stop()
+        await idle.stop()

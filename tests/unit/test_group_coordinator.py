@@ -994,3 +994,48 @@ def test_random_interleavings_never_split_a_generation(
     world.core.tick(world.now)
     world.core.unload()
     assert all(r.done for r in world.replies)
+
+
+@given(
+    st.lists(OPS, max_size=80),
+    st.lists(st.booleans(), min_size=4, max_size=4),
+    st.sampled_from([0, 3_000]),
+    st.lists(st.booleans(), min_size=4, max_size=4),
+)
+def test_members_that_leave_or_go_silent_never_stall_the_others(
+    ops: list[tuple[str, int, int]], static: list[bool], delay: int, alive: list[bool]
+) -> None:
+    """Liveness (issue 9): after any history, the members that stop (dynamic ones send LeaveGroup,
+    as aiokafka does past max_poll_interval_ms; static ones just go silent) never hold up the
+    others, who keep acting as well-behaved clients: the group is Stable with exactly them, all
+    synced, within a bounded time (a rebalance timeout for a rebalance already under way, a
+    session timeout for silent or pending members, another rebalance timeout for the rebalance
+    their removal starts, plus heartbeat slack)."""
+    world = World(4, static, delay, 100)
+    for op in ops:
+        world.step(op)
+    survivors = [actor for actor, keep in zip(world.actors, alive, strict=True) if keep]
+    for actor, keep in zip(world.actors, alive, strict=True):
+        if not keep and actor.member_id and actor.instance is None:
+            world.step(("leave", actor.index, 0))
+    start = world.now
+    bound = 3 * (REBALANCE + 2_000) + 2 * SESSION + 10_000
+    while True:
+        for actor in survivors:
+            world.step(("act", actor.index, 1))
+        group = world.core._groups.get(G)
+        if survivors:
+            settled = (
+                group is not None
+                and group.state is GroupState.STABLE
+                and set(group.members) == {a.member_id for a in survivors}
+                and all(a.synced and not a.needs_join for a in survivors)
+            )
+        else:
+            settled = group is None or group.state is GroupState.EMPTY
+        if settled:
+            break
+        assert world.now - start < bound, (
+            f"stalled {world.now - start} ms in {group and group.state}: members {group and list(group.members)}"
+        )
+        world.step(("tick", 0, 500))
