@@ -355,18 +355,22 @@ class FetchApis(ApiFamily):
             return (plog.last_stable_offset if committed else plog.high_watermark), -1
         if timestamp == EARLIEST:
             return plog.log_start_offset, -1
+        hit = None
         if timestamp == MAX_TIMESTAMP:
             found = plog.batch_of_max_timestamp()
-            if found is None:
-                return None
-            return plog.record_with_max_timestamp(await self.broker.batch_bytes(*found))
-        # The first batch reaching the timestamp normally holds the answer; record timestamps need
-        # not be monotonic, so keep going if it does not.
-        for segment, location in plog.batches_reaching(timestamp):
-            hit = plog.first_record_reaching(await self.broker.batch_bytes(segment, location), timestamp)
-            if hit is not None:
-                return hit
-        return None
+            if found is not None:
+                hit = plog.record_with_max_timestamp(await self.broker.batch_bytes(*found))
+        else:
+            # The first batch reaching the timestamp normally holds the answer; record timestamps
+            # need not be monotonic, so keep going if it does not.
+            for segment, location in plog.batches_reaching(timestamp):
+                hit = plog.first_record_reaching(await self.broker.batch_bytes(segment, location), timestamp)
+                if hit is not None:
+                    break
+        # As Kafka's Partition.fetchOffsetForTimestamp: only an offset this isolation level may read
+        # (below the last stable offset for read_committed, the high watermark otherwise).
+        fetchable = plog.last_stable_offset if committed else plog.high_watermark
+        return hit if hit is not None and hit[0] < fetchable else None
 
     async def offset_for_leader_epoch(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         """The end offset of the client's leader epoch (KIP-320). For a diskless partition that a

@@ -60,6 +60,18 @@ def latest_offsets_in(az: str, bootstrap: str, topic: str) -> tuple[int, int]:
     return found[0], found[1]
 
 
+def offsets_by_time_in(az: str, bootstrap: str, topic: str, timestamp: int) -> dict[str, int]:
+    """ListOffsets by timestamp and by max timestamp, at both isolation levels, through ``az``."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": f"admin diskless_az={az}"})
+    tp = TopicPartition(topic, 0)
+    found = {}
+    for level in (IsolationLevel.READ_UNCOMMITTED, IsolationLevel.READ_COMMITTED):
+        for name, spec in (("time", OffsetSpec.for_timestamp(timestamp)), ("max", OffsetSpec.max_timestamp())):
+            result = admin.list_offsets({tp: spec}, isolation_level=level, request_timeout=30)
+            found[f"{name} {level.name.lower()}"] = result[tp].result(30).offset
+    return found
+
+
 def test_read_committed_in_azs_without_a_replica(cluster_factory) -> None:
     """The user's report: 3 AZs, replication factor 1, 50 committed and 50 aborted transactional
     records; read_committed consumers in the AZs without a replica got all 100. A transaction
@@ -90,20 +102,34 @@ def test_read_committed_in_azs_without_a_replica(cluster_factory) -> None:
         else:
             producer.flush(30)
             producer.abort_transaction(30)
+    # 25 + 50 + 25 records, three markers, then the open transaction's 10 records.
+    stable = 25 + 1 + 50 + 1 + 25 + 1
+    # Markers are written after EndTxn is answered: wait for the last one, so that every record
+    # of the next transaction is younger than it.
+    wait_until(lambda: latest_offsets_in("az-1", cluster.bootstrap_in("az-1"), topic)[1] == stable, timeout=30)
+    open_since = int(time.time() * 1000) + 1
+    wait_until(lambda: time.time() * 1000 > open_since)
     # A transaction still open: its records are in the log (below the HW) but not stable.
     producer.begin_transaction()
     for i in range(10):
         producer.produce(topic, value=f"open-{i}".encode(), partition=0)
     assert producer.flush(30) == 0
 
-    # 25 + 50 + 25 records, three markers, then the open transaction's 10 records.
-    stable = 25 + 1 + 50 + 1 + 25 + 1
     remote = [b.rack for b in cluster.brokers if not hosts_replica(b.data_dir, topic)]
     assert len(remote) == 2, "replication factor 1 over 3 AZs leaves two AZs without a replica"
     try:
         for az in AZS:
             uncommitted_end, committed_end = latest_offsets_in(az, cluster.bootstrap_in(az), topic)
             assert (uncommitted_end, committed_end) == (stable + 10, stable), f"ListOffsets in {az}"
+            # As Kafka: a timestamp lookup answers only offsets below the LSO for read_committed.
+            by_time = offsets_by_time_in(az, cluster.bootstrap_in(az), topic, open_since)
+            assert by_time == {
+                "time read_uncommitted": stable,
+                "max read_uncommitted": by_time["max read_uncommitted"],
+                "time read_committed": -1,
+                "max read_committed": -1,
+            }, f"ListOffsets by time in {az}"
+            assert stable <= by_time["max read_uncommitted"] < stable + 10
             got = read_committed_in(az, cluster.bootstrap_in(az), topic, len(committed))
             assert sorted(got) == sorted(committed), (
                 f"read_committed consumer in {az} (replica here: {az not in remote}) got {len(got)} records, "
