@@ -70,6 +70,16 @@ class BrokerConfig:
     diskless_s3_region: str = field(default="us-east-1", metadata=_prop("diskless.s3.region"))
     diskless_wal_linger_ms: int = field(default=100, metadata=_prop("diskless.wal.linger.ms"))
     diskless_wal_max_bytes: int = field(default=8 * 1024 * 1024, metadata=_prop("diskless.wal.max.bytes"))
+    diskless_produce_buffer_max_bytes: int = field(
+        default=64 * 1024 * 1024,
+        metadata=_prop(
+            "diskless.produce.buffer.max.bytes",
+            "Bound on the representative's diskless batches that are buffered, uploading or waiting for"
+            " their commit. Beyond it new batches wait (in arrival order) before being buffered, so"
+            " producers get their answers later; a single batch larger than the bound is taken once"
+            " nothing else is held.",
+        ),
+    )
     diskless_wal_commit_timeout_ms: int = field(
         default=60000, metadata=_prop("diskless.wal.commit.timeout.ms", "Leaders refuse commits of older WAL objects.")
     )

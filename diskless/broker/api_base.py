@@ -81,6 +81,9 @@ class ApiFamily:
         if replica is None or not serving:
             code = ErrorCode.leader_not_available if state.leader < 0 else ErrorCode.not_leader_or_follower
             return code, None, None
+        if replica.leader_state is not None and self._leader_fenced():
+            # Our etcd lease may have expired: a successor may be elected any moment (lease.py).
+            return ErrorCode.not_leader_or_follower, None, None
         if current_leader_epoch >= 0 and current_leader_epoch != replica.leader_epoch:
             code = (
                 ErrorCode.fenced_leader_epoch
@@ -89,6 +92,11 @@ class ApiFamily:
             )
             return code, None, None
         return ErrorCode.none, replica.log, replica
+
+    def _leader_fenced(self) -> bool:
+        # Broker stand-ins in unit tests need not model the etcd lease: they are never fenced.
+        fenced = getattr(self.broker, "leader_fenced", None)
+        return fenced is not None and bool(fenced())
 
     def _is_diskless(self, topic: str) -> bool:
         meta = self._meta.topics.get(topic)

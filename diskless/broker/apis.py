@@ -48,7 +48,8 @@ class KafkaApis:
         for family in (self.metadata, self.produce, self.fetch, self.admin, self.txn):
             self._handlers.update(family.handlers())
         self._internal_handlers: dict[int, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
-            internal.INTERNAL_COMMIT_BATCHES: self.diskless.commit_batches_now,
+            internal.INTERNAL_COMMIT_BATCHES: self.diskless.commit_batches_rpc,
+            internal.INTERNAL_AWAIT_REPLICATED: self.diskless.await_replicated,
             internal.INTERNAL_FETCH_POINTERS: self.diskless.fetch_pointers_rpc,
             internal.INTERNAL_WAL_REFERENCES: self.diskless.wal_references_rpc,
         }

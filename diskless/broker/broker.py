@@ -115,6 +115,16 @@ class Broker:
     def now_ms() -> int:
         return time.time_ns() // 1_000_000
 
+    def leader_fenced(self) -> bool:
+        """Whether this broker must not act as a partition leader now (answer NOT_LEADER_OR_FOLLOWER
+        to produce, commits, fetches and WalReferences as leader): in a cluster, while its etcd
+        lease may have expired, i.e. no keepalive succeeded for the lease TTL, and after it
+        registered again until its metadata shows that registration (``cluster/lease.py``)."""
+        if not self.clustered:
+            return False
+        fence = self.backend.fence
+        return fence is None or fence.fenced(time.monotonic_ns() // 1_000_000)
+
     # --- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:

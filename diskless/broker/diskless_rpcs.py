@@ -128,22 +128,27 @@ class DisklessRpcs(ApiFamily):
     async def wal_references_rpc(self, body: dict[str, Any]) -> dict[str, Any]:
         """WalReferences from the WAL file manager: for each (object, topic id, partition), does that
         partition, answered by its leader (us), still reference the object? 0 no, 1 yes, 2 cannot
-        say (not the leader). A topic id that no longer exists references nothing."""
-        answers = []
+        say. Each answer comes with the leader epoch we lead the partition at (-1 when we cannot
+        say), so the manager can discard answers of a leader that was deposed meanwhile.
+
+        A topic id or partition our metadata does not know is UNKNOWN, not "deleted": our view may
+        lag its creation; only the manager, with a fresh read of the topics, concludes deletion.
+        A broker that cannot refresh its etcd lease is no longer sure to be the leader: UNKNOWN."""
+        answers: list[int] = []
+        epochs: list[int] = []
+        fenced = self._leader_fenced()
         for key, topic_id, index in body["queries"]:
             topic = self._meta.topic_by_id(topic_id)
-            if topic is None:
-                answers.append(REF_NO)  # deleted topics reference nothing (ids are never reused)
-                continue
-            if index >= len(topic.partitions):
-                answers.append(REF_UNKNOWN)  # our metadata lags: partitions never shrink
-                continue
-            replica = self.broker.replicas.hosted(topic.name, index, topic_id)
+            replica = None
+            if topic is not None and index < len(topic.partitions) and not fenced:
+                replica = self.broker.replicas.hosted(topic.name, index, topic_id)
             if replica is None or replica.leader_state is None:
                 answers.append(REF_UNKNOWN)
+                epochs.append(-1)
             else:
                 answers.append(REF_YES if replica.log.references(key) else REF_NO)
-        return {"answers": answers}
+                epochs.append(replica.leader_epoch)
+        return {"answers": answers, "epochs": epochs}
 
     async def fetch_pointers_rpc(self, body: dict[str, Any]) -> dict[str, Any]:
         """FetchPointers on the leader: a slice of the log for a broker that has no replica, with the

@@ -2,7 +2,17 @@
 
 One task reads frames and starts a handler per request (so a long-polling fetch never blocks a
 produce pipelined behind it); another writes responses strictly in request order, as Kafka
-clients require. Anything undecodable, an oversized frame, or an unsupported version of any API
+clients require.
+
+Internal requests (broker to broker, ``protocol/internal.py``) are *started* in arrival order
+too (a leader's pointer appends happen in its CommitBatches handler's first step, so commits on
+one connection append in the order they were sent, which the representative's ordering relies
+on), but each is answered as soon as it finishes: our internal client matches answers by
+correlation id, and in-order answers would let one slow request (an acks=all wait on a stalled
+follower) hold back every answer behind it on the shared peer connection for seconds. At most
+``MAX_INTERNAL_IN_FLIGHT`` of them run per connection; beyond it reading pauses.
+
+Anything undecodable, an oversized frame, or an unsupported version of any API
 other than ApiVersions closes that connection only. A handler that fails unexpectedly is answered
 with the API's error code (``error_responses``); the connection stays open.
 """
@@ -28,6 +38,7 @@ from .apis import CloseConnection, KafkaApis, api_version_entries
 log = structlog.get_logger(__name__)
 
 MAX_IN_FLIGHT = 64  # per connection; reading pauses beyond this (backpressure)
+MAX_INTERNAL_IN_FLIGHT = 1024  # per connection, internal requests answered out of order
 
 
 class KafkaServer:
@@ -84,6 +95,8 @@ class Connection:
             MAX_IN_FLIGHT
         )
         self.peer_az: str | None = None
+        self.internal_slots = asyncio.Semaphore(MAX_INTERNAL_IN_FLIGHT)
+        self.internal_tasks: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
         writer_task = asyncio.create_task(self._write_loop())
@@ -97,6 +110,8 @@ class Connection:
         finally:
             await cancel_and_wait(writer_task)
             self._abandon_pending()
+            for task in list(self.internal_tasks):
+                task.cancel()
             self.writer.close()
             with contextlib.suppress(Exception):
                 await self.writer.wait_closed()
@@ -133,8 +148,11 @@ class Connection:
             except Exception as exc:
                 raise m.MalformedRequest(f"undecodable internal request: {exc}") from exc
             REQUESTS.labels(api=str(header.api_key)).inc()
-            task = asyncio.ensure_future(self._respond_internal(header, body))
-            await self.pending.put((header, task))
+            await self.internal_slots.acquire()
+            # Started now, in arrival order (the task's first step runs before any later one's).
+            task = asyncio.ensure_future(self._answer_internal(header, body))
+            self.internal_tasks.add(task)
+            task.add_done_callback(self.internal_tasks.discard)
             return
         if header.api_key == m.API_API_VERSIONS and not m.is_supported(header.api_key, header.api_version):
             # KIP-511: answer at v0 with the supported ranges so the client can downgrade.
@@ -167,9 +185,24 @@ class Connection:
             body = error_responses.error_response(header.api_key, header.api_version, request, code)
             return m.encode_response(header, body)
 
-    async def _respond_internal(self, header: m.RequestHeader, body: dict[str, Any]) -> bytes:
-        result = await self.server.apis.handle_internal(header, body)
-        return internal.encode_response(header.correlation_id, result)
+    async def _answer_internal(self, header: m.RequestHeader, body: dict[str, Any]) -> None:
+        """Run one internal request and write its answer as soon as it is ready (out of order)."""
+        try:
+            try:
+                result = await self.server.apis.handle_internal(header, body)
+            except Exception:
+                log.exception("internal request failed", peer=self.peer, api=header.api_key)
+                result = {"error_code": int(ErrorCode.unknown_server_error)}
+            if self.writer.is_closing():
+                return
+            frame = internal.encode_response(header.correlation_id, result)
+            self.writer.write(frame)  # one whole frame: frames of concurrent answers never interleave
+            self._count("out", len(frame))
+            await self.writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            return
+        finally:
+            self.internal_slots.release()
 
     async def _write_loop(self) -> None:
         try:

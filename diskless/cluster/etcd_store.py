@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import Awaitable, Callable
 
 import aetcd
@@ -34,6 +35,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from diskless.aio import cancel_and_wait
 
+from .lease import LeaseFence
 from .metadata import (
     BrokerInfo,
     ClusterMetadata,
@@ -66,6 +68,10 @@ def _retrying() -> AsyncRetrying:
     )
 
 
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
 class EtcdMetadataStore:
     def __init__(self, endpoint: str, cluster_id: str, metadata: ClusterMetadata) -> None:
         host, _, port = endpoint.replace("http://", "").rpartition(":")
@@ -79,6 +85,7 @@ class EtcdMetadataStore:
         self._watch_task: asyncio.Task[None] | None = None
         self.on_change: ChangeCallback | None = None
         self._registration: tuple[BrokerInfo, int] = (BrokerInfo(-1, "", 0), 1)
+        self.fence: LeaseFence | None = None  # brokers: whether our lease may have expired (lease.py)
 
     def _key(self, path: str) -> bytes:
         return (self.prefix + path).encode()
@@ -152,6 +159,8 @@ class EtcdMetadataStore:
                     continue
                 start_revision = revision + 1
                 await self._notify(changes)
+                if self.fence is not None:
+                    self.fence.on_metadata_revision(revision)
 
     async def _on_event(self, event: object) -> None:
         kv = event.kv  # type: ignore[attr-defined]
@@ -167,6 +176,8 @@ class EtcdMetadataStore:
         changed = apply_record(self.metadata, path, None if deleted else kv.value)
         if changed:
             await self._notify(changed)
+        if self.fence is not None:
+            self.fence.on_metadata_revision(kv.mod_revision)
 
     async def _notify(self, changes: list[RecordKey]) -> None:
         """Tell ``on_change`` in slices, yielding between them: applying a topic of thousands of
@@ -194,27 +205,42 @@ class EtcdMetadataStore:
             with contextlib.suppress(Exception):
                 await self.client.revoke_lease(previous.lease)
         self._registration = (info, ttl_seconds)
-        self._lease = await self.client.lease(ttl_seconds)
-        await self.client.put(key, broker_record(info), lease=self._lease)
+        if self.fence is None:
+            self.fence = LeaseFence(ttl_seconds * 1000)
+        await self._grant_and_put(info, ttl_seconds)
         if self._keepalive is None:
             self._keepalive = asyncio.create_task(self._keep_alive(max(ttl_seconds / 3, 0.2)))
 
+    async def _grant_and_put(self, info: BrokerInfo, ttl_seconds: int) -> None:
+        """A new lease and our broker key under it; the fence learns when the lease started."""
+        sent = _monotonic_ms()
+        self._lease = await self.client.lease(ttl_seconds)
+        put = await self.client.put(self._key(f"brokers/{info.node_id}"), broker_record(info), lease=self._lease)
+        assert self.fence is not None
+        self.fence.on_registered(sent, int(put.header.revision))
+
     async def _keep_alive(self, interval: float) -> None:
+        """Refresh the lease every ``interval``; report every outcome to the fence, which stops
+        leader duties once no refresh has succeeded for the TTL (a refresh that hangs counts as
+        failed when it times out, so the next one is tried)."""
         while True:
             await asyncio.sleep(interval)
             try:
-                assert self._lease is not None
-                reply = await self._lease.refresh()
-                if reply is not None and getattr(reply, "TTL", 1) <= 0:
-                    # Fenced (e.g. a long pause): come back as a new incarnation.
+                assert self._lease is not None and self.fence is not None
+                sent = _monotonic_ms()
+                reply = await asyncio.wait_for(self._lease.refresh(), timeout=2 * interval)
+                if reply is not None and getattr(reply, "TTL", 1) > 0:
+                    self.fence.on_refreshed(sent)
+                elif reply is not None:
+                    # Expired (e.g. a long pause): the controller moves our partitions away; come
+                    # back as a new incarnation, leading nothing until our metadata shows it.
                     log.error("broker lease expired; registering again")
-                    info, ttl = self._registration
-                    self._lease = await self.client.lease(ttl)
-                    await self.client.put(self._key(f"brokers/{info.node_id}"), broker_record(info), lease=self._lease)
+                    self.fence.on_expired()
+                    await self._grant_and_put(*self._registration)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("lease refresh failed", error=str(exc))
+                log.warning("lease refresh failed", error=str(exc) or type(exc).__name__)
 
     async def deregister_broker(self, node_id: int) -> None:
         """Controlled shutdown: drop our lease so the controller moves leadership away now."""

@@ -1,24 +1,46 @@
 """The diskless produce representative: any broker accepting Produce for diskless partitions.
 
 Batches of many partitions are buffered (``WalBuffer``) and flushed as one WAL object: one PUT,
-then one CommitBatches RPC per leader broker (a direct call when the leader is this broker). A
+then CommitBatches to each partition's leader (a direct call when the leader is this broker). A
 producer is answered only after its batch's pointer is appended by the leader (and replicated,
 for acks=all): data is in object storage before any pointer to it exists (safety rule 1).
 
-Ordering (safety rule 2): flushes are numbered; a flush sends its commits only after every
-earlier flush has sent its own, and commits to one leader share one connection whose requests
-the leader starts in order, so a partition's commits are applied in arrival order even when
-uploads finish out of order. Retries after a leadership move are ordered the same way. A failed
-upload leaves no pointer and fails its batches with a retriable error; the uploaded-but-never-
-committed object is garbage for the WAL file manager.
+This module is the asyncio shell; the decisions live in sans-IO pieces:
+- ``WalBuffer`` (when to flush) and ``Admission`` (``diskless.produce.buffer.max.bytes``: batches
+  buffered plus batches without an ordering outcome; beyond it new batches wait their turn, so
+  producers are answered later, never queued without bound in the pipeline);
+- ``CommitPipeline`` (which commit may be sent when, what a producer is told on failure; its
+  docstring holds the ordering rules R1-R5 and why per-partition order holds).
+
+Safety argument of the shell. (1) Every send the pipeline returns is started before the shell
+yields, in the returned order: a local commit is a synchronous call that appends before it
+returns, a remote one is written to that leader's connection, whose requests the leader starts
+in order (``server.py``). So the leader starts a partition's commits in the pipeline's order.
+(2) Every started commit reports back exactly once: an answer (``answered``) or, for any
+exception, timeout or lost connection, ``lost`` (outcome unknown: sent again in order, a leader
+that applied it meanwhile sees a duplicate) or ``failed``. (3) Every flush reports its upload
+exactly once (``uploaded`` or ``upload_failed``), whatever raises in encoding or the PUT, and
+the PUT is bounded by ``diskless.wal.commit.timeout.ms`` (a later commit would be refused).
+(4) A timer wakes the pipeline at its next back-off or deadline, and a metadata change ends
+back-offs at once. So every batch gets an ordering outcome in bounded time, and nothing holds
+a gate: there is no gate, only the pipeline's state, which each report moves forward.
+
+Liveness with slow followers. The leader answers CommitBatches once the pointers are appended;
+that is all the ordering needs. For acks=all the representative then asks the leader to await
+replication (AwaitReplicated) for those partitions only; the leader answers as soon as any of
+them is decided, so one partition whose follower is stalled delays only its own producers.
+Internal requests on a peer connection are answered as they finish (``server.py``), so a long
+AwaitReplicated never holds back a later CommitBatches answer on the same connection.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Hashable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -26,45 +48,51 @@ from kio.schema.errors import ErrorCode
 
 from diskless.metrics import DISKLESS_COMMIT_RPCS, DISKLESS_FLUSH_SECONDS, DISKLESS_WAL_OBJECT_BYTES
 from diskless.protocol import internal
-from diskless.protocol.client import ClientError, KafkaClientConnection
+from diskless.protocol.client import KafkaClientConnection
 from diskless.storage.object_store import ObjectStore
 from diskless.storage.wal_format import WalObjectWriter, wal_object_key
 
-from .wal_buffer import BufferedBatch, CommitOrder, WalBuffer
+from .commit_pipeline import STORAGE_ERROR, CommitPipeline, NoRoute, PartitionKey, Route, Send
+from .wal_buffer import Admission, BufferedBatch, WalBuffer
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from diskless.broker.broker import Broker
 
 log = structlog.get_logger(__name__)
 
-RETRIABLE_LEADERSHIP = {
-    int(ErrorCode.not_leader_or_follower),
-    int(ErrorCode.leader_not_available),
-    int(ErrorCode.fenced_leader_epoch),
-    int(ErrorCode.unknown_leader_epoch),
-}
-LEADERSHIP_RETRY_S = 10.0
+LEADERSHIP_RETRY_S = 10.0  # a ready batch without an append outcome this long fails (retriably)
+RETRY_BACKOFF_MS = 100  # after a leadership answer, unless the metadata changes first
+COMMIT_ANSWER_TIMEOUT_S = 30.0  # a commit answer is an append, never a replication wait
+REPLICATION_TIMEOUT_S = 30.0  # acks=all: as long as the leader's own wait used to be
+REPLICATION_POLL_MS = 5000  # the leader answers an AwaitReplicated at the latest after this
+LOCAL = "local"  # the channel of commits to this broker's own leaders
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class _Ordered:
-    """An asyncio gate over ``CommitOrder``: run sections strictly in flush order."""
+@dataclass
+class _Item:
+    batch: BufferedBatch
+    future: asyncio.Future[dict[str, Any]]
+    acks: int
+    flush: int = -1
+    position: int = -1
+    channel: Hashable | None = None
 
-    def __init__(self) -> None:
-        self.order = CommitOrder()
-        self.changed = asyncio.Condition()
 
-    async def wait_turn(self, sequence: int) -> None:
-        async with self.changed:
-            await self.changed.wait_for(lambda: self.order.may_commit(sequence))
-
-    async def done(self, sequence: int) -> None:
-        async with self.changed:
-            self.order.finished(sequence)
-            self.changed.notify_all()
+@dataclass
+class _FlushInfo:
+    key: str = ""
+    created_ms: int = 0
+    started: float = 0.0
+    size: int = 0
+    uploaded: bool = False
+    remaining: set[int] = field(default_factory=set)
+    partitions: set[tuple[str, int]] = field(default_factory=set)
 
 
 class Representative:
@@ -74,22 +102,51 @@ class Representative:
         self.store = store
         self.on_uploaded = on_uploaded  # lets the broker cache what it just wrote
         self.buffer = WalBuffer(config.diskless_wal_linger_ms, config.diskless_wal_max_bytes)
+        self.admission = Admission(config.diskless_produce_buffer_max_bytes)
+        self.pipeline = CommitPipeline(
+            retry_timeout_ms=int(LEADERSHIP_RETRY_S * 1000), retry_backoff_ms=RETRY_BACKOFF_MS
+        )
         self.az = config.broker_rack or "none"
-        self._send_order = _Ordered()
-        self._retry_order = _Ordered()
+        self._upload_timeout_s = config.diskless_wal_commit_timeout_ms / 1000
+        self._ids = itertools.count()
+        self._items: dict[int, _Item] = {}
+        self._flushes: dict[int, _FlushInfo] = {}
         self._timer: asyncio.TimerHandle | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._wakeup: asyncio.TimerHandle | None = None
+        self._pumping = False
+        self._pump_again = False
+        self._connecting: set[int] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         self._manager_conn: KafkaClientConnection | None = None
-        self.stats = {"flushes": 0, "puts": 0, "commit_rpcs": 0, "objects": 0}
+        self._closed = False
+        self.stats = {"flushes": 0, "puts": 0, "commit_rpcs": 0, "objects": 0, "delayed": 0, "max_held_bytes": 0}
 
     # --- accepting batches ------------------------------------------------------------------
 
     def submit(
         self, topic: str, topic_id: str, partition: int, batch: bytes, acks: int
     ) -> asyncio.Future[dict[str, Any]]:
-        """Buffer one validated batch; the future resolves to {error_code, base_offset, ...}."""
+        """Take one validated batch; the future resolves to {error_code, base_offset, ...}."""
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        full = self.buffer.add(BufferedBatch(topic, topic_id, partition, batch, (future, acks)), _now_ms())
+        if self._closed:
+            future.set_result({"error_code": STORAGE_ERROR})
+            return future
+        item = _Item(BufferedBatch(topic, topic_id, partition, batch, next(self._ids)), future, acks)
+        if self.admission.offer(len(batch), item, self.held_bytes):
+            self._buffer(item)
+        else:
+            self.stats["delayed"] += 1
+        return future
+
+    @property
+    def held_bytes(self) -> int:
+        """Buffered bytes plus bytes of batches without an ordering outcome (the bounded quantity)."""
+        return self.buffer.size + self.pipeline.in_flight_bytes
+
+    def _buffer(self, item: _Item) -> None:
+        self._items[item.batch.token] = item
+        full = self.buffer.add(item.batch, _now_ms())
+        self.stats["max_held_bytes"] = max(self.stats["max_held_bytes"], self.held_bytes)
         if full:
             self._flush_now()
         elif self._timer is None:
@@ -97,7 +154,10 @@ class Representative:
             assert deadline is not None
             delay = max(0.0, (deadline - _now_ms()) / 1000)
             self._timer = asyncio.get_running_loop().call_later(delay, self._flush_now)
-        return future
+
+    def _admit_waiting(self) -> None:
+        for item in self.admission.admit(self.held_bytes):
+            self._buffer(item)
 
     def _flush_now(self) -> None:
         if self._timer is not None:
@@ -106,67 +166,301 @@ class Representative:
         flush = self.buffer.drain()
         if flush is None:
             return
-        task = asyncio.create_task(self._flush(flush.sequence, flush.batches))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        info = _FlushInfo(started=time.monotonic())
+        self._flushes[flush.sequence] = info
+        for batch in flush.batches:
+            item = self._items[batch.token]
+            item.flush = flush.sequence
+            info.remaining.add(batch.token)
+            info.partitions.add((batch.topic_id, batch.partition))
+        self.pipeline.add_flush(flush.sequence, [(b.token, (b.topic_id, b.partition), b.data) for b in flush.batches])
+        self._spawn(self._upload(flush.sequence, flush.batches))
 
     async def close(self) -> None:
         self._flush_now()
+        deadline = time.monotonic() + 10
+        while (self.pipeline.pending or self.admission.waiting) and time.monotonic() < deadline:
+            self._flush_now()
+            await asyncio.sleep(0.01)
+        self._closed = True
+        for item in self.admission.drop_waiting():
+            _resolve(item, {"error_code": STORAGE_ERROR})
+        self.pipeline.failed(list(self._items), STORAGE_ERROR, _now_ms())
+        self._deliver()
+        for handle in (self._timer, self._wakeup):
+            if handle is not None:
+                handle.cancel()
         if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=10)
+            await asyncio.wait(list(self._tasks), timeout=5)
+        for task in list(self._tasks):
+            task.cancel()
         if self._manager_conn is not None:
             await self._manager_conn.close()
 
-    # --- one flush ----------------------------------------------------------------------------
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
 
-    async def _flush(self, sequence: int, batches: list[BufferedBatch]) -> None:
-        started = time.monotonic()
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("representative task failed", error=repr(task.exception()))
+
+    # --- one flush's upload ----------------------------------------------------------------------
+
+    async def _upload(self, sequence: int, batches: list[BufferedBatch]) -> None:
+        info = self._flushes[sequence]
         created = _now_ms()
         key = wal_object_key(created, self.az, self.broker.node_id)
-        uploaded = False
-        size = 0
-        refs: list[Any] = []
         try:
             writer = WalObjectWriter()
-            for item in batches:
-                writer.add(uuid.UUID(item.topic_id), item.partition, item.data)
+            for batch in batches:
+                writer.add(uuid.UUID(batch.topic_id), batch.partition, batch.data)
             finished = writer.finish(created, self.broker.node_id, self.az)
-            refs = finished.refs
-            size = len(finished.data)
-            await self.store.put(key, finished.data)
-            self.stats["puts"] += 1
-            self.stats["objects"] += 1
-            DISKLESS_WAL_OBJECT_BYTES.observe(len(finished.data))
-            uploaded = True
+            for batch, ref in zip(batches, finished.refs, strict=True):
+                self._items[batch.token].position = ref.offset
+            await asyncio.wait_for(self.store.put(key, finished.data), self._upload_timeout_s)
+        except Exception as exc:
+            log.warning("WAL object upload failed", key=key, error=repr(exc))
+            self.pipeline.upload_failed(sequence, _now_ms())
+            self._pump()
+            return
+        self.stats["puts"] += 1
+        self.stats["objects"] += 1
+        DISKLESS_WAL_OBJECT_BYTES.observe(len(finished.data))
+        info.key, info.created_ms, info.size, info.uploaded = key, created, len(finished.data), True
+        try:
             self.on_uploaded(key, finished.data)
         except Exception as exc:
-            log.warning("WAL object upload failed", key=key, error=str(exc))
-        retry: list[int] = []
-        await self._send_order.wait_turn(sequence)
+            log.warning("caching an uploaded WAL object failed", key=key, error=repr(exc))
+        self.pipeline.uploaded(sequence, _now_ms())
+        self._pump()
+
+    # --- the commit pump -------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        """Send every commit the pipeline allows now, deliver outcomes, and arm the wake-up timer.
+
+        Re-entrant calls (a local commit answers inside a send) only ask for another round."""
+        if self._pumping:
+            self._pump_again = True
+            return
+        self._pumping = True
         try:
-            if uploaded:
-                retry = await self._commit_all(key, created, batches, refs, list(range(len(batches))), sequence)
+            while True:
+                self._pump_again = False
+                sends = self.pipeline.next_sends(_now_ms(), self._route)
+                for send in sends:
+                    self._send(send)
+                self._deliver()
+                if not sends and not self._pump_again:
+                    break
+        except Exception:
+            log.exception("commit pipeline failed; failing its pending batches")
+            self.pipeline.failed(list(self._items), STORAGE_ERROR, _now_ms())
+            self._deliver()
+            self.pipeline = CommitPipeline(
+                retry_timeout_ms=int(LEADERSHIP_RETRY_S * 1000), retry_backoff_ms=RETRY_BACKOFF_MS
+            )
+        finally:
+            self._pumping = False
+        self._arm_wakeup()
+
+    def _arm_wakeup(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.cancel()
+            self._wakeup = None
+        at = self.pipeline.next_wakeup_ms()
+        if at is None:
+            return
+        delay = max(0.0, (at - _now_ms()) / 1000) + 0.001
+        self._wakeup = asyncio.get_running_loop().call_later(delay, self._pump)
+
+    def leaders_changed(self) -> None:
+        """Metadata changed (leaders, brokers): waiting commits may go now."""
+        self.pipeline.leaders_changed()
+        self._pump()
+
+    def _route(self, key: PartitionKey) -> Route:
+        # Routed by topic id: a batch accepted for a topic since deleted (perhaps re-created
+        # under its name) fails, and never goes to the new incarnation's leader.
+        state = self.broker.metadata.partition_by_id(key[0], key[1])
+        if state is None:
+            return NoRoute.UNKNOWN
+        if state.leader < 0:
+            return NoRoute.NO_LEADER
+        if state.leader == self.broker.node_id:
+            return LOCAL
+        conn = self.broker.peers.connected(state.leader)
+        if conn is None:
+            self._connect(state.leader)
+            return NoRoute.NO_LEADER
+        return (state.leader, conn)
+
+    def _connect(self, node_id: int) -> None:
+        if node_id in self._connecting:
+            return
+        self._connecting.add(node_id)
+
+        async def connect() -> None:
+            try:
+                await self.broker.peers.get(node_id)
+            except Exception as exc:
+                log.info("cannot reach leader", leader=node_id, error=repr(exc))
+            finally:
+                self._connecting.discard(node_id)
+            self._pump()
+
+        self._spawn(connect())
+
+    def _send(self, send: Send) -> None:
+        """Start one commit now (see the safety argument); its outcome comes back to the pipeline."""
+        info = self._flushes[send.flush]
+        items = [self._items[i] for i in send.ids]
+        for item in items:
+            item.channel = send.channel
+        body = {
+            "key": info.key,
+            "created_ms": info.created_ms,
+            "entries": [
+                {
+                    "topic": item.batch.topic,
+                    "topic_id": item.batch.topic_id,
+                    "partition": item.batch.partition,
+                    "header": item.batch.data[:61],
+                    "position": item.position,
+                    "acks": item.acks,
+                }
+                for item in items
+            ],
+        }
+        self.stats["commit_rpcs"] += 1
+        DISKLESS_COMMIT_RPCS.labels("local" if send.channel == LOCAL else "remote").inc()
+        if send.channel == LOCAL:
+            try:
+                answer = self.broker.apis.diskless.commit_batches_now(body)
+            except Exception:
+                log.exception("local commit failed")
+                self.pipeline.failed(send.ids, STORAGE_ERROR, _now_ms())
+                return
+            self._on_answer(send, answer)
+            return
+        conn = send.channel[1]  # type: ignore[index]
+        try:
+            future = conn.send_internal(internal.INTERNAL_COMMIT_BATCHES, body)
+        except Exception as exc:
+            log.info("commit send failed", leader=send.channel[0], error=repr(exc))  # type: ignore[index]
+            self.pipeline.lost(send.ids, _now_ms())
+            return
+        self._spawn(self._await_answer(send, conn, future))
+
+    async def _await_answer(self, send: Send, conn: Any, future: asyncio.Future[Any]) -> None:
+        try:
+            answer = await conn.wait(future, timeout=COMMIT_ANSWER_TIMEOUT_S)
+        except Exception as exc:
+            log.info("commit answer lost", leader=send.channel[0], error=repr(exc))  # type: ignore[index]
+            self.pipeline.lost(send.ids, _now_ms())
+        else:
+            self._on_answer(send, answer)
+        self._pump()
+
+    def _on_answer(self, send: Send, answer: Any) -> None:
+        now = _now_ms()
+        results = answer.get("results") if isinstance(answer, dict) else None
+        if not isinstance(results, list) or len(results) != len(send.ids):
+            log.warning("malformed commit answer", answer=str(answer)[:200])
+            self.pipeline.failed(send.ids, STORAGE_ERROR, now)
+            return
+        for batch_id, result in zip(send.ids, results, strict=True):
+            self.pipeline.answered(batch_id, result if isinstance(result, dict) else {}, now)
+
+    # --- outcomes --------------------------------------------------------------------------------
+
+    def _deliver(self) -> None:
+        """Answer producers whose batches have an ordering outcome (acks=all ones after replication)."""
+        outcomes = self.pipeline.take_outcomes()
+        if not outcomes:
+            return
+        replicate: dict[Hashable, list[tuple[_Item, dict[str, Any]]]] = {}
+        for batch_id, result in outcomes:
+            item = self._items.pop(batch_id, None)
+            if item is None:
+                continue
+            appended = result.get("error_code") == 0
+            if appended and item.acks == -1 and not result.get("committed", False):
+                replicate.setdefault(item.channel, []).append((item, result))
             else:
-                for item in batches:
-                    _resolve(item, {"error_code": int(ErrorCode.kafka_storage_error)})
-        finally:
-            await self._send_order.done(sequence)
-        await self._retry_order.wait_turn(sequence)
-        try:
-            deadline = time.monotonic() + LEADERSHIP_RETRY_S
-            while retry and time.monotonic() < deadline:
-                await self.broker.metadata_changed(0.5)
-                await self.connect_leaders()
-                retry = await self._commit_all(key, created, batches, refs, retry, sequence, retrying=True)
-            for index in retry:
-                _resolve(batches[index], {"error_code": int(ErrorCode.not_leader_or_follower)})
-        finally:
-            await self._retry_order.done(sequence)
+                _resolve(item, _producer_answer(result))
+            self._flush_progress(item, appended)
+        for channel, waiting in replicate.items():
+            self._spawn(self._replicate(channel, waiting))
+        self._admit_waiting()
+
+    def _flush_progress(self, item: _Item, appended: bool) -> None:
+        info = self._flushes.get(item.flush)
+        if info is None:
+            return
+        info.remaining.discard(item.batch.token)
+        if info.remaining:
+            return
+        del self._flushes[item.flush]
         self.stats["flushes"] += 1
-        DISKLESS_FLUSH_SECONDS.observe(time.monotonic() - started)
-        if uploaded:
-            partitions = sorted({(item.topic_id, item.partition) for item in batches})
-            self._notify_manager({"key": key, "size": size, "partitions": [list(p) for p in partitions]})
+        DISKLESS_FLUSH_SECONDS.observe(time.monotonic() - info.started)
+        if info.uploaded:
+            notice = {"key": info.key, "size": info.size, "partitions": [list(p) for p in sorted(info.partitions)]}
+            self._notify_manager(notice)
+
+    async def _replicate(self, channel: Hashable, waiting: list[tuple[_Item, dict[str, Any]]]) -> None:
+        """acks=all: ask the leader until each batch is replicated, refused, or the time is up.
+
+        The leader answers as soon as any entry is decided, so each partition is answered at its
+        own pace; the rest are asked again."""
+        deadline = time.monotonic() + REPLICATION_TIMEOUT_S
+        leader = self.broker.node_id if channel == LOCAL else channel[0]  # type: ignore[index]
+        while waiting and time.monotonic() < deadline:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            body = {
+                "max_wait_ms": max(1, min(REPLICATION_POLL_MS, left_ms)),
+                "entries": [
+                    {
+                        "topic": item.batch.topic,
+                        "topic_id": item.batch.topic_id,
+                        "partition": item.batch.partition,
+                        "offset": result.get("last_offset", result.get("base_offset", -1)),
+                        "leader_epoch": result.get("leader_epoch", -1),
+                    }
+                    for item, result in waiting
+                ],
+            }
+            try:
+                answer = await self._ask_replicated(leader, body)
+                states = answer["results"]
+                if len(states) != len(waiting):
+                    raise ValueError("malformed AwaitReplicated answer")
+            except Exception as exc:
+                log.info("AwaitReplicated failed", leader=leader, error=repr(exc))
+                await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+                continue
+            still = []
+            for (item, result), state in zip(waiting, states, strict=True):
+                code = int(state.get("error_code", 0))
+                if code:
+                    _resolve(item, {"error_code": code})
+                elif state.get("done"):
+                    _resolve(item, _producer_answer(result))
+                else:
+                    still.append((item, result))
+            waiting = still
+        for item, _ in waiting:
+            _resolve(item, {"error_code": int(ErrorCode.request_timed_out)})
+
+    async def _ask_replicated(self, leader: int, body: dict[str, Any]) -> dict[str, Any]:
+        if leader == self.broker.node_id:
+            return await self.broker.apis.diskless.await_replicated(body)
+        conn = await self.broker.peers.get(leader)
+        future = conn.send_internal(internal.INTERNAL_AWAIT_REPLICATED, body)
+        return await conn.wait(future, timeout=body["max_wait_ms"] / 1000 + 10)
 
     def _notify_manager(self, notice: dict[str, Any]) -> None:
         """Tell the WAL file manager about the object now, so it need not wait for a scan. Best
@@ -191,84 +485,23 @@ class Representative:
         self._tasks.add(task)
         task.add_done_callback(lambda t: (self._tasks.discard(t), t.cancelled() or t.exception()))
 
-    async def _commit_all(
-        self,
-        key: str,
-        created: int,
-        batches: list[BufferedBatch],
-        refs: list[Any],
-        indexes: list[int],
-        sequence: int,
-        retrying: bool = False,
-    ) -> list[int]:
-        """Send one commit per leader for ``indexes``; returns indexes to retry after a leader move."""
-        by_leader: dict[int, list[int]] = {}
-        retry: list[int] = []
-        for index in indexes:
-            item = batches[index]
-            # Routed by topic id: a batch accepted for a topic since deleted (perhaps re-created
-            # under its name) fails, and never goes to the new incarnation's leader.
-            state = self.broker.metadata.partition_by_id(item.topic_id, item.partition)
-            if state is None:
-                _resolve(item, {"error_code": int(ErrorCode.unknown_topic_or_partition)})
-            elif state.leader < 0:
-                retry.append(index)
-            else:
-                by_leader.setdefault(state.leader, []).append(index)
-        waits: list[tuple[list[int], Awaitable[dict[str, Any]]]] = []
-        for leader, members in by_leader.items():
-            body = {
-                "key": key,
-                "created_ms": created,
-                "entries": [
-                    {
-                        "topic": batches[i].topic,
-                        "topic_id": batches[i].topic_id,
-                        "partition": batches[i].partition,
-                        "header": batches[i].data[:61],
-                        "position": refs[i].offset,
-                        "acks": batches[i].token[1],
-                    }
-                    for i in members
-                ],
-            }
-            self.stats["commit_rpcs"] += 1
-            DISKLESS_COMMIT_RPCS.labels("local" if leader == self.broker.node_id else "remote").inc()
-            try:
-                waits.append((members, self._send_commit(leader, body)))
-            except (ClientError, OSError) as exc:
-                log.info("commit send failed", leader=leader, error=str(exc))
-                retry.extend(members)
-        for members, pending in waits:
-            try:
-                response = await pending
-            except (ClientError, OSError, TimeoutError) as exc:
-                log.info("commit failed", error=str(exc))
-                retry.extend(members)
-                continue
-            for index, result in zip(members, response["results"], strict=True):
-                if result["error_code"] in RETRIABLE_LEADERSHIP:
-                    retry.append(index)
-                else:
-                    _resolve(batches[index], result)
-        return sorted(retry)
-
-    def _send_commit(self, leader: int, body: dict[str, Any]) -> Awaitable[dict[str, Any]]:
-        """Start a commit now (appends happen in call order); returns what to await for the answer."""
-        if leader == self.broker.node_id:
-            return self.broker.apis.diskless.commit_batches_now(body)
-        conn = self.broker.peers.connected(leader)
-        if conn is None:
-            raise ClientError(f"no connection to leader {leader}")
-        future = conn.send_internal(internal.INTERNAL_COMMIT_BATCHES, body)
-        return conn.wait(future, timeout=60)
-
     async def connect_leaders(self) -> None:
         """Keep a connection to every other broker (commits must not wait for a TCP handshake)."""
         await self.broker.peers.connect_all(list(self.broker.metadata.brokers))
+        self.leaders_changed()
 
 
-def _resolve(item: BufferedBatch, result: dict[str, Any]) -> None:
-    future = item.token[0]
-    if not future.done():
-        future.set_result(result)
+def _producer_answer(result: dict[str, Any]) -> dict[str, Any]:
+    if result.get("error_code"):
+        return {"error_code": int(result["error_code"])}
+    return {
+        "error_code": 0,
+        "base_offset": result.get("base_offset", -1),
+        "log_append_time": result.get("log_append_time", -1),
+        "log_start_offset": result.get("log_start_offset", -1),
+    }
+
+
+def _resolve(item: _Item, result: dict[str, Any]) -> None:
+    if not item.future.done():
+        item.future.set_result(result)

@@ -2,13 +2,21 @@
 
 Batches for any diskless partition accumulate here until ``diskless.wal.linger.ms`` has passed
 since the first one, or ``diskless.wal.max.bytes`` are buffered; then the whole buffer becomes one
-WAL object (one PUT). Each drained flush gets a sequence number; ``CommitOrder`` lets flush n+1
-commit only after flush n has finished committing, so commits for every partition are applied
-in the order the representative received the batches even when uploads complete out of order.
+WAL object (one PUT). Each drained flush gets a sequence number; the order of commits per
+partition is ``commit_pipeline.CommitPipeline``'s job.
+
+``Admission`` bounds what the representative holds (``diskless.produce.buffer.max.bytes``):
+batches buffered here plus batches handed to the pipeline and still without an ordering
+outcome. A batch that does not fit waits, first come first served, so batches are buffered in
+the order they arrived (the order the pipeline keeps per partition); its producer's answer is
+later by that much. The waiting line itself is bounded by the connections and their in-flight
+request limits (the server stops reading a connection with too many requests outstanding), as
+Kafka's own request queue is.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,18 +78,46 @@ class WalBuffer:
 
 
 @dataclass
-class CommitOrder:
-    """Which flush may commit next: strictly in sequence, each one exactly once."""
+class Admission:
+    """First come, first served admission of batches under a byte bound."""
 
-    _next: int = 0
-    _done: set[int] = field(default_factory=set)
+    max_bytes: int
+    _waiting: deque[tuple[int, Any]] = field(default_factory=deque)
+    _waiting_bytes: int = 0
 
-    def may_commit(self, sequence: int) -> bool:
-        return sequence == self._next
+    def offer(self, size: int, item: Any, held_bytes: int) -> bool:
+        """True when ``item`` may be buffered now; otherwise it waits its turn (see ``admit``)."""
+        if not self._waiting and self._fits(size, held_bytes):
+            return True
+        self._waiting.append((size, item))
+        self._waiting_bytes += size
+        return False
 
-    def finished(self, sequence: int) -> None:
-        """A flush finished committing (or failed before committing): let the next ones go."""
-        self._done.add(sequence)
-        while self._next in self._done:
-            self._done.discard(self._next)
-            self._next += 1
+    def admit(self, held_bytes: int) -> list[Any]:
+        """Waiting items that fit now, in arrival order; ``held_bytes`` grows by each one taken."""
+        taken = []
+        while self._waiting and self._fits(self._waiting[0][0], held_bytes):
+            size, item = self._waiting.popleft()
+            self._waiting_bytes -= size
+            held_bytes += size
+            taken.append(item)
+        return taken
+
+    def drop_waiting(self) -> list[Any]:
+        """Everything still waiting (at shutdown)."""
+        items = [item for _, item in self._waiting]
+        self._waiting.clear()
+        self._waiting_bytes = 0
+        return items
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def waiting_bytes(self) -> int:
+        return self._waiting_bytes
+
+    def _fits(self, size: int, held_bytes: int) -> bool:
+        # A batch bigger than the bound alone is taken when nothing else is held, or it would wait forever.
+        return held_bytes + size <= self.max_bytes or held_bytes == 0

@@ -19,7 +19,10 @@ INTERNAL_COMMIT_BATCHES = 32001  # representative -> leader: append pointer batc
 INTERNAL_FETCH_POINTERS = 32002  # broker without a replica -> leader: pointer entries of a range
 INTERNAL_WAL_REFERENCES = 32003  # WAL file manager -> leader: does a partition reference a WAL object
 INTERNAL_WAL_NOTICE = 32004  # representative -> WAL file manager: a WAL object was committed (best effort)
-INTERNAL_APIS = frozenset({INTERNAL_COMMIT_BATCHES, INTERNAL_FETCH_POINTERS, INTERNAL_WAL_REFERENCES})
+INTERNAL_AWAIT_REPLICATED = 32005  # representative -> leader: acks=all, are these appends replicated yet
+INTERNAL_APIS = frozenset(
+    {INTERNAL_COMMIT_BATCHES, INTERNAL_FETCH_POINTERS, INTERNAL_WAL_REFERENCES, INTERNAL_AWAIT_REPLICATED}
+)
 
 BROKER_CLIENT_PREFIX = "diskless-broker-"
 _BROKER_CLIENT = re.compile(r"^diskless-broker-(\d+)\b")

@@ -95,7 +95,7 @@ def entry(name: str, topic_id: str | None, partition: int = 0, tag: str = "v") -
 
 
 async def commit(rpcs: DisklessRpcs, entries: list[dict[str, Any]]) -> list[int]:
-    answer = await rpcs.commit_batches_now(commit_body(entries))
+    answer = await rpcs.commit_batches_rpc(commit_body(entries))
     return [r["error_code"] for r in answer["results"]]
 
 

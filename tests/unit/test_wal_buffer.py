@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from diskless.produce.wal_buffer import BufferedBatch, CommitOrder, WalBuffer
+from diskless.produce.wal_buffer import Admission, BufferedBatch, WalBuffer
 
 
 def batch(partition: int, size: int) -> BufferedBatch:
@@ -25,20 +25,31 @@ def test_flush_by_linger_and_by_size() -> None:
     assert buffer.drain().sequence == 1  # type: ignore[union-attr]
 
 
-@given(st.permutations(list(range(8))))
-def test_commits_happen_in_flush_order_whatever_order_uploads_finish(finish_order: list[int]) -> None:
-    order = CommitOrder()
-    waiting = set()
-    committed: list[int] = []
-    for sequence in finish_order:  # uploads complete in this order
-        waiting.add(sequence)
-        progressed = True
-        while progressed:
-            progressed = False
-            for candidate in sorted(waiting):
-                if order.may_commit(candidate):
-                    committed.append(candidate)
-                    order.finished(candidate)
-                    waiting.discard(candidate)
-                    progressed = True
-    assert committed == list(range(8))
+@given(
+    st.lists(st.tuples(st.integers(1, 500), st.booleans()), max_size=60),
+    st.integers(100, 2000),
+)
+def test_admission_bounds_held_bytes_and_keeps_arrival_order(steps: list[tuple[int, bool]], bound: int) -> None:
+    """Whatever arrives and whenever bytes are released, held bytes stay within the bound (a
+    lone oversized batch aside) and batches are taken in arrival order."""
+    admission = Admission(bound)
+    held: list[tuple[int, int]] = []  # (item, size) taken and not yet released
+    taken: list[int] = []
+    for item, (size, release) in enumerate(steps):
+        if release and held:
+            held.pop(0)
+            for got in admission.admit(sum(s for _, s in held)):
+                held.append(got)
+                taken.append(got[0])
+        if admission.offer(size, (item, size), sum(s for _, s in held)):
+            held.append((item, size))
+            taken.append(item)
+        total = sum(s for _, s in held)
+        assert total <= bound or len(held) == 1
+    while held:
+        held.pop(0)
+        for got in admission.admit(sum(s for _, s in held)):
+            held.append(got)
+            taken.append(got[0])
+    assert taken == list(range(len(steps)))
+    assert admission.waiting == 0 and admission.waiting_bytes == 0
