@@ -9,8 +9,10 @@ Life of an object in the core
 =============================
 1. *Learned*: from a representative's best-effort notice (key, size, partitions) or from a
    bucket listing (key, size). A listed object's partitions are unknown until its trailer is read
-   (``trailers_needed`` / ``on_trailer``). Keys that do not parse as WAL keys are *foreign*: they
-   are counted, never checked, never deleted.
+   (``trailers_needed`` / ``on_trailer``), a bounded page of reads per pass so that a backlog
+   (a new instance facing a full bucket) never holds up checks and deletes of what is known.
+   Keys that do not parse as WAL keys are *foreign*: they are counted, never checked, never
+   deleted.
 2. *In grace*: nothing happens until the object is older than ``grace_ms`` by the creation time
    in its key.
 3. *Checking*: in *rounds*. A round asks the current leader of every partition in the object's
@@ -37,6 +39,17 @@ leader's log when the first question is asked. From then on references only disa
 A leader answers REFERENCED for its whole log from the log start, uncommitted tail included,
 so an UNREFERENCED answer from the true leader of a partition after grace is final.
 
+*Answers carry the leader epoch.* Leader epochs of a partition only grow, and a broker answers
+with the epoch it leads at. The core keeps the highest epoch it has seen per partition, from the
+service's metadata (``on_leader_epoch``, reported when asking and again when the answers arrive)
+and from answers, and counts an answer from a lower epoch as UNKNOWN: a leader that has been
+deposed (and whose log may lack commits its successor accepted) is overruled as soon as the
+manager knows of its successor, whatever the timing. Brokers also fence themselves: one that
+has not refreshed its etcd lease for the lease TTL stops answering as a leader (UNKNOWN) before
+the controller can elect a successor, which bounds how long a deposed leader that does not know
+it can answer at all. The confirmation delay below remains for what neither catches (the
+service's own view lagging behind a failover it has not heard of).
+
 *Why two confirmations, ``confirm_ms`` apart.* An UNREFERENCED answer can still be wrong for a
 while: a deposed leader that has not noticed yet (within its lease), or a leadership view in the
 service that lags, gets the question and answers from a log that lacks commits its successor
@@ -55,10 +68,12 @@ the same (object, partition) outstanding, so it attributes every answer exactly.
 
 What the leaders must guarantee (the service maps their replies): UNREFERENCED only if no
 pointer from the log start on, uncommitted tail included, points into the object; UNKNOWN when
-not (or no longer sure to be) the leader, while the log is loading, and on any error. A deleted
-topic references nothing: the service answers UNREFERENCED for it, but only when it knows the
-topic was deleted, not merely because its metadata view (which may lag behind a topic or a
-partition created recently) lacks it; then the answer is UNKNOWN.
+not (or no longer sure to be) the leader, including a topic id or partition its own metadata
+does not know (its view may lag a creation), while the log is loading, and on any error. A
+deleted topic references nothing: the service answers UNREFERENCED for it, but only when it knows
+the topic was deleted (``route_question``: absent from a linearizable read of the topics made
+after the question was issued), not merely because its metadata view (which may lag behind a
+topic or a partition created recently) lacks it; then the answer is UNKNOWN.
 
 *Lost state is safe.* Deletion needs positive evidence gathered by this very instance: the
 partition set (from a notice or the trailer, both written by the object's writer), and two
@@ -73,20 +88,32 @@ this manager is older) is quarantined: never checked, never deleted, counted in 
 operator. Treating it as garbage after grace would be unsafe: readers locate batches through
 pointers (object, offset, size), not through the trailer, so a damaged or unknown trailer does
 not mean nobody references the data, and without the partition list there is nobody to ask. A
-new core (restart, upgrade) tries the trailer again.
+new core (restart, upgrade) tries the trailer again. A trailer that cannot be *read* (forbidden,
+throttled, timing out) is retried with a growing backoff and counted as quarantined after a few
+failures; like an unreadable one it only ever delays its own object, never any other.
 """
 
 from __future__ import annotations
 
 import enum
 import heapq
-from collections.abc import Iterable
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from uuid import UUID
 
 from diskless.storage.wal_format import parse_wal_object_key
 
-__all__ = ["Answer", "ManagerConfig", "PartitionRef", "WalManagerCore"]
+__all__ = [
+    "NO_EPOCH",
+    "Answer",
+    "LeaderView",
+    "ManagerConfig",
+    "PartitionRef",
+    "WalManagerCore",
+    "route_question",
+]
+
+NO_EPOCH = -1  # an answer that no leader gave (the service's own, from cluster metadata)
 
 
 @dataclass(frozen=True, order=True, slots=True)
@@ -120,6 +147,39 @@ class Answer(enum.IntEnum):
     UNKNOWN = 2  # the leader cannot answer (not leader any more, loading, RPC failed): blocks deletion
 
 
+@dataclass(frozen=True, slots=True)
+class LeaderView:
+    """What the service's cluster metadata says about one partition: whom to ask, at which epoch."""
+
+    leader: int  # broker id; -1 while the partition is offline
+    epoch: int
+
+
+def route_question(
+    ref: PartitionRef, partitions: Sequence[LeaderView] | None, fresh_topic_ids: Container[str] | None
+) -> LeaderView | Answer:
+    """Whom to ask about ``ref``, or the answer the service can give itself.
+
+    ``partitions`` is the topic's partition list in the service's metadata view, None when the
+    view has no topic with that id. The view may lag: a topic or partition created recently is
+    missing from it, and a missing topic is *deleted* (and so references nothing) only if a fresh,
+    linearizable read of the topic ids (``fresh_topic_ids``, read after the question was issued)
+    lacks it too. Topic ids are never reused and a topic cannot come back, so an id absent from a
+    read made after the question was issued belongs to a topic that was deleted before the read:
+    every commit it ever accepted is gone with it. Without such a read the answer is UNKNOWN.
+    """
+    if partitions is None:
+        if fresh_topic_ids is None or ref.topic_id in fresh_topic_ids:
+            return Answer.UNKNOWN  # our view lags a topic creation, or nothing fresh to judge by
+        return Answer.UNREFERENCED
+    if ref.partition >= len(partitions):
+        return Answer.UNKNOWN  # our view lags partitions being added: partitions never shrink
+    view = partitions[ref.partition]
+    if view.leader < 0:
+        return Answer.UNKNOWN  # an offline partition blocks deletion
+    return view
+
+
 @dataclass(frozen=True)
 class ManagerConfig:
     grace_ms: int  # never ask about (hence never delete) an object younger than this; > commit timeout + skew
@@ -127,12 +187,16 @@ class ManagerConfig:
     check_interval_ms: int  # re-ask about a referenced/unknown object (and retry a failed delete) this often
     max_delete_batch: int = 1000  # keys per deletable() call (S3 DeleteObjects takes at most 1000)
     max_check_batch: int = 10_000  # (object, partition) questions per checks_due() call; whole objects only
+    max_trailer_batch: int = 100  # trailer reads handed out per trailers_needed() call
+    quarantine_after: int = 3  # failed trailer reads of one object before it counts as quarantined
 
     def __post_init__(self) -> None:
         if self.grace_ms <= 0 or self.confirm_ms < 0 or self.check_interval_ms <= 0:
             raise ValueError("grace_ms and check_interval_ms must be positive, confirm_ms non-negative")
-        if self.max_delete_batch <= 0 or self.max_check_batch <= 0:
+        if self.max_delete_batch <= 0 or self.max_check_batch <= 0 or self.max_trailer_batch <= 0:
             raise ValueError("batch limits must be positive")
+        if self.quarantine_after <= 0:
+            raise ValueError("quarantine_after must be positive")
 
     def check_against(self, commit_timeout_ms: int, max_clock_skew_ms: int) -> None:
         """Raise ``ValueError`` unless the grace period outlasts every possible commit."""
@@ -151,6 +215,7 @@ class _Object:
     first_seen_ms: int
     partitions: frozenset[PartitionRef] | None = None  # None: unknown until notice or trailer
     unreadable: bool = False  # quarantined: trailer unreadable and partitions unknown
+    trailer_failures: int = 0  # trailer reads that failed (forbidden, timed out...) since learned
     # The round in progress, if any.
     round_issued_ms: int | None = None
     round_asked: frozenset[PartitionRef] = frozenset()
@@ -174,7 +239,16 @@ class WalManagerCore:
         self._objects: dict[str, _Object] = {}
         self._foreign: dict[str, int] = {}  # key -> size; keys that are not WAL keys, never deleted
         self._foreign_seen: dict[str, int] = {}  # key -> first seen, for scan-based forgetting
-        self._needs_trailer: dict[str, None] = {}  # ordered set
+        # Objects whose trailer is wanted -> earliest time to hand the read out (again); the heap
+        # holds (due, key) and is lazily invalidated like the check heap. Ready keys are due at 0,
+        # so they come out oldest key (= oldest object) first.
+        self._needs_trailer: dict[str, int] = {}
+        self._trailer_heap: list[tuple[int, str]] = []
+        self._trailer_failures = 0
+        self._quarantined: dict[str, None] = {}  # ordered set: trailer reads failed quarantine_after times
+        # Highest leader epoch seen per partition (metadata or answers): older ones are deposed.
+        self._max_epoch: dict[PartitionRef, int] = {}
+        self._answers_deposed = 0
         # Questions asked and not answered yet, per key. Survives forgetting the object, so that a
         # relearned object never gets a second question for a pair whose answer is still coming.
         # The set is shared with the asking incarnation's _Object.round_pending.
@@ -206,8 +280,8 @@ class WalManagerCore:
     def on_listed(self, key: str, size: int, now_ms: int) -> None:
         """A bucket listing shows ``key``. Unknown objects then need their trailer."""
         obj = self._learn(key, size, now_ms)
-        if obj is not None and obj.partitions is None and not obj.unreadable:
-            self._needs_trailer[key] = None
+        if obj is not None and obj.partitions is None and not obj.unreadable and key not in self._needs_trailer:
+            self._want_trailer(key, 0)
 
     def on_scan_complete(
         self, listed: Iterable[str], scanned_prefixes: Iterable[str], started_ms: int, now_ms: int
@@ -233,15 +307,28 @@ class WalManagerCore:
             if key not in listed_set:
                 del self._foreign[key], self._foreign_seen[key]
 
-    def trailers_needed(self, limit: int | None = None) -> list[str]:
-        """Listed objects whose partitions are unknown, oldest first: read only their trailer.
+    def trailers_needed(self, now_ms: int, limit: int | None = None) -> list[str]:
+        """Hand out up to ``limit`` (at most ``max_trailer_batch``) listed objects whose partitions
+        are unknown, oldest first: the service reads only their trailer.
 
-        A query, not a hand-out: keys stay here until ``on_trailer``, ``on_trailer_unreadable``
-        or ``on_gone`` reports on them, so the service should skip reads it already has in
-        flight.
+        A bounded page, so that a backlog (a new instance facing a full bucket) is worked through
+        a page per pass, interleaved with checks and deletes, instead of reading every trailer
+        before asking anything. Each key should be reported to ``on_trailer``,
+        ``on_trailer_unreadable``, ``on_trailer_failed`` or ``on_gone``; one whose outcome is
+        never reported is handed out again after ``check_interval_ms``, one that failed after a
+        backoff.
         """
-        keys = sorted(self._needs_trailer)  # WAL keys sort by creation time
-        return keys if limit is None else keys[:limit]
+        cap = self.config.max_trailer_batch if limit is None else min(limit, self.config.max_trailer_batch)
+        out: list[str] = []
+        heap = self._trailer_heap
+        while heap and heap[0][0] <= now_ms and len(out) < cap:
+            due, key = heapq.heappop(heap)
+            if self._needs_trailer.get(key) != due:
+                continue  # stale entry
+            out.append(key)
+        for key in out:
+            self._want_trailer(key, now_ms + self.config.check_interval_ms)  # re-offered if never reported
+        return out
 
     def on_trailer(self, key: str, partitions: Iterable[PartitionRef], now_ms: int) -> None:
         """The trailer of ``key`` lists these partitions. Ignored for keys the core does not know."""
@@ -249,7 +336,7 @@ class WalManagerCore:
         if obj is None:
             return
         obj.unreadable = False
-        self._needs_trailer.pop(key, None)
+        self._drop_trailer(key)
         self._add_partitions(obj, partitions, now_ms)
 
     def on_trailer_unreadable(self, key: str, now_ms: int) -> None:
@@ -265,7 +352,24 @@ class WalManagerCore:
         if obj is None or obj.partitions is not None:
             return
         obj.unreadable = True
-        self._needs_trailer.pop(key, None)
+        self._drop_trailer(key)
+
+    def on_trailer_failed(self, key: str, now_ms: int) -> None:
+        """Reading the trailer failed for another reason (forbidden, throttled, timed out, server
+        errors after the store's own retries): the object is read again after a backoff that
+        doubles up to 64 x ``check_interval_ms``, and counts as quarantined in ``stats`` after
+        ``quarantine_after`` failures. It is never checked or deleted meanwhile (partitions
+        unknown) and never holds up any other object: the service moves on to the next key.
+        """
+        obj = self._objects.get(key)
+        if obj is None or key not in self._needs_trailer:
+            return
+        obj.trailer_failures += 1
+        self._trailer_failures += 1
+        backoff = self.config.check_interval_ms << min(obj.trailer_failures - 1, 6)
+        self._want_trailer(key, now_ms + backoff)
+        if obj.trailer_failures >= self.config.quarantine_after:
+            self._quarantined[key] = None
 
     def on_gone(self, key: str, now_ms: int) -> None:
         """``key`` does not exist (404 on a trailer read or HEAD): forget it. Never unsafe."""
@@ -312,15 +416,34 @@ class WalManagerCore:
             questions.extend((key, p) for p in sorted(obj.partitions, key=_sort_key))
         return questions
 
-    def on_answers(self, answers: Iterable[tuple[str, PartitionRef, Answer]], now_ms: int) -> None:
+    def on_leader_epoch(self, ref: PartitionRef, epoch: int) -> None:
+        """The service's metadata shows ``epoch`` as the current leader epoch of ``ref``.
+
+        Reported when asking and again when the answers come back: an answer from an older epoch
+        comes from a deposed leader and is discarded (see ``on_answers``)."""
+        if epoch > self._max_epoch.get(ref, NO_EPOCH):
+            self._max_epoch[ref] = epoch
+
+    def on_answers(self, answers: Iterable[tuple[str, PartitionRef, Answer, int]], now_ms: int) -> None:
         """Answers to questions from ``checks_due`` (any subset, any order, any grouping).
 
-        Answers to questions this core did not ask, or already answered, are ignored. Each
-        question may be answered only once, and answers to a previous core instance's questions
-        must not be delivered to this one: both could otherwise be taken for a later question's
-        answer and break the timing that makes two confirmations sufficient.
+        Each answer is ``(key, partition, answer, epoch)``: ``epoch`` is the leader epoch of the
+        broker that answered (as it believed it), or ``NO_EPOCH`` for answers the service gave
+        itself (``route_question``, failed RPCs). An answer from an epoch lower than the highest
+        this core has seen for the partition (from metadata or from other answers) comes from a
+        deposed leader: it counts as UNKNOWN. Answers to questions this core did not ask, or
+        already answered, are ignored. Each question may be answered only once, and answers to a
+        previous core instance's questions must not be delivered to this one: both could
+        otherwise be taken for a later question's answer and break the timing that makes two
+        confirmations sufficient.
         """
-        for key, partition, answer in answers:
+        for key, partition, answer, epoch in answers:
+            if epoch != NO_EPOCH:
+                if epoch < self._max_epoch.get(partition, NO_EPOCH):
+                    answer = Answer.UNKNOWN  # a deposed leader's view of a log that may lack commits
+                    self._answers_deposed += 1
+                else:
+                    self._max_epoch[partition] = epoch
             pending = self._outstanding.get(key)
             if pending is None or partition not in pending:
                 continue
@@ -406,6 +529,7 @@ class WalManagerCore:
         """Gauges (current state) and counters (since this instance started) for metrics."""
         garbage = list(self._deletable) + list(self._deleting)
         unreadable = [o for o in self._objects.values() if o.unreadable]
+        quarantined = [self._objects[k] for k in self._quarantined]
         known = len(self._objects)
         return {
             "objects_known": known,  # WAL objects tracked (parseable keys)
@@ -414,6 +538,9 @@ class WalManagerCore:
             "bytes_foreign": sum(self._foreign.values()),
             "objects_unreadable": len(unreadable),  # quarantined: trailer unreadable
             "bytes_unreadable": sum(o.size for o in unreadable),
+            "objects_quarantined": len(quarantined),  # trailer reads keep failing: retried slowly
+            "bytes_quarantined": sum(o.size for o in quarantined),
+            "trailer_read_failures": self._trailer_failures,
             "trailers_needed": len(self._needs_trailer),
             "objects_pending": known - len(self._needs_trailer) - len(unreadable) - len(garbage),
             "objects_confirmed_once": len(self._confirmed_once),
@@ -424,6 +551,7 @@ class WalManagerCore:
             "objects_deleted": self._deleted_objects,
             "bytes_deleted": self._deleted_bytes,
             "delete_failures": self._delete_failures,
+            "answers_deposed": self._answers_deposed,  # answers discarded: from an older leader epoch
         }
 
     # --- internals -----------------------------------------------------------------------------
@@ -455,7 +583,7 @@ class WalManagerCore:
         # Union: notices and trailer should agree; if they do not, asking more is the safe side.
         obj.partitions = new if first else obj.partitions | new
         obj.unreadable = False
-        self._needs_trailer.pop(obj.key, None)
+        self._drop_trailer(obj.key)
         if not first:
             # Partitions nobody asked about yet: earlier confirmations say nothing about them.
             # The round in progress (if any) completes as unconfirmed (round_asked is too small).
@@ -468,6 +596,14 @@ class WalManagerCore:
                 self._deletable.pop(obj.key, None)
         if obj.round_issued_ms is None:
             self._schedule(obj)
+
+    def _want_trailer(self, key: str, due_ms: int) -> None:
+        self._needs_trailer[key] = due_ms
+        heapq.heappush(self._trailer_heap, (due_ms, key))
+
+    def _drop_trailer(self, key: str) -> None:
+        self._needs_trailer.pop(key, None)
+        self._quarantined.pop(key, None)
 
     def _older_than_grace(self, obj: _Object, now_ms: int) -> bool:
         return now_ms - obj.created_ms > self.config.grace_ms
@@ -521,7 +657,7 @@ class WalManagerCore:
         if obj is None:
             return
         self._bytes_known -= obj.size
-        self._needs_trailer.pop(key, None)
+        self._drop_trailer(key)
         self._confirmed_once.discard(key)
         self._deletable.pop(key, None)
         self._deleting.pop(key, None)

@@ -7,6 +7,13 @@ and then campaign. The active instance starts with an empty ``WalManagerCore`` e
 the trailer of objects it does not know is read), ask the current leader of every partition named
 in a due object whether it still references it (one WalReferences RPC per broker), and delete what
 is confirmed unreferenced, rate limited, with batched DeleteObjects.
+
+Every pass does a bounded amount of each kind of work: one page of trailer reads, the checks that
+are due, one batch of deletes, while bucket scans run beside the passes. So a backlog of unknown
+trailers (a new instance facing a full bucket) never holds up collection of what is known, and
+one object that cannot be read (forbidden, corrupt, timing out) is reported to the core for that
+object alone (quarantined, counted in ``diskless_wal_manager_object_errors_total``) while the
+pass goes on with the others.
 """
 
 from __future__ import annotations
@@ -17,10 +24,12 @@ import json
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import botocore.exceptions
 import structlog
-from prometheus_client import Gauge, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from diskless.aio import cancel_and_wait
 from diskless.cluster.etcd_store import EtcdMetadataStore
@@ -31,16 +40,30 @@ from diskless.protocol import internal
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError, KafkaClientConnection
 from diskless.protocol.framing import FrameDecoder, FrameError
-from diskless.storage.object_store import NoSuchKey, ObjectStore
+from diskless.storage.object_store import InvalidRange, NoSuchKey, ObjectStore
 from diskless.storage.wal_format import TAIL_READ_HINT, WAL_KEY_ROOT, CorruptWalObject, parse_tail
 
-from .core import Answer, ManagerConfig, PartitionRef, WalManagerCore
+from .core import NO_EPOCH, Answer, LeaderView, ManagerConfig, PartitionRef, WalManagerCore, route_question
 
 log = structlog.get_logger(__name__)
 
 MANAGER_STATE = Gauge("diskless_wal_manager", "WAL file manager state", ["quantity"])
 SCAN_SECONDS = Histogram("diskless_wal_manager_scan_seconds", "Duration of one bucket scan")
 ACTIVE = Gauge("diskless_wal_manager_active", "1 while this instance is the active manager")
+OBJECT_ERRORS = Counter(
+    "diskless_wal_manager_object_errors",
+    "Operations on one WAL object that failed (the object is retried or quarantined, the others go on)",
+    ["operation", "reason"],
+)
+TRAILER_READ_CONCURRENCY = 16
+Answered = tuple[str, PartitionRef, Answer, int]
+
+
+def _reason(exc: BaseException) -> str:
+    """A bounded label for an error: the S3 error code if there is one, else the exception type."""
+    if isinstance(exc, botocore.exceptions.ClientError):
+        return str(exc.response.get("Error", {}).get("Code", "ClientError"))
+    return type(exc).__name__
 
 
 def _now_ms() -> int:
@@ -160,20 +183,35 @@ class WalManagerService:
     # --- the active loop ----------------------------------------------------------------------
 
     async def _active_loop(self) -> None:
+        """Passes every tick; bucket scans run beside them (a listing of a big bucket takes long)."""
         next_scan = 0
         tick = max(0.05, min(self.config.wal_manager_check_interval_ms, 1000) / 1000)
-        while True:
-            try:
-                if _now_ms() >= next_scan:
-                    await self.scan()
+        scanner: asyncio.Task[None] | None = None
+        try:
+            while True:
+                if scanner is not None and scanner.done():
+                    if not scanner.cancelled() and scanner.exception() is not None:
+                        log.warning("bucket scan failed", error=str(scanner.exception()))
+                    scanner = None
                     next_scan = _now_ms() + self.config.wal_manager_scan_interval_ms
-                await self._read_trailers()
-                await self._check_references()
-                await self._delete()
-                self._publish_stats()
+                if scanner is None and _now_ms() >= next_scan:
+                    scanner = asyncio.create_task(self.scan())
+                await self.run_pass()
+                await asyncio.sleep(tick)
+        finally:
+            if scanner is not None:
+                await cancel_and_wait(scanner)
+
+    async def run_pass(self) -> None:
+        """One pass: a page of trailer reads, the checks due, a batch of deletes. A step that fails
+        is logged and the next one still runs: none depends on another having succeeded."""
+        steps: list[Callable[[], Awaitable[None]]] = [self._read_trailers, self._check_references, self._delete]
+        for step in steps:
+            try:
+                await step()
             except Exception:
-                log.exception("WAL manager pass failed")
-            await asyncio.sleep(tick)
+                log.exception("WAL manager step failed", step=step.__name__)
+        self._publish_stats()
 
     async def scan(self) -> None:
         core = self._core()
@@ -187,68 +225,106 @@ class WalManagerService:
         SCAN_SECONDS.observe(time.monotonic() - started)
 
     async def _read_trailers(self) -> None:
+        """Read one page of trailers (concurrently); each outcome is reported for its object alone."""
         core = self._core()
-        for key in core.trailers_needed():
-            try:
-                size = await self.store.head(key)
-                if size is None:
-                    core.on_gone(key, _now_ms())
-                    continue
-                start = max(0, size - TAIL_READ_HINT)
-                footer, trailer = parse_tail(await self.store.get_range(key, start, size - 1), size)
-                if trailer is None:
-                    start = size - footer.tail_size
-                    footer, trailer = parse_tail(await self.store.get_range(key, start, size - 1), size)
-                if trailer is None:
-                    raise CorruptWalObject("trailer unreadable")
-                refs = [PartitionRef(str(topic_id), partition) for topic_id, partition in trailer.partitions()]
-                core.on_trailer(key, refs, _now_ms())
-            except (CorruptWalObject, ValueError) as exc:
-                log.warning("unreadable WAL object trailer", key=key, error=str(exc))
-                core.on_trailer_unreadable(key, _now_ms())
-            except NoSuchKey:
+        keys = core.trailers_needed(_now_ms())
+        if not keys:
+            return
+        limit = asyncio.Semaphore(TRAILER_READ_CONCURRENCY)
+
+        async def read(key: str) -> None:
+            async with limit:
+                await self._read_trailer(core, key)
+
+        await asyncio.gather(*(read(key) for key in keys))
+
+    async def _read_trailer(self, core: WalManagerCore, key: str) -> None:
+        try:
+            size = await self.store.head(key)
+            if size is None:
                 core.on_gone(key, _now_ms())
+                return
+            if size == 0:
+                raise CorruptWalObject("empty object")
+            start = max(0, size - TAIL_READ_HINT)
+            footer, trailer = parse_tail(await self.store.get_range(key, start, size - 1), size)
+            if trailer is None:
+                start = size - footer.tail_size
+                footer, trailer = parse_tail(await self.store.get_range(key, start, size - 1), size)
+            if trailer is None:
+                raise CorruptWalObject("trailer unreadable")
+            refs = [PartitionRef(str(topic_id), partition) for topic_id, partition in trailer.partitions()]
+            core.on_trailer(key, refs, _now_ms())
+        except NoSuchKey:
+            core.on_gone(key, _now_ms())
+        except (CorruptWalObject, InvalidRange, ValueError) as exc:
+            log.warning("unreadable WAL object trailer: quarantined", key=key, error=str(exc))
+            OBJECT_ERRORS.labels("trailer", "corrupt").inc()
+            core.on_trailer_unreadable(key, _now_ms())
+        except Exception as exc:  # forbidden, throttled, timed out: this object only, retried later
+            log.warning("WAL object trailer could not be read", key=key, error=str(exc))
+            OBJECT_ERRORS.labels("trailer", _reason(exc)).inc()
+            core.on_trailer_failed(key, _now_ms())
+
+    def _view_of(self, topic_id: str) -> list[LeaderView] | None:
+        topic = self.metadata.topic_by_id(topic_id)
+        if topic is None:
+            return None
+        return [LeaderView(p.leader, p.leader_epoch) for p in topic.partitions]
+
+    async def _fresh_topic_ids(self) -> set[str] | None:
+        """The ids of every topic now, from a linearizable etcd read (None if it fails)."""
+        try:
+            result = await self.etcd.client.get_prefix(self.etcd._key("topics/"))
+            return {str(json.loads(kv.value)["topic_id"]) for kv in result}
+        except Exception as exc:
+            log.info("could not read the topics from etcd", error=str(exc))
+            return None
 
     async def _check_references(self) -> None:
         core = self._core()
-        answers: list[tuple[str, PartitionRef, Answer]] = []
+        answers: list[Answered] = []
         by_leader: dict[int, list[tuple[str, PartitionRef]]] = defaultdict(list)
         asked = core.checks_due(_now_ms())
         try:
+            views = {ref.topic_id: self._view_of(ref.topic_id) for _, ref in asked}
+            # Read after the questions were issued: an id missing from it was deleted before.
+            fresh = await self._fresh_topic_ids() if any(v is None for v in views.values()) else None
             for key, ref in asked:
-                topic = self.metadata.topic_by_id(ref.topic_id)
-                if topic is None:
-                    # Topic ids are never reused and the object is older than the grace period, so
-                    # a topic we do not know was deleted: deleted topics reference nothing.
-                    answers.append((key, ref, Answer.UNREFERENCED))
-                    continue
-                if ref.partition >= len(topic.partitions):
-                    answers.append((key, ref, Answer.UNKNOWN))  # our view lags: partitions never shrink
-                    continue
-                leader = topic.partitions[ref.partition].leader
-                if leader < 0:
-                    answers.append((key, ref, Answer.UNKNOWN))  # an offline partition blocks deletion
+                routed = route_question(ref, views[ref.topic_id], fresh)
+                if isinstance(routed, LeaderView):
+                    core.on_leader_epoch(ref, routed.epoch)
+                    by_leader[routed.leader].append((key, ref))
                 else:
-                    by_leader[leader].append((key, ref))
-            for leader, queries in by_leader.items():
-                answers += await self._ask(leader, queries)
+                    answers.append((key, ref, routed, NO_EPOCH))
+            for replies in await asyncio.gather(*(self._ask(b, qs) for b, qs in by_leader.items())):
+                answers += replies
+            # Leadership may have moved while the questions were out: answers from an epoch older
+            # than the one our view shows now come from a deposed leader and are discarded.
+            for ref in {ref for _, ref in asked}:
+                view = self._view_of(ref.topic_id)
+                if view is not None and ref.partition < len(view):
+                    core.on_leader_epoch(ref, view[ref.partition].epoch)
         finally:
             # Every question gets exactly one answer, even if this pass dies half-way.
-            answered = {(key, ref) for key, ref, _ in answers}
-            answers += [(key, ref, Answer.UNKNOWN) for key, ref in asked if (key, ref) not in answered]
+            answered = {(key, ref) for key, ref, _, _ in answers}
+            answers += [(key, ref, Answer.UNKNOWN, NO_EPOCH) for key, ref in asked if (key, ref) not in answered]
             core.on_answers(answers, _now_ms())
 
-    async def _ask(
-        self, leader: int, queries: list[tuple[str, PartitionRef]]
-    ) -> list[tuple[str, PartitionRef, Answer]]:
+    async def _ask(self, leader: int, queries: list[tuple[str, PartitionRef]]) -> list[Answered]:
+        """One WalReferences RPC: each answer comes with the epoch the broker leads the partition at."""
         body = {"queries": [[key, ref.topic_id, ref.partition] for key, ref in queries]}
         try:
             conn = await self._connection(leader)
             reply = await conn.wait(conn.send_internal(internal.INTERNAL_WAL_REFERENCES, body), timeout=10)
-            return [(key, ref, Answer(code)) for (key, ref), code in zip(queries, reply["answers"], strict=True)]
+            # A broker too old to send epochs fails here (KeyError): its answers count as UNKNOWN.
+            return [
+                (key, ref, Answer(code), int(epoch))
+                for (key, ref), code, epoch in zip(queries, reply["answers"], reply["epochs"], strict=True)
+            ]
         except (ClientError, OSError, TimeoutError, KeyError, ValueError) as exc:
             log.info("leader could not answer reference queries", leader=leader, error=str(exc))
-            return [(key, ref, Answer.UNKNOWN) for key, ref in queries]
+            return [(key, ref, Answer.UNKNOWN, NO_EPOCH) for key, ref in queries]
 
     async def _connection(self, broker: int) -> KafkaClientConnection:
         info = self.metadata.brokers.get(broker)
@@ -269,8 +345,15 @@ class WalManagerService:
         if not keys:
             return
         started = time.monotonic()
-        failed = set(await self.store.delete_many(keys))
+        try:
+            failed = set(await self.store.delete_many(keys))
+        except Exception as exc:
+            log.warning("deleting WAL objects failed", count=len(keys), error=str(exc))
+            OBJECT_ERRORS.labels("delete", _reason(exc)).inc(len(keys))
+            core.on_delete_failed(keys, _now_ms())
+            return
         if failed:
+            OBJECT_ERRORS.labels("delete", "failed").inc(len(failed))
             core.on_delete_failed(sorted(failed), _now_ms())
         done = [k for k in keys if k not in failed]
         core.on_deleted(done, _now_ms())

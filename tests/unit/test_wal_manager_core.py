@@ -24,6 +24,7 @@ import os
 import sys
 import uuid
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -40,7 +41,7 @@ from hypothesis.stateful import (
 )
 
 from diskless.storage.wal_format import parse_wal_object_key, wal_hour_prefix, wal_object_key
-from wal_manager.core import Answer, ManagerConfig, PartitionRef, WalManagerCore
+from wal_manager.core import NO_EPOCH, Answer, LeaderView, ManagerConfig, PartitionRef, WalManagerCore, route_question
 
 T = TypeVar("T")
 
@@ -107,8 +108,10 @@ class Part:
     start: int = 0  # log start index: retention / DeleteRecords / tiering dropped everything before it
     replicated: dict[int, int] = field(default_factory=dict)  # follower -> length of its prefix
     available: bool = True
-    # A deposed leader that does not know it yet: (its log, its log start, answering until ms).
-    stale: tuple[tuple[str, ...], int, int] | None = None
+    epoch: int = 0  # the leader epoch: +1 at every failover
+    knows: bool = True  # the leader's metadata has the partition (it may lag a creation)
+    # A deposed leader that does not know it yet: (its log, its log start, answering until ms, its epoch).
+    stale: tuple[tuple[str, ...], int, int, int] | None = None
 
     @property
     def hw(self) -> int:
@@ -127,12 +130,16 @@ class WalManagerMachine(RuleBasedStateMachine):
         self.parts: dict[PartitionRef, Part] = {}  # partitions of live topics
         self.all_refs: list[PartitionRef] = []  # every partition ever created (deleted topics too)
         self.topics: dict[str, list[PartitionRef]] = {}
+        self.names: dict[str, str] = {}  # topic id -> name: a re-created topic has the old name, a new id
+        # The service's metadata view: topic id -> partitions it shows. It may lag creations,
+        # added partitions and deletions (until catch_up).
+        self.view: dict[str, int] = {}
         self.bucket: dict[str, Blob] = {}
         self.deleted: set[str] = set()
         self.commits: list[tuple[str, int, PartitionRef]] = []  # (key, created_ms, partition) in flight
         self.notices: list[tuple[str, int, frozenset[PartitionRef]]] = []
         self.questions: list[tuple[str, PartitionRef]] = []  # asked by the current core, not answered
-        self.responses: list[tuple[str, PartitionRef, Answer]] = []  # answered, not delivered yet
+        self.responses: list[tuple[str, PartitionRef, Answer, int]] = []  # answered, not delivered yet
         self.deleting: list[str] = []  # handed out by deletable(), DELETE not done yet
         self.handed_out: dict[str, int] = {}  # handed out, outcome not reported (dropped ones too)
         self.pending_scan: tuple[int, dict[str, int], tuple[str, ...]] | None = None  # started, listing, prefixes
@@ -149,15 +156,51 @@ class WalManagerMachine(RuleBasedStateMachine):
 
     # --- helpers ---------------------------------------------------------------------------------
 
-    def _new_topic(self, partitions: int) -> None:
+    def _new_topic(self, partitions: int, lag: bool = False, name: str | None = None) -> str:
+        """Create a topic; with ``lag`` neither the service's view nor the leaders know it yet."""
         self.topic_counter += 1
         topic = str(uuid.UUID(int=self.topic_counter))
-        refs = [PartitionRef(topic, i) for i in range(partitions)]
-        self.topics[topic] = refs
-        for i, r in enumerate(refs):
-            replicas = tuple((self.topic_counter + i + j) % BROKERS for j in range(3))
-            self.parts[r] = Part(r, replicas, replicas[0], replicated={b: 0 for b in replicas[1:]})
-        self.all_refs.extend(refs)
+        self.names[topic] = name or f"topic-{self.topic_counter}"
+        self.topics[topic] = []
+        self._add_partitions(topic, partitions, lag)
+        return topic
+
+    def _add_partitions(self, topic: str, count: int, lag: bool) -> None:
+        refs = self.topics[topic]
+        new = [PartitionRef(topic, i) for i in range(len(refs), len(refs) + count)]
+        refs.extend(new)
+        for r in new:
+            replicas = tuple((self.topic_counter + r.partition + j) % BROKERS for j in range(3))
+            self.parts[r] = Part(r, replicas, replicas[0], replicated={b: 0 for b in replicas[1:]}, knows=not lag)
+        self.all_refs.extend(new)
+        if not lag:
+            self.view[topic] = len(refs)
+
+    def _view_epoch(self, part: Part, stale_mask: int) -> int:
+        """The leader epoch the service's view shows: the deposed leader's while the view lags."""
+        if part.stale is not None and self.now < part.stale[2] and stale_mask >> (part.ref.partition % 4) & 1:
+            return part.stale[3]
+        return part.epoch
+
+    def _view_of(self, topic: str, stale_mask: int) -> list[LeaderView] | None:
+        count = self.view.get(topic)
+        if count is None:
+            return None
+        out = []
+        for i in range(count):
+            part = self.parts.get(PartitionRef(topic, i))
+            # A deleted topic the view still shows: the broker it names no longer knows the id.
+            out.append(
+                LeaderView(0, 0) if part is None else LeaderView(part.leader, self._view_epoch(part, stale_mask))
+            )
+        return out
+
+    def _observe_epochs(self, refs: Iterable[PartitionRef], stale_mask: int) -> None:
+        """The service reports its view's leader epochs when asking and when answers come back."""
+        for r in refs:
+            view = self._view_of(r.topic_id, stale_mask)
+            if view is not None and r.partition < len(view):
+                self.core.on_leader_epoch(r, view[r.partition].epoch)
 
     def _advance(self, dt: int) -> None:
         """Let ``dt`` ms pass; the service's periodic loop runs whenever it is due meanwhile."""
@@ -179,20 +222,31 @@ class WalManagerMachine(RuleBasedStateMachine):
     def _pick(items: list[T], i: int) -> T:
         return items[i % len(items)]
 
-    def _answer(self, key: str, r: PartitionRef, stale_mask: int) -> Answer:
-        """What the broker the service takes for the leader of ``r`` says about ``key`` now."""
+    def _answer(self, key: str, r: PartitionRef, stale_mask: int) -> tuple[Answer, int]:
+        """The answer (and leader epoch) the service gets about ``key`` from ``r``'s leader now:
+        routed by the service's (possibly lagging) metadata view, as ``route_question`` decides,
+        with a fresh read of the topic ids (the etcd truth) when the view lacks the topic."""
+        view = self._view_of(r.topic_id, stale_mask)
+        routed = route_question(r, view, set(self.topics) if view is None else None)
+        if isinstance(routed, Answer):
+            if view is None and r.topic_id in self.topics:
+                self.seen.add("service view lagged a topic creation")
+            return routed, NO_EPOCH
         part = self.parts.get(r)
         if part is None:
-            return Answer.UNREFERENCED  # topic gone: the service maps that to UNREFERENCED
+            return Answer.UNKNOWN, NO_EPOCH  # deleted, the view lags: the broker does not know the id
         if part.stale is not None and self.now < part.stale[2] and stale_mask >> (r.partition % 4) & 1:
             # The service's leadership view still names the deposed leader, which still believes it
-            # leads and answers from its own (stale) log.
-            log, start, _ = part.stale
+            # leads and answers from its own (stale) log, with its old epoch.
+            log, start, _, epoch = part.stale
             self.seen.add("stale leader answered")
-            return Answer.REFERENCED if key in log[start:] else Answer.UNREFERENCED
+            return (Answer.REFERENCED if key in log[start:] else Answer.UNREFERENCED), epoch
         if not part.available:
-            return Answer.UNKNOWN
-        return Answer.REFERENCED if part.references(key) else Answer.UNREFERENCED
+            return Answer.UNKNOWN, NO_EPOCH
+        if not part.knows:
+            self.seen.add("leader's metadata lagged a creation")
+            return Answer.UNKNOWN, NO_EPOCH  # the broker does not know the topic id or partition yet
+        return (Answer.REFERENCED if part.references(key) else Answer.UNREFERENCED), part.epoch
 
     def _delete(self, key: str) -> None:
         """The service's DELETE reaches the bucket: the safety invariant (1) is checked right here."""
@@ -209,17 +263,24 @@ class WalManagerMachine(RuleBasedStateMachine):
     def _ask(self) -> int:
         asked = self.core.checks_due(self.now)
         assert len(set(asked)) == len(asked)
-        assert not set(asked) & set(self.questions) and not set(asked) & {(k, r) for k, r, _ in self.responses}
+        assert not set(asked) & set(self.questions) and not set(asked) & {(k, r) for k, r, _, _ in self.responses}
+        self._observe_epochs({r for _, r in asked}, self.stale_mask)
         self.questions.extend(asked)
         return len(asked)
 
     def _answer_questions(self, count: int, stale_mask: int) -> None:
         answered, self.questions = self.questions[:count], self.questions[count:]
-        self.responses.extend((k, r, self._answer(k, r, stale_mask)) for k, r in answered)
+        self.responses.extend((k, r, *self._answer(k, r, stale_mask)) for k, r in answered)
 
-    def _deliver(self, count: int) -> None:
+    def _deliver(self, count: int, view_caught_up: bool = False) -> None:
+        """Answers reach the core; with ``view_caught_up`` the service's view learned of every
+        failover while they were on their way (it reports the epochs it shows now)."""
         delivered, self.responses = self.responses[:count], self.responses[count:]
+        self._observe_epochs({r for _, r, _, _ in delivered}, 0 if view_caught_up else self.stale_mask)
+        before = self.core._answers_deposed  # stats() would cost O(objects) per delivery
         self.core.on_answers(delivered, self.now)
+        if self.core._answers_deposed > before:
+            self.seen.add("deposed leader's answer discarded")
 
     def _start_deletes(self) -> int:
         keys = self.core.deletable(self.now)
@@ -277,7 +338,7 @@ class WalManagerMachine(RuleBasedStateMachine):
         self.core.on_scan_complete(set(listing), prefixes, started, self.now)
 
     def _read_trailers(self, limit: int | None) -> None:
-        for k in self.core.trailers_needed(limit):
+        for k in self.core.trailers_needed(self.now, limit):
             blob = self.bucket.get(k)
             if blob is None:
                 self.core.on_gone(k, self.now)
@@ -396,12 +457,17 @@ class WalManagerMachine(RuleBasedStateMachine):
 
     def _commit(self, pending: tuple[str, int, PartitionRef], replicate: bool) -> None:
         key, created, r = pending
+        # Commits name the topic id: one for a deleted topic (re-created under the same name or
+        # not) finds no partition and is refused, never applied to the new incarnation.
         part = self.parts.get(r)
-        if part is None or not part.available:
-            return  # lost, topic deleted, or leader down: the producer gets an error
-        if self.now + self.skew[part.leader] - created > COMMIT_TIMEOUT:
+        if part is None or not part.available or not part.knows:
+            return  # lost, topic deleted, leader down or not hosting it yet: the producer gets an error
+        age = self.now + self.skew[part.leader] - created
+        if age > COMMIT_TIMEOUT:
             self.seen.add("commit refused as too old")
             return  # refused: too old by the leader's clock
+        if age == COMMIT_TIMEOUT:
+            self.seen.add("commit accepted right at the timeout")
         if self.now - created > COMMIT_TIMEOUT:
             self.seen.add("commit accepted thanks to a slow leader clock")
         if self.now - created > COMMIT_TIMEOUT and self.core.stats()["objects_confirmed_once"]:
@@ -459,10 +525,12 @@ class WalManagerMachine(RuleBasedStateMachine):
         del part.log[length:]
         part.replicated = {b: min(n, length) for b, n in part.replicated.items()}
         if part.available:
-            part.stale = (old_log, part.start, self.now + STALE_LEADER_MS)
+            part.stale = (old_log, part.start, self.now + STALE_LEADER_MS, part.epoch)
         part.replicated[part.leader] = length
         part.leader = new
+        part.epoch += 1
         part.available = True
+        part.knows = True  # elected through the metadata it has
 
     @rule(p=st.integers(0, 100), dt=LATER)
     def toggle_available(self, p: int, dt: int) -> None:
@@ -473,19 +541,72 @@ class WalManagerMachine(RuleBasedStateMachine):
         part = self._pick(list(self.parts.values()), p)
         part.available = not part.available
 
-    @rule(t=st.integers(0, 100), dt=LATER)
-    def delete_topic(self, t: int, dt: int) -> None:
+    @rule(t=st.integers(0, 100), lag=st.booleans(), dt=LATER)
+    def delete_topic(self, t: int, lag: bool, dt: int) -> None:
+        """With ``lag`` the service's view still shows the topic for a while."""
+        self._advance(dt)
+        if self.topics:
+            self._delete_topic(self._pick(sorted(self.topics), t), lag)
+
+    def _delete_topic(self, topic: str, lag: bool) -> None:
+        for r in self.topics.pop(topic):
+            del self.parts[r]
+        if not lag:
+            self.view.pop(topic, None)
+
+    @precondition(lambda self: self.topic_counter < 5)
+    @rule(n=st.integers(1, 3), lag=st.booleans())
+    def create_topic(self, n: int, lag: bool) -> None:
+        """With ``lag`` the service's view and the leaders' metadata learn of it later (catch_up)."""
+        self._new_topic(n, lag)
+
+    @precondition(lambda self: self.topic_counter < 5)
+    @rule(t=st.integers(0, 100), n=st.integers(1, 3), lag=st.booleans(), dt=LATER)
+    def recreate_topic(self, t: int, n: int, lag: bool, dt: int) -> None:
+        """A topic is deleted and created again under the same name: a new topic id. Objects and
+        commits in flight still name the old id; the views may lag both changes."""
         self._advance(dt)
         if not self.topics:
             return
-        topic = self._pick(sorted(self.topics), t)
-        for r in self.topics.pop(topic):
-            del self.parts[r]
+        old = self._pick(sorted(self.topics), t)
+        self._delete_topic(old, lag)
+        self._new_topic(n, lag, name=self.names[old])
+        self.seen.add("topic re-created")
 
-    @precondition(lambda self: self.topic_counter < 5)
-    @rule(n=st.integers(1, 3))
-    def create_topic(self, n: int) -> None:
-        self._new_topic(n)
+    @rule(t=st.integers(0, 100), n=st.integers(1, 2), lag=st.booleans(), dt=LATER)
+    def add_partitions(self, t: int, n: int, lag: bool, dt: int) -> None:
+        self._advance(dt)
+        if self.topics and len(self.all_refs) < 24:
+            self._add_partitions(self._pick(sorted(self.topics), t), n, lag)
+            self.seen.add("partitions added")
+
+    @rule(who=st.sampled_from(["service", "leaders", "both"]), dt=LATER)
+    def catch_up(self, who: str, dt: int) -> None:
+        """Metadata propagation: the service's view and/or the leaders learn every change so far."""
+        self._advance(dt)
+        if who != "leaders":
+            self.view = {topic: len(refs) for topic, refs in self.topics.items()}
+        if who != "service":
+            for part in self.parts.values():
+                part.knows = True
+
+    @rule(i=st.integers(0, 1000), late=st.sampled_from([0, 0, 1]))
+    def commit_at_deadline(self, i: int, late: int) -> None:
+        """A commit reaches its leader exactly when it becomes too old by the leader's clock (or
+        1 ms later): accepted at the boundary, refused just after."""
+        if not self.commits:
+            return
+        _, created, r = pending = self.commits[i % len(self.commits)]
+        part = self.parts.get(r)
+        if part is None:
+            return
+        at = created + COMMIT_TIMEOUT - self.skew[part.leader] + late
+        if at < self.now:
+            return
+        self.commits.remove(pending)
+        self._advance(at - self.now)
+        if self.parts.get(r) is part:
+            self._commit(pending, replicate=True)
 
     # --- time, scans, restarts -------------------------------------------------------------------
 
@@ -553,9 +674,10 @@ class WalManagerMachine(RuleBasedStateMachine):
         action=st.sampled_from(["ask", "answer", "deliver"]),
         count=st.integers(1, 10),
         stale_mask=st.integers(0, 15),
+        view_caught_up=st.booleans(),
         dt=LATER,
     )
-    def rpc(self, action: str, count: int, stale_mask: int, dt: int) -> None:
+    def rpc(self, action: str, count: int, stale_mask: int, view_caught_up: bool, dt: int) -> None:
         """Questions go out, leaders answer some of them (now), answers reach the core (later)."""
         self._advance(dt)
         if action == "ask":
@@ -563,7 +685,7 @@ class WalManagerMachine(RuleBasedStateMachine):
         elif action == "answer":
             self._answer_questions(count, stale_mask)
         else:
-            self._deliver(count)
+            self._deliver(count, view_caught_up)
 
     @rule(action=st.sampled_from(["start", "finish", "fail", "drop"]), count=st.integers(1, 5), dt=LATER)
     def deletes(self, action: str, count: int, dt: int) -> None:
@@ -601,6 +723,9 @@ class WalManagerMachine(RuleBasedStateMachine):
 
     def _check_liveness(self) -> None:
         """(4): with everything healthy and time passing, every unreferenced object goes."""
+        self.view = {topic: len(refs) for topic, refs in self.topics.items()}
+        for part in self.parts.values():
+            part.knows = True
         for key, created, r in self.commits:  # in-flight commits arrive (accepted or refused)
             part = self.parts.get(r)
             if part is not None and part.available and self.now + self.skew[part.leader] - created <= COMMIT_TIMEOUT:
@@ -673,7 +798,7 @@ P1, P2 = ref(1), ref(2)
 def confirm_once(core: WalManagerCore, now: int) -> int:
     """Run one complete all-UNREFERENCED round at ``now``; return the number of questions."""
     asked = core.checks_due(now)
-    core.on_answers([(k, r, Answer.UNREFERENCED) for k, r in asked], now)
+    core.on_answers([(k, r, Answer.UNREFERENCED, NO_EPOCH) for k, r in asked], now)
     return len(asked)
 
 
@@ -692,8 +817,8 @@ def test_confirm_boundary_and_deletion() -> None:
     t = T0 + GRACE + 1
     asked = core.checks_due(t)
     assert sorted(asked) == [(key, P1), (key, P2)]
-    core.on_answers([(key, P1, Answer.UNREFERENCED)], t)
-    core.on_answers([(key, P2, Answer.UNREFERENCED)], t + 500)  # round complete at t + 500
+    core.on_answers([(key, P1, Answer.UNREFERENCED, NO_EPOCH)], t)
+    core.on_answers([(key, P2, Answer.UNREFERENCED, NO_EPOCH)], t + 500)  # round complete at t + 500
     assert core.deletable(t + 10 * CONFIRM) == []  # one confirmation is not enough
     assert core.checks_due(t + 500 + CONFIRM - 1) == []
     assert confirm_once(core, t + 500 + CONFIRM) == 2
@@ -714,7 +839,7 @@ def test_unknown_or_referenced_resets_confirmation(blocking: Answer) -> None:
     confirm_once(core, t)
     t += CONFIRM
     asked = core.checks_due(t)
-    core.on_answers([(key, P1, Answer.UNREFERENCED), (key, P2, blocking)], t)
+    core.on_answers([(key, P1, Answer.UNREFERENCED, NO_EPOCH), (key, P2, blocking, NO_EPOCH)], t)
     assert core.deletable(t) == [] and core.stats()["objects_confirmed_once"] == 0
     assert core.checks_due(t + CHECK_INTERVAL - 1) == []
     t += CHECK_INTERVAL
@@ -732,7 +857,7 @@ def test_incomplete_round_confirms_nothing() -> None:
     core.on_notice(key, 10, [P1, P2], T0)
     t = T0 + GRACE + 1
     core.checks_due(t)
-    core.on_answers([(key, P1, Answer.UNREFERENCED)], t)
+    core.on_answers([(key, P1, Answer.UNREFERENCED, NO_EPOCH)], t)
     assert core.checks_due(t + 10 * CONFIRM) == []  # no new round while one is outstanding
     assert core.deletable(t + 10 * CONFIRM) == []
     assert core.stats()["checks_outstanding"] == 1
@@ -743,10 +868,10 @@ def test_unasked_and_duplicate_answers_are_ignored() -> None:
     key = key_at(T0)
     core.on_notice(key, 10, [P1], T0)
     t = T0 + GRACE + 1
-    core.on_answers([(key, P1, Answer.UNREFERENCED)], t)  # never asked
+    core.on_answers([(key, P1, Answer.UNREFERENCED, NO_EPOCH)], t)  # never asked
     assert core.stats()["objects_confirmed_once"] == 0
     core.checks_due(t)
-    core.on_answers([(key, P1, Answer.REFERENCED), (key, P1, Answer.UNREFERENCED)], t)
+    core.on_answers([(key, P1, Answer.REFERENCED, NO_EPOCH), (key, P1, Answer.UNREFERENCED, NO_EPOCH)], t)
     assert core.stats()["objects_confirmed_once"] == 0  # the duplicate did not overwrite REFERENCED
 
 
@@ -758,7 +883,7 @@ def test_restart_loses_state_but_stays_safe() -> None:
     confirm_once(old, t)
     new = WalManagerCore(CONFIG)  # the old one's confirmation is lost with it
     new.on_listed(key, 10, t + CONFIRM)
-    assert new.trailers_needed() == [key]
+    assert new.trailers_needed(T0) == [key]
     assert new.checks_due(t + CONFIRM) == []  # partitions unknown: nobody to ask
     new.on_trailer(key, [P1], t + CONFIRM)
     confirm_once(new, t + CONFIRM)
@@ -775,7 +900,7 @@ def test_unparseable_keys_are_never_deleted() -> None:
         core.on_notice(k, 5, [P1], T0)
         core.on_trailer(k, [P1], T0)
     far = T0 + 100 * GRACE
-    assert core.trailers_needed() == [] and core.checks_due(far) == [] and core.deletable(far) == []
+    assert core.trailers_needed(T0) == [] and core.checks_due(far) == [] and core.deletable(far) == []
     stats = core.stats()
     assert stats["objects_foreign"] == len(foreign) and stats["bytes_foreign"] == 5 * len(foreign)
     assert stats["objects_known"] == 0
@@ -789,12 +914,12 @@ def test_unreadable_trailer_is_quarantined() -> None:
     core.on_listed(key, 7, T0)
     core.on_trailer_unreadable(key, T0)
     far = T0 + 100 * GRACE
-    assert core.trailers_needed() == [] and core.checks_due(far) == [] and core.deletable(far) == []
+    assert core.trailers_needed(T0) == [] and core.checks_due(far) == [] and core.deletable(far) == []
     assert core.stats()["objects_unreadable"] == 1 and core.stats()["bytes_unreadable"] == 7
     # A new instance (restart, upgrade) tries the trailer again.
     new = WalManagerCore(CONFIG)
     new.on_listed(key, 7, far)
-    assert new.trailers_needed() == [key]
+    assert new.trailers_needed(T0) == [key]
 
 
 def test_scan_forgets_only_objects_known_before_it_under_its_prefixes() -> None:
@@ -819,7 +944,7 @@ def test_answer_for_forgotten_object_does_not_count_for_relearned_one() -> None:
     core.on_gone(key, t)
     core.on_notice(key, 10, [P1], t + 1)  # relearned while the old question is unanswered
     assert core.checks_due(t + 2) == []  # no second question for the same pair
-    core.on_answers([(key, P1, Answer.UNREFERENCED)], t + 3)  # the old answer: consumed, not counted
+    core.on_answers([(key, P1, Answer.UNREFERENCED, NO_EPOCH)], t + 3)  # the old answer: consumed, not counted
     assert core.stats()["objects_confirmed_once"] == 0 and core.stats()["checks_outstanding"] == 0
     assert core.checks_due(t + 3) == [(key, P1)]
 
@@ -842,7 +967,7 @@ def test_partitions_growing_mid_round_invalidate_the_round() -> None:
     t = T0 + GRACE + 1
     core.checks_due(t)
     core.on_notice(key, 10, [P2], t)
-    core.on_answers([(key, P1, Answer.UNREFERENCED)], t)
+    core.on_answers([(key, P1, Answer.UNREFERENCED, NO_EPOCH)], t)
     assert core.stats()["objects_confirmed_once"] == 0
 
 
@@ -880,7 +1005,7 @@ def test_batch_limits() -> None:
     first = core.checks_due(t)
     assert len(first) == 9  # three whole objects: the limit never splits one
     assert len(core.checks_due(t)) == 6
-    core.on_answers([(k, r, Answer.UNREFERENCED) for k, r in first], t)
+    core.on_answers([(k, r, Answer.UNREFERENCED, NO_EPOCH) for k, r in first], t)
     assert len(core.checks_due(t + CONFIRM)) == 9
     assert core.deletable(t + CONFIRM) == []
 
@@ -903,11 +1028,14 @@ def test_trailers_needed_oldest_first_and_gone_objects_forgotten() -> None:
     keys = [key_at(T0 + 3_600_000, 1), key_at(T0, 2), key_at(T0 + 5, 3)]
     for k in keys:
         core.on_listed(k, 1, T0)
-    assert core.trailers_needed() == sorted(keys) == [keys[1], keys[2], keys[0]]
-    assert core.trailers_needed(limit=1) == [keys[1]]
+    assert core.trailers_needed(T0, limit=1) == [keys[1]]  # handed out: not again until reported...
+    assert core.trailers_needed(T0) == [keys[2], keys[0]]
+    assert core.trailers_needed(T0 + CHECK_INTERVAL - 1) == []
+    assert core.trailers_needed(T0 + CHECK_INTERVAL) == sorted(keys)  # ...or check_interval_ms passed
     core.on_gone(keys[1], T0)  # 404 on the trailer read
     core.on_trailer(keys[1], [P1], T0)  # late: unknown keys are ignored
-    assert core.trailers_needed() == [keys[2], keys[0]] and core.stats()["objects_known"] == 2
+    assert core.trailers_needed(T0 + 2 * CHECK_INTERVAL) == [keys[2], keys[0]]
+    assert core.stats()["objects_known"] == 2 and core.stats()["trailers_needed"] == 2
 
 
 def test_unreadable_trailer_ignored_when_a_notice_gave_the_partitions() -> None:
@@ -933,3 +1061,83 @@ def test_delete_outcome_never_reported_is_offered_again() -> None:
     core.on_deleted([key], t + CHECK_INTERVAL)
     core.on_deleted([key], t + CHECK_INTERVAL)  # both DELETEs landed: counted once
     assert core.stats()["objects_deleted"] == 1 and core.stats()["objects_deleting"] == 0
+
+
+def test_answer_from_a_deposed_leader_epoch_is_discarded() -> None:
+    core = WalManagerCore(CONFIG)
+    key, other = key_at(T0, 1), key_at(T0, 2)
+    core.on_notice(key, 1, [P1], T0)
+    core.on_notice(other, 1, [P1], T0)
+    t = T0 + GRACE + 1
+    asked = core.checks_due(t)
+    assert sorted(asked) == sorted([(key, P1), (other, P1)])
+    core.on_leader_epoch(P1, 5)  # the service's metadata moved on while the questions were out
+    core.on_answers([(key, P1, Answer.UNREFERENCED, 4)], t)  # answered by the epoch-4 leader
+    assert core.stats()["objects_confirmed_once"] == 0 and core.stats()["answers_deposed"] == 1
+    core.on_answers([(other, P1, Answer.UNREFERENCED, 5)], t)  # the current leader counts
+    assert core.stats()["objects_confirmed_once"] == 1
+    # An answer from epoch 6 teaches the core of a newer leader even if metadata has not caught up.
+    t += CHECK_INTERVAL
+    core.on_leader_epoch(P1, 5)
+    first = core.checks_due(t)
+    assert first == [(key, P1)]
+    core.on_answers([(key, P1, Answer.REFERENCED, 6)], t)
+    t += CHECK_INTERVAL
+    assert core.checks_due(t) == [(key, P1)]
+    core.on_answers([(key, P1, Answer.UNREFERENCED, 5)], t)  # the epoch-5 leader is deposed now
+    assert core.stats()["objects_confirmed_once"] == 1 and core.stats()["answers_deposed"] == 2
+
+
+def test_answers_without_epoch_are_not_checked_against_epochs() -> None:
+    core = WalManagerCore(CONFIG)
+    key = key_at(T0)
+    core.on_notice(key, 1, [P1], T0)
+    core.on_leader_epoch(P1, 9)
+    confirm_once(core, T0 + GRACE + 1)  # NO_EPOCH: the service's own answer (a deleted topic)
+    assert core.stats()["objects_confirmed_once"] == 1 and core.stats()["answers_deposed"] == 0
+
+
+def test_route_question_never_takes_a_lagging_view_for_a_deletion() -> None:
+    view = [LeaderView(3, 7), LeaderView(-1, 2)]
+    assert route_question(P1, view, None) == LeaderView(3, 7)
+    assert route_question(ref(1, 1), view, None) == Answer.UNKNOWN  # offline
+    assert route_question(ref(1, 2), view, None) == Answer.UNKNOWN  # partition added after our view
+    # The view lacks the topic: only a fresh read that lacks it too proves it was deleted.
+    assert route_question(P1, None, None) == Answer.UNKNOWN
+    assert route_question(P1, None, {P1.topic_id}) == Answer.UNKNOWN  # created recently: the view lags
+    assert route_question(P1, None, {P2.topic_id}) == Answer.UNREFERENCED
+
+
+def test_trailer_reads_come_in_bounded_pages() -> None:
+    config = ManagerConfig(GRACE, CONFIRM, CHECK_INTERVAL, max_trailer_batch=10)
+    core = WalManagerCore(config)
+    keys = [key_at(T0, n) for n in range(35)]
+    for k in reversed(keys):
+        core.on_listed(k, 1, T0)
+    pages = [core.trailers_needed(T0) for _ in range(5)]
+    assert [len(p) for p in pages] == [10, 10, 10, 5, 0]
+    assert [k for p in pages for k in p] == sorted(keys)  # oldest first, each once
+    assert core.trailers_needed(T0, limit=3) == []
+
+
+def test_failing_trailer_reads_back_off_and_are_quarantined_without_holding_up_others() -> None:
+    config = ManagerConfig(GRACE, CONFIRM, CHECK_INTERVAL, max_trailer_batch=1, quarantine_after=2)
+    core = WalManagerCore(config)
+    bad, good = key_at(T0, 1), key_at(T0, 2)  # bad is older: handed out first
+    core.on_listed(bad, 5, T0)
+    core.on_listed(good, 7, T0)
+    assert core.trailers_needed(T0) == [bad]
+    core.on_trailer_failed(bad, T0)  # e.g. 403 Forbidden on its ranged GET
+    assert core.trailers_needed(T0) == [good]  # the next page goes on
+    core.on_trailer(good, [P1], T0)
+    assert core.trailers_needed(T0 + CHECK_INTERVAL - 1) == []
+    assert core.trailers_needed(T0 + CHECK_INTERVAL) == [bad]
+    core.on_trailer_failed(bad, T0 + CHECK_INTERVAL)
+    stats = core.stats()
+    assert stats["objects_quarantined"] == 1 and stats["bytes_quarantined"] == 5
+    assert stats["trailer_read_failures"] == 2
+    assert core.trailers_needed(T0 + 3 * CHECK_INTERVAL - 1) == []  # the backoff doubled
+    assert core.trailers_needed(T0 + 3 * CHECK_INTERVAL) == [bad]
+    core.on_trailer(bad, [P2], T0 + 3 * CHECK_INTERVAL)  # readable again (permissions fixed)
+    assert core.stats()["objects_quarantined"] == 0
+    assert sorted(core.checks_due(T0 + 3 * CHECK_INTERVAL + GRACE)) == sorted([(good, P1), (bad, P2)])

@@ -1,0 +1,63 @@
+"""Self-fencing: whether a broker may still act as a partition leader, judged from its etcd lease.
+
+The controller elects a new leader for a broker's partitions once the broker's lease expires in
+etcd. A broker cut off from etcd (network partition, long pause, etcd down) does not hear of that
+election, so without fencing itself it would go on accepting commits and answering the WAL
+manager from a log its successor no longer extends. The rule here: a broker acts as a leader only
+while it knows its lease is alive, that is for at most the lease TTL after the *sending* of the
+last keepalive (or grant) that succeeded. etcd starts that TTL when it processes the request,
+which is later, so the broker always stops before etcd can expire the lease, hence before any
+successor can be elected.
+
+After the lease did expire (etcd answered TTL <= 0) the broker registers again under a new lease.
+It resumes only once its metadata view has caught up with that registration (the watch delivered
+a revision at least that of the put): every election made while it was away is then known, so a
+replica that lost leadership has been told before it can act as a leader again.
+
+Sans-IO: the etcd store reports what happened with monotonic milliseconds; ``fenced`` takes the
+current time. Not registered at all means fenced.
+"""
+
+from __future__ import annotations
+
+
+class LeaseFence:
+    """The broker's own view of whether its etcd lease is alive (see module docstring)."""
+
+    def __init__(self, ttl_ms: int) -> None:
+        if ttl_ms <= 0:
+            raise ValueError("the lease TTL must be positive")
+        self.ttl_ms = ttl_ms
+        self._valid_until: int | None = None  # None: no lease known to be alive
+        self._awaiting_revision: int | None = None  # registered again: metadata must reach this
+
+    def on_registered(self, sent_ms: int, revision: int) -> None:
+        """A lease was granted (its request sent at ``sent_ms``) and the broker key put under it at
+        etcd ``revision``."""
+        self._valid_until = sent_ms + self.ttl_ms
+        self._awaiting_revision = revision
+
+    def on_refreshed(self, sent_ms: int) -> None:
+        """A keepalive sent at ``sent_ms`` was answered with a positive TTL: the lease lives on."""
+        if self._valid_until is not None:
+            self._valid_until = max(self._valid_until, sent_ms + self.ttl_ms)
+
+    def on_expired(self) -> None:
+        """etcd answered that the lease no longer exists: fenced until registered again."""
+        self._valid_until = None
+        self._awaiting_revision = None
+
+    def on_metadata_revision(self, revision: int) -> None:
+        """The metadata view now reflects everything up to etcd ``revision``."""
+        if self._awaiting_revision is not None and revision >= self._awaiting_revision:
+            self._awaiting_revision = None
+
+    def fenced(self, now_ms: int) -> bool:
+        """Whether the broker must not act as a leader at ``now_ms``."""
+        return self._valid_until is None or now_ms >= self._valid_until or self._awaiting_revision is not None
+
+    def remaining_ms(self, now_ms: int) -> int:
+        """How long the broker may still act as a leader without another successful keepalive."""
+        if self._valid_until is None or self._awaiting_revision is not None:
+            return 0
+        return max(0, self._valid_until - now_ms)
