@@ -13,6 +13,11 @@ the broker lacks a codec), which would make a round trip pass without testing th
 so each case also reads the partition's segment files and checks the batches' compression bits.
 
 One broker serves the whole module (topics are fresh per case) to keep the 20 cases fast.
+
+Diskless topics get the same matrix with fewer records (``DISKLESS_COUNT``) on a one-broker
+cluster with etcd and S3 whose WAL objects are kept small, so that every case spans several WAL
+objects; there the codec is read from the pointer segments, which keep each producer batch's
+header, and the pointers must name several distinct WAL objects.
 """
 
 from __future__ import annotations
@@ -26,13 +31,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from conftest import LocalCluster
 from support import BrokerProcess
 
 from diskless.protocol import records
+from diskless.storage import pointer
 
 pytestmark = pytest.mark.integration
 
 COUNT = 10_000
+DISKLESS_COUNT = 2_000
+# Small WAL objects (a flush as soon as this many bytes are buffered) so a case spans several.
+DISKLESS_OVERRIDES = {
+    "diskless.wal.max.bytes": "4096",
+    "diskless.wal.linger.ms": "20",
+    "metrics.port": "0",
+    "broker.session.timeout.ms": "3000",
+}
+MIN_WAL_OBJECTS = 3
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 CODEC_IDS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 CLIENTS = ["aiokafka", "kafka-python", "confluent-kafka", "kcat"]
@@ -76,26 +92,36 @@ def shared_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerPr
         proc.kill()
 
 
-def create_topic(bootstrap: str, name: str) -> None:
+@pytest.fixture(scope="module")
+def diskless_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    cluster = LocalCluster(tmp_path_factory.mktemp("roundtrip-diskless"), 1, 1, DISKLESS_OVERRIDES, s3=True)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.kill_all()
+
+
+def create_topic(bootstrap: str, name: str, configs: dict[str, str] | None = None) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(name, num_partitions=1, replication_factor=1)], request_timeout=15)
+    new = NewTopic(name, num_partitions=1, replication_factor=1, config=configs or {})
+    futures = admin.create_topics([new], request_timeout=15)
     futures[name].result(timeout=20)
 
 
-def assert_roundtrip(got: list[Rec]) -> None:
-    assert len(got) == COUNT
-    assert [r.offset for r in got] == list(range(COUNT))
-    for want, rec in zip(EXPECTED, got, strict=True):
-        assert rec == want, rec
+def assert_roundtrip(got: list[Rec], want: list[Rec] = EXPECTED) -> None:
+    assert len(got) == len(want)
+    assert [r.offset for r in got] == list(range(len(want)))
+    for expect, rec in zip(want, got, strict=True):
+        assert rec == expect, rec
 
 
 class CodecNotUsed(AssertionError):
     """The records round-tripped, but the client did not send them with the requested codec."""
 
 
-def assert_stored_codec(partition_dir: Path, codec: str) -> None:
+def assert_stored_codec(partition_dir: Path, codec: str, count: int = COUNT) -> None:
     """The batches on disk carry the codec asked for (records per codec id, from batch headers)."""
     per_codec: dict[int, int] = {}
     for segment in sorted(partition_dir.glob("*.log")):
@@ -105,18 +131,40 @@ def assert_stored_codec(partition_dir: Path, codec: str) -> None:
             header = records.parse_header(data, pos)
             per_codec[header.compression] = per_codec.get(header.compression, 0) + header.record_count
             pos += header.size
-    assert sum(per_codec.values()) == COUNT, per_codec
+    check_codec_counts(per_codec, codec, count)
+
+
+def assert_pointed_codec(partition_dir: Path, codec: str, count: int) -> set[str]:
+    """The same check on a diskless partition: the pointer entries keep each producer batch's
+    header, compression bits included. Returns the WAL object keys the pointers name."""
+    per_codec: dict[int, int] = {}
+    keys: set[str] = set()
+    assert not list(partition_dir.glob("*.log")) or all(f.stat().st_size == 0 for f in partition_dir.glob("*.log")), (
+        "a diskless topic wrote records to a records segment"
+    )
+    for segment in sorted(partition_dir.glob("*.plog")):
+        for entry in pointer.iter_entries(segment.read_bytes()):
+            assert isinstance(entry, pointer.PointerEntry), "a producer batch was stored inline"
+            keys.add(entry.key)
+            header = entry.header
+            per_codec[header.compression] = per_codec.get(header.compression, 0) + header.record_count
+    check_codec_counts(per_codec, codec, count)
+    return keys
+
+
+def check_codec_counts(per_codec: dict[int, int], codec: str, count: int) -> None:
+    assert sum(per_codec.values()) == count, per_codec
     want = CODEC_IDS[codec]
     # A client may leave a batch uncompressed when compressing would grow it (a tiny first batch),
     # but nearly every record must travel under the requested codec and no other codec may appear.
-    if not (set(per_codec) <= {0, want} and per_codec.get(want, 0) >= COUNT * 9 // 10):
+    if not (set(per_codec) <= {0, want} and per_codec.get(want, 0) >= count * 9 // 10):
         raise CodecNotUsed(f"asked for {codec} ({want}); records stored per codec id: {per_codec}")
 
 
 # --- aiokafka ---------------------------------------------------------------------------------
 
 
-async def aiokafka_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
+async def aiokafka_roundtrip(bootstrap: str, topic: str, codec: str, want: list[Rec] = EXPECTED) -> list[Rec]:
     from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
     producer = AIOKafkaProducer(
@@ -128,12 +176,12 @@ async def aiokafka_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec
             await producer.send(
                 topic, r.value, key=r.key, partition=0, timestamp_ms=r.timestamp, headers=list(r.headers)
             )
-            for r in EXPECTED
+            for r in want
         ]
         metadata = await asyncio.wait_for(asyncio.gather(*futures), DEADLINE_S)
     finally:
         await producer.stop()
-    assert [md.offset for md in metadata] == list(range(COUNT))
+    assert [md.offset for md in metadata] == list(range(len(want)))
 
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
@@ -145,7 +193,7 @@ async def aiokafka_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec
         consumer.assign([tp])
         await consumer.seek_to_beginning(tp)
         deadline = time.monotonic() + DEADLINE_S
-        while len(got) < COUNT and time.monotonic() < deadline:
+        while len(got) < len(want) and time.monotonic() < deadline:
             batches = await consumer.getmany(tp, timeout_ms=1000)
             for msg in batches.get(tp, []):
                 got.append(Rec(msg.offset, msg.timestamp, msg.key, msg.value, tuple(msg.headers), msg.timestamp_type))
@@ -157,7 +205,7 @@ async def aiokafka_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec
 # --- kafka-python -----------------------------------------------------------------------------
 
 
-def kafka_python_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
+def kafka_python_roundtrip(bootstrap: str, topic: str, codec: str, want: list[Rec] = EXPECTED) -> list[Rec]:
     from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 
     producer = KafkaProducer(
@@ -168,13 +216,13 @@ def kafka_python_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
             producer.send(
                 topic, value=r.value, key=r.key, partition=0, timestamp_ms=r.timestamp, headers=list(r.headers)
             )
-            for r in EXPECTED
+            for r in want
         ]
         producer.flush(timeout=DEADLINE_S)
         offsets = [f.get(timeout=DEADLINE_S).offset for f in futures]
     finally:
         producer.close(timeout=10)
-    assert offsets == list(range(COUNT))
+    assert offsets == list(range(len(want)))
 
     consumer = KafkaConsumer(
         bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, auto_offset_reset="earliest"
@@ -185,7 +233,7 @@ def kafka_python_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
         consumer.assign([tp])
         consumer.seek_to_beginning(tp)
         deadline = time.monotonic() + DEADLINE_S
-        while len(got) < COUNT and time.monotonic() < deadline:
+        while len(got) < len(want) and time.monotonic() < deadline:
             for msg in consumer.poll(timeout_ms=1000).get(tp, []):
                 got.append(Rec(msg.offset, msg.timestamp, msg.key, msg.value, tuple(msg.headers), msg.timestamp_type))
     finally:
@@ -196,10 +244,15 @@ def kafka_python_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
 # --- confluent-kafka --------------------------------------------------------------------------
 
 
-def confluent_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
+def confluent_roundtrip(
+    bootstrap: str, topic: str, codec: str, want: list[Rec] = EXPECTED, batch_messages: int | None = None
+) -> list[Rec]:
     from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-    producer = Producer({"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 5})
+    config: dict[str, object] = {"bootstrap.servers": bootstrap, "compression.type": codec, "linger.ms": 5}
+    if batch_messages is not None:
+        config["batch.num.messages"] = batch_messages
+    producer = Producer(config)
     delivered: list[tuple[int, int]] = []
     errors: list[object] = []
 
@@ -209,7 +262,7 @@ def confluent_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
         else:
             delivered.append((int(msg.key()[4:]), msg.offset()))  # type: ignore[attr-defined]
 
-    for r in EXPECTED:
+    for r in want:
         producer.produce(
             topic,
             value=r.value,
@@ -222,7 +275,7 @@ def confluent_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
         producer.poll(0)
     assert producer.flush(DEADLINE_S) == 0, "messages still in flight after the deadline"
     assert errors == []
-    assert sorted(delivered) == [(i, i) for i in range(COUNT)]
+    assert sorted(delivered) == [(i, i) for i in range(len(want))]
 
     consumer = Consumer(
         {
@@ -236,7 +289,7 @@ def confluent_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
     try:
         consumer.assign([TopicPartition(topic, 0, 0)])
         deadline = time.monotonic() + DEADLINE_S
-        while len(got) < COUNT and time.monotonic() < deadline:
+        while len(got) < len(want) and time.monotonic() < deadline:
             for msg in consumer.consume(num_messages=1000, timeout=1.0):
                 if msg.error() is not None:
                     raise KafkaException(msg.error())
@@ -251,21 +304,25 @@ def confluent_roundtrip(bootstrap: str, topic: str, codec: str) -> list[Rec]:
 # --- kcat -------------------------------------------------------------------------------------
 
 
-def kcat_roundtrip(bootstrap: str, topic: str, codec: str, work: Path) -> tuple[list[Rec], int, int]:
+def kcat_roundtrip(
+    bootstrap: str, topic: str, codec: str, work: Path, want: list[Rec] = EXPECTED, batch_messages: int | None = None
+) -> tuple[list[Rec], int, int]:
     headers = (("codec", codec.encode()), ("kind", b"roundtrip"))
-    lines = b"".join(r.key + b"\t" + r.value + b"\n" for r in EXPECTED)
+    lines = b"".join(r.key + b"\t" + r.value + b"\n" for r in want)
     produce = ["kcat", "-b", bootstrap, "-P", "-t", topic, "-p", "0", "-K", "\t", "-X", "linger.ms=5"]
     for name, value in headers:
         produce += ["-H", f"{name}={value.decode()}"]
     if codec != "none":
         produce += ["-z", codec]
+    if batch_messages is not None:
+        produce += ["-X", f"batch.num.messages={batch_messages}"]
     before = time.time_ns() // 1_000_000
     done = subprocess.run(produce, input=lines, capture_output=True, timeout=DEADLINE_S)
     after = time.time_ns() // 1_000_000
     assert done.returncode == 0, done.stderr.decode()
 
     consume = ["kcat", "-b", bootstrap, "-C", "-t", topic, "-p", "0", "-o", "beginning", "-e"]
-    consume += ["-c", str(COUNT), "-f", "%o\t%T\t%k\t%s\t%h\n"]
+    consume += ["-c", str(len(want)), "-f", "%o\t%T\t%k\t%s\t%h\n"]
     out_path = work / f"{topic}.out"
     with open(out_path, "wb") as out:
         done = subprocess.run(consume, stdout=out, stderr=subprocess.PIPE, timeout=DEADLINE_S)
@@ -290,26 +347,50 @@ def matrix() -> list[object]:
     return cases
 
 
+async def roundtrip(
+    bootstrap: str, work: Path, topic: str, client: str, codec: str, want: list[Rec], **batching: int
+) -> None:
+    """Produce ``want`` with ``client`` and read it back with the same client; fails on any difference."""
+    if client == "aiokafka":
+        assert_roundtrip(await aiokafka_roundtrip(bootstrap, topic, codec, want), want)
+    elif client == "kafka-python":
+        assert_roundtrip(await asyncio.to_thread(kafka_python_roundtrip, bootstrap, topic, codec, want), want)
+    elif client == "confluent-kafka":
+        assert_roundtrip(await asyncio.to_thread(confluent_roundtrip, bootstrap, topic, codec, want, **batching), want)
+    else:
+        got, before, after = await asyncio.to_thread(kcat_roundtrip, bootstrap, topic, codec, work, want, **batching)
+        want_headers = (("codec", codec.encode()), ("kind", b"roundtrip"))
+        assert len(got) == len(want)
+        assert [r.offset for r in got] == list(range(len(want)))
+        for expect, rec in zip(want, got, strict=True):
+            assert (rec.key, rec.value, rec.headers) == (expect.key, expect.value, want_headers), rec
+            # kcat cannot set timestamps: the producer stamps CreateTime, inside the produce window.
+            assert before - 1000 <= rec.timestamp <= after + 1000, (rec, before, after)
+
+
 @pytest.mark.parametrize(("client", "codec"), matrix())
 async def test_client_roundtrip(shared_broker: BrokerProcess, tmp_path: Path, client: str, codec: str) -> None:
     topic = f"roundtrip-{client}-{codec}-{uuid.uuid4().hex[:8]}"
     bootstrap = shared_broker.bootstrap
     await asyncio.to_thread(create_topic, bootstrap, topic)
-
-    if client == "aiokafka":
-        assert_roundtrip(await aiokafka_roundtrip(bootstrap, topic, codec))
-    elif client == "kafka-python":
-        assert_roundtrip(await asyncio.to_thread(kafka_python_roundtrip, bootstrap, topic, codec))
-    elif client == "confluent-kafka":
-        assert_roundtrip(await asyncio.to_thread(confluent_roundtrip, bootstrap, topic, codec))
-    else:
-        got, before, after = await asyncio.to_thread(kcat_roundtrip, bootstrap, topic, codec, tmp_path)
-        want_headers = (("codec", codec.encode()), ("kind", b"roundtrip"))
-        assert len(got) == COUNT
-        assert [r.offset for r in got] == list(range(COUNT))
-        for want, rec in zip(EXPECTED, got, strict=True):
-            assert (rec.key, rec.value, rec.headers) == (want.key, want.value, want_headers), rec
-            # kcat cannot set timestamps: the producer stamps CreateTime, inside the produce window.
-            assert before - 1000 <= rec.timestamp <= after + 1000, (rec, before, after)
+    await roundtrip(bootstrap, tmp_path, topic, client, codec, EXPECTED)
     assert shared_broker.alive()
     assert_stored_codec(shared_broker.data_dir / f"{topic}-0", codec)
+
+
+@pytest.mark.parametrize(("client", "codec"), matrix())
+async def test_diskless_client_roundtrip(
+    diskless_cluster: LocalCluster, tmp_path: Path, client: str, codec: str
+) -> None:
+    """The matrix on a diskless topic: batches go through WAL objects in S3 and come back with
+    their offsets patched, byte for byte otherwise (the CRC the clients check covers the rest)."""
+    topic = f"diskless-{client}-{codec}-{uuid.uuid4().hex[:8]}"
+    bootstrap = diskless_cluster.bootstrap
+    await asyncio.to_thread(create_topic, bootstrap, topic, {"diskless.enabled": "true"})
+    # librdkafka would otherwise send all the records in one or two batches (one WAL object).
+    batching = {"batch_messages": 100} if client in ("kcat", "confluent-kafka") else {}
+    await roundtrip(bootstrap, tmp_path, topic, client, codec, EXPECTED[:DISKLESS_COUNT], **batching)
+    broker = diskless_cluster.brokers[0]
+    assert broker.alive()
+    keys = assert_pointed_codec(broker.data_dir / f"{topic}-0", codec, DISKLESS_COUNT)
+    assert len(keys) >= MIN_WAL_OBJECTS, f"the records span only {len(keys)} WAL objects"
