@@ -12,6 +12,7 @@ partition logs, plus the pure rules (zone alignment, the follower's read decisio
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -422,3 +423,69 @@ def test_a_follower_never_answers_what_the_leader_would_not(case: tuple[int, int
         assert leader_start <= offset <= leader_hw
     if leader_start <= offset <= leader_end:
         assert served.action != OUT_OF_RANGE
+
+
+# --- the handlers against a model of the leader ------------------------------------------------
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("produce"), st.integers(1, 3)),  # the leader appends n batches of 5 (sole ISR)
+        st.tuples(st.just("replicate"), st.integers(0, 25)),  # one replica fetch round trip, up to +k
+        st.tuples(st.just("delete"), st.integers(0, 60)),  # DeleteRecords on the leader
+        st.tuples(st.just("fetch"), st.integers(0, 70)),  # a consumer's fetch at the follower
+    ),
+    max_size=25,
+)
+
+
+def value_at(log: Any, offset: int) -> bytes:
+    records = decode_all(log.read(offset, 1 << 20, min_one=True).records)
+    return next(r.value for r in records if r.offset == offset)
+
+
+async def check_follower_against_leader(root: Path, ops: list[tuple[str, int]]) -> None:
+    pair = Pair(root, leader_end=10, follower_end=10)
+    leader_log = pair.leader_part.log
+    known_start = leader_log.log_start_offset  # the leader's start as of the last replica fetch
+    try:
+        for op, arg in ops:
+            if op == "produce":
+                for _ in range(arg):
+                    batch = values_batch(5, tag=f"b{leader_log.log_end_offset}", start_ts=pair.leader.clock_ms)
+                    leader_log.append_as_leader([memoryview(batch)], EPOCH, pair.leader.clock_ms)
+                leader_log.high_watermark = leader_log.log_end_offset
+            elif op == "delete":
+                leader_log.delete_records_before(min(arg, leader_log.high_watermark))
+            elif op == "replicate":
+                follower_log = pair.follower_part.log
+                if follower_log.log_end_offset < leader_log.log_start_offset:
+                    # The leader answers OFFSET_OUT_OF_RANGE; the fetcher restarts at its start.
+                    follower_log.truncate_fully_and_start_at(leader_log.log_start_offset, pair.follower.clock_ms)
+                pair.replicate(follower_log.log_end_offset + arg)
+                known_start = leader_log.log_start_offset
+            else:
+                entry = await fetch(pair.follower, arg)
+                start, hw = leader_log.log_start_offset, leader_log.high_watermark
+                if start <= arg <= hw:
+                    assert entry["error_code"] == ErrorCode.none, f"{entry['error_code']!r} at {arg} in [{start}, {hw}]"
+                    got = {r.offset: r.value for r in decode_all(entry["records"])} if entry["records"] else {}
+                    if got:
+                        assert got[arg] == value_at(leader_log, arg)
+                    else:
+                        # Only a consumer at the follower's own HW waits there (for replication).
+                        assert arg == hw or arg == pair.follower_part.log.high_watermark
+                if arg < known_start:
+                    assert entry["error_code"] == ErrorCode.offset_out_of_range
+                    assert known_start <= entry["log_start_offset"] <= start
+                if arg > leader_log.log_end_offset:
+                    assert entry["error_code"] == ErrorCode.offset_out_of_range
+    finally:
+        await pair.close()
+
+
+@given(OPS)
+def test_a_follower_answers_fetches_as_its_leader_would(ops: list[tuple[str, int]]) -> None:
+    """Whatever the follower has replicated, a fetch in the leader's range gets the leader's
+    records, and one below the leader's start as last reported gets OFFSET_OUT_OF_RANGE."""
+    with tempfile.TemporaryDirectory() as root:
+        asyncio.run(check_follower_against_leader(Path(root), ops))
