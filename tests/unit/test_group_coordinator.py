@@ -211,6 +211,25 @@ def test_silent_member_is_expired_and_group_rebalances() -> None:
     assert [m.member_id for m in ra.value.members] == [a.member_id, b.member_id]
 
 
+def test_member_silent_during_a_rebalance_is_dropped_at_its_session_timeout() -> None:
+    """aiokafka past max_poll_interval_ms, caught by a rebalance: it stops heartbeating and never
+    rejoins (nor leaves). Its session timeout, shorter than the rebalance timeout, ends the wait."""
+    core = make_core()
+    a, b = form_group(core, 0, n=2)
+    assert core.heartbeat(G, 1, a.member_id, None, 500) is E.none
+    rc = new_member(core, 1_000)  # a newcomer starts a rebalance
+    assert core.heartbeat(G, 1, a.member_id, None, 1_500) is E.rebalance_in_progress
+    ra = join(core, 1_500, a.member_id)
+    core.tick(SESSION - 1)  # b's last heartbeat was at 0 (form_group's SyncGroup)
+    assert not ra.done
+    core.tick(SESSION)
+    assert ra.value.error is E.none and ra.value.generation_id == 2
+    assert rc.value.generation_id == 2
+    assert sorted(m.member_id for m in ra.value.members) == sorted([a.member_id, rc.value.member_id])
+    assert SESSION < 1_000 + REBALANCE  # done well before the rebalance timeout
+    assert core.heartbeat(G, 2, b.member_id, None, SESSION) is E.unknown_member_id
+
+
 def test_leave_triggers_rebalance() -> None:
     core = make_core()
     a, b, c = form_group(core, 0)
