@@ -1,13 +1,14 @@
 """ListOffsets on a diskless topic, through real clients, from every AZ of a 3-AZ cluster.
 
-The topic has replication factor 1: for each partition one AZ holds the only replica (its
-leader) and the two others hold none, so a zone-aligned client there talks to a broker that must
-ask the leader. By timestamp (confluent-kafka and kafka-python ``offsets_for_times``) and by max
-timestamp (-3, ListOffsets v7, through both clients' admin APIs), every AZ must get the answer a
-classic topic gives: the first offset whose record timestamp reaches the target (timestamps are
-not monotonic in offset order), and the offset of the record holding the max timestamp, even
-inside a batch. The leader holds only batch headers, so these answers need the batches' records
-read back from the WAL objects.
+With replication factor 1, for each partition one AZ holds the only replica (its leader) and
+the two others hold none, so a zone-aligned client there talks to a broker that must ask the
+leader; with replication factor 3, two AZs are answered by a follower. By timestamp
+(confluent-kafka and kafka-python ``offsets_for_times``) and by max timestamp (-3, ListOffsets
+v7, through both clients' admin APIs), every AZ must get the answer a classic topic gives: the
+first offset whose record timestamp reaches the target (timestamps are not monotonic in offset
+order), and the offset of the record holding the max timestamp, even inside a batch. Replicas
+hold only batch headers, so these answers need the batches' records read back from the WAL
+objects.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from confluent_kafka import Consumer
 from confluent_kafka import TopicPartition as CTopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
@@ -77,11 +79,12 @@ def answers_in(az: str, bootstrap: str, topic: str, targets: dict[int, list[int]
     return out
 
 
-async def test_list_offsets_by_timestamp_and_max_timestamp_from_every_az(cluster_factory) -> None:
+@pytest.mark.parametrize("replication", [1, 3], ids=["rf1", "rf3"])
+async def test_list_offsets_by_timestamp_and_max_timestamp_from_every_az(cluster_factory, replication: int) -> None:
     cluster = cluster_factory(s3=True)
     topic = "diskless-times"
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
-    admin.create_topics([NewTopic(topic, 2, 1, config={"diskless.enabled": "true"})])[topic].result(30)
+    admin.create_topics([NewTopic(topic, 2, replication, config={"diskless.enabled": "true"})])[topic].result(30)
     base = (int(time.time()) * 1000) - HOUR_MS
     # Partition 0: the first four records in one batch, then one batch each; the max timestamp
     # sits in the middle of the offsets, in a batch of its own.
@@ -112,17 +115,16 @@ async def test_list_offsets_by_timestamp_and_max_timestamp_from_every_az(cluster
         "1/max/kafka-python": (2, base + 700),
     }
 
-    replica_holder = {
-        p: next(b.node_id for b in cluster.brokers if (b.data_dir / f"{topic}-{p}").exists()) for p in (0, 1)
-    }
+    holders = {p: {b.node_id for b in cluster.brokers if (b.data_dir / f"{topic}-{p}").exists()} for p in (0, 1)}
+    assert all(len(h) == replication for h in holders.values()), holders
     served_by_replica = {0: 0, 1: 0}
     for az in AZS:
         got = await asyncio.to_thread(answers_in, az, cluster.bootstrap_in(az), topic, targets)
         for p in (0, 1):
             leader = got.pop(f"{p}/leader")
             assert cluster.rack_of(leader) == az, f"partition {p}: {az}'s clients were sent to broker {leader}"
-            served_by_replica[p] += leader == replica_holder[p]
-        assert got == expected, f"clients in {az} (replica of p0 on {replica_holder[0]}, p1 on {replica_holder[1]})"
-    # Each partition was answered once by the broker holding its replica and twice by brokers
-    # holding none.
-    assert served_by_replica == {0: 1, 1: 1}
+            served_by_replica[p] += leader in holders[p]
+        assert got == expected, f"clients in {az} (replicas: {holders})"
+    # RF 1: each partition was answered once by the broker holding its replica (its leader) and
+    # twice by brokers holding none. RF 3: by its leader and by its two followers.
+    assert served_by_replica == {0: replication, 1: replication}
