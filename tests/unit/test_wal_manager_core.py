@@ -2,12 +2,15 @@
 
 The state machine keeps, in memory, a bucket of WAL objects, partitions with replicated pointer
 logs, representatives that upload objects and later commit pointers (leaders with skewed clocks
-refuse commits older than the commit timeout), best-effort notices, bucket scans, leader
-failovers (with a deposed leader that may go on answering for a while), retention, topic
-deletion, restarts of the manager and service passes that die. It drives a ``WalManagerCore``
-as the service does, and checks after every step that nothing referenced is ever deleted and
-that every pointer still finds its object; at the end, that every unreferenced object was
-deleted.
+refuse commits older than the commit timeout, and accept one arriving exactly at it),
+best-effort notices, bucket scans, leader failovers (with a deposed leader that may go on
+answering for a while, with its old epoch), retention, topic deletion, topics re-created under
+the same name (a new topic id: commits naming the old one are refused), partitions added, the
+service's metadata view and the leaders' metadata lagging creations and deletions, restarts of
+the manager and service passes that die. It drives a ``WalManagerCore`` as the service does
+(routing questions with ``route_question`` and reporting the leader epochs its view shows), and
+checks after every step that nothing referenced is ever deleted and that every pointer still
+finds its object; at the end, that every unreferenced object was deleted.
 
 Example counts (conftest.py's profiles set 100/1,000 examples for the rest of the unit suite):
 this test runs 20x the loaded profile's ``max_examples`` but at least 2,000 (default "unit"
@@ -687,6 +690,22 @@ class WalManagerMachine(RuleBasedStateMachine):
         else:
             self._deliver(count, view_caught_up)
 
+    @rule(i=st.integers(0, 1000), f=st.integers(0, 1), dt=LATER)
+    def deposed_leader_answers(self, i: int, f: int, dt: int) -> None:
+        """A question reaches a leader that is deposed right then (failover) and does not know it
+        yet: it answers from its old log with its old epoch. By the time the answer arrives the
+        service's view shows the successor's epoch."""
+        self._advance(dt)
+        self._ask()
+        candidates = [q for q in self.questions if q[1] in self.parts and self.parts[q[1]].available]
+        if not candidates:
+            return
+        key, r = candidates[i % len(candidates)]
+        self._failover(self.parts[r], f)
+        self.questions.remove((key, r))
+        self.responses.append((key, r, *self._answer(key, r, 0b1111)))
+        self._deliver(len(self.responses), view_caught_up=True)
+
     @rule(action=st.sampled_from(["start", "finish", "fail", "drop"]), count=st.integers(1, 5), dt=LATER)
     def deletes(self, action: str, count: int, dt: int) -> None:
         """deletable() hands keys out; DELETEs complete (or fail) later, or a pass of the service
@@ -788,6 +807,12 @@ def test_wal_manager_model() -> None:
         assert share.get("stale leader answered", 0) > 0.02  # (8%)
         assert share.get("delete outcome lost", 0) > 0.02  # (9%)
         assert share.get("commit accepted thanks to a slow leader clock", 0) > 0  # (1%)
+        assert share.get("topic re-created", 0) > 0.1  # (35%)
+        assert share.get("partitions added", 0) > 0.1  # (38%)
+        assert share.get("service view lagged a topic creation", 0) > 0.01  # (4%)
+        assert share.get("leader's metadata lagged a creation", 0) > 0  # (1%)
+        assert share.get("commit accepted right at the timeout", 0) > 0.01  # (4%)
+        assert share.get("deposed leader's answer discarded", 0) > 0  # (x%)
 
 
 # --- plain unit tests of edge cases ----------------------------------------------------------------
