@@ -227,7 +227,7 @@ async def test_member_that_stops_polling_leaves_and_the_other_takes_its_partitio
             wait_until, lambda: sum(1 for p, _ in seen["busy"] if p == idle_partition) >= 10, 30, 0.1
         )
         elapsed = asyncio.get_running_loop().time() - stopped
-        assert elapsed < 3 + 6 + 5, elapsed
+        assert elapsed < 3 + 6 + 10, elapsed  # generous: the machine may be loaded
         assert {tp.partition for tp in busy.assignment()} == {0, 1}
     finally:
         polling["idle"] = polling["busy"] = False
