@@ -221,14 +221,14 @@ class EtcdMetadataStore:
 
     async def _keep_alive(self, interval: float) -> None:
         """Refresh the lease every ``interval``; report every outcome to the fence, which stops
-        leader duties once no refresh has succeeded for the TTL (a refresh that hangs counts as
-        failed when it times out, so the next one is tried)."""
+        leader duties once no refresh has succeeded for the TTL (a refresh that hangs is given up
+        after the TTL, so the next one is tried; a slow success still counts from its sending)."""
         while True:
             await asyncio.sleep(interval)
             try:
                 assert self._lease is not None and self.fence is not None
                 sent = _monotonic_ms()
-                reply = await asyncio.wait_for(self._lease.refresh(), timeout=2 * interval)
+                reply = await asyncio.wait_for(self._lease.refresh(), timeout=3 * interval)
                 if reply is not None and getattr(reply, "TTL", 1) > 0:
                     self.fence.on_refreshed(sent)
                 elif reply is not None:
