@@ -8,12 +8,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import botocore.exceptions
 import pytest
 from batches import values_batch
 from prometheus_client import REGISTRY
 
+import wal_manager.service
 from diskless.cluster.metadata import PartitionState, TopicMetadata
 from diskless.config import BrokerConfig
 from diskless.storage.object_store import ObjectInfo
@@ -151,3 +153,36 @@ async def test_a_backlog_of_trailers_is_read_in_pages_interleaved_with_checks(se
     await one_pass(service)
     assert known_key not in store.objects  # deleted while most of the backlog is still unread
     assert len(store.heads) == 2 * page
+
+
+async def test_a_topic_missing_from_a_lagging_view_is_not_taken_for_deleted(
+    service: WalManagerService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The object's topic was created after the service's metadata view was last updated (a lost
+    watch being resynchronised): the view lacks the id, etcd has it. Only a fresh read of the
+    topics that lacks the id too proves the topic was deleted."""
+    store = store_of(service)
+    old = int(time.time() * 1000) - 10 * GRACE_MS
+    key, data = wal_object(old, 1)
+    store.objects[key] = data
+    del service.metadata.topics["t"]  # the view lags the creation of topic t
+    in_etcd = {str(TOPIC_ID)}
+
+    async def fresh_topic_ids() -> set[str]:
+        return set(in_etcd)
+
+    service._fresh_topic_ids = fresh_topic_ids  # type: ignore[method-assign]
+    service.core = WalManagerCore(replace(service._core().config, check_interval_ms=1))  # re-ask every pass
+    clock = [int(time.time() * 1000)]
+    monkeypatch.setattr(wal_manager.service, "_now_ms", lambda: clock[0])
+    await service.scan()
+    for _ in range(3):
+        await one_pass(service)
+        clock[0] += 10
+    assert key in store.objects, "deleted although its topic exists (and may reference it)"
+
+    in_etcd.clear()  # now the topic is deleted
+    for _ in range(3):
+        await one_pass(service)
+        clock[0] += 10
+    assert key not in store.objects
