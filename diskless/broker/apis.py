@@ -123,9 +123,21 @@ class KafkaApis:
 # so v0-2 are never sent; one that is closes its connection like any unsupported version.
 ADVERTISED_MIN_VERSIONS = {m.API_PRODUCE: 0}
 
+# Fetch v13 names topics by id. Replica fetches use it so that a leader never serves one
+# incarnation of a topic to a follower of another (KIP-516); the handler answers it correctly
+# from anyone. Clients are offered v12 still: kafka-python and aiokafka stop at 12 or below
+# anyway, and librdkafka (the only one that would move to 13+) would switch its whole consumer
+# path to topic ids (and v13+ extras it then expects) for no gain to it: its consumers already
+# see a re-created topic through Metadata's topic ids.
+ADVERTISED_MAX_VERSIONS = {m.API_FETCH: 12}
+
 
 def api_version_entries() -> list[dict[str, int]]:
     return [
-        {"api_key": k, "min_version": ADVERTISED_MIN_VERSIONS.get(k, lo), "max_version": hi}
+        {
+            "api_key": k,
+            "min_version": ADVERTISED_MIN_VERSIONS.get(k, lo),
+            "max_version": ADVERTISED_MAX_VERSIONS.get(k, hi),
+        }
         for k, (lo, hi) in sorted(m.SUPPORTED_VERSIONS.items())
     ]

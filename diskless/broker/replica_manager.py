@@ -85,7 +85,7 @@ class ReplicaManager:
             plog = PartitionLog(path, config_for(meta), now_ms)
             if plog.recovered_bytes_truncated:
                 log.warning("truncated torn log tail", dir=name, bytes=plog.recovered_bytes_truncated)
-            self.partitions[(topic, int(part))] = Partition(topic, int(part), plog, self.node_id)
+            self.partitions[(topic, int(part))] = Partition(topic, int(part), plog, self.node_id, meta.topic_id)
             self.topic_ids[(topic, int(part))] = meta.topic_id
 
     def _ensure(self, topic: TopicMetadata, index: int, config: LogConfig, now_ms: int) -> Partition:
@@ -110,7 +110,8 @@ class ReplicaManager:
             os.makedirs(path, exist_ok=True)
             with open(os.path.join(path, PARTITION_METADATA), "w") as f:
                 f.write(f"version: 0\ntopic_id: {topic.topic_id}\n")
-            partition = Partition(topic.name, index, PartitionLog(path, config, now_ms), self.node_id)
+            plog = PartitionLog(path, config, now_ms)
+            partition = Partition(topic.name, index, plog, self.node_id, topic.topic_id)
             self.partitions[key] = partition
             self.topic_ids[key] = topic.topic_id
         return partition

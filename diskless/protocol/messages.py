@@ -60,9 +60,11 @@ API_CONSUMER_GROUP_DESCRIBE = 69
 
 # Version ranges we serve. Upper bounds cover what aiokafka 0.14, kafka-python 3, librdkafka 2.x
 # and kcat negotiate; lower bounds are where kio's schemas start (Kafka 4 dropped older ones).
+# Fetch v13 (topics named by id, KIP-516) is what brokers fetch from each other with; ApiVersions
+# offers clients less (broker/apis.py ADVERTISED_MAX_VERSIONS).
 SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     API_PRODUCE: (3, 9),
-    API_FETCH: (4, 12),
+    API_FETCH: (4, 13),
     API_LIST_OFFSETS: (1, 7),
     API_METADATA: (0, 12),
     API_FIND_COORDINATOR: (0, 4),

@@ -9,6 +9,7 @@ RPC handlers (``DisklessRpcs``) over an in-memory broker stand-in.
 
 from __future__ import annotations
 
+import io
 import os
 import time
 import uuid
@@ -19,11 +20,13 @@ import pytest
 from batches import values_batch
 
 from diskless.broker.diskless_rpcs import DisklessRpcs
+from diskless.broker.fetch_apis import FetchApis
 from diskless.broker.replica_manager import PARTITION_METADATA, ReplicaManager
 from diskless.cluster.metadata import ClusterMetadata, PartitionState, TopicMetadata
 from diskless.config import BrokerConfig
 from diskless.log.config import LogConfig
 from diskless.log.segment import POINTERS
+from diskless.protocol import messages as m
 from diskless.replication.partition import Partition
 
 UNKNOWN_TOPIC_OR_PARTITION = 3
@@ -325,17 +328,21 @@ def test_a_fetch_response_for_a_replaced_replica_is_not_applied_to_its_successor
     follower, leader = 1, 0
     state = PartitionState(replicas=[leader, follower], leader=leader, leader_epoch=0, isr=[leader, follower])
 
-    def replica(directory: str) -> Partition:
-        partition = Partition("t", 0, PartitionLog(str(tmp_path / directory), LogConfig(), now_ms()), follower)
+    def replica(directory: str, topic_id: str) -> Partition:
+        plog = PartitionLog(str(tmp_path / directory), LogConfig(), now_ms())
+        partition = Partition("t", 0, plog, follower, topic_id)
         partition.apply_state(state, now_ms())
         return partition
 
     fetcher = ReplicaFetcher(follower, leader, lambda node: None, 500, 1 << 20, lambda: None)
-    old = replica("old")
+    # Replaced under the same id too (moved away and back while the request was in flight): only
+    # the very replica that asked takes the answer.
+    topic_id = uuid.uuid4()
+    old = replica("old", str(topic_id))
     fetcher.add(old)
     fetcher._request([old])  # the long poll goes out for the old replica
     fetcher.remove(("t", 0))
-    new = replica("new")
+    new = replica("new", str(topic_id))
     fetcher.add(new)
     answer = SimpleNamespace(
         partition_index=0,
@@ -346,10 +353,149 @@ def test_a_fetch_response_for_a_replaced_replica_is_not_applied_to_its_successor
         log_start_offset=0,
     )
 
-    fetcher._handle(SimpleNamespace(responses=[SimpleNamespace(topic="t", partitions=[answer])]))
+    fetcher._handle(SimpleNamespace(responses=[SimpleNamespace(topic_id=topic_id, partitions=[answer])]))
 
     assert new.log.log_end_offset == 0
     # The same answer for a replica that is still the one asked for is applied as usual.
     fetcher._request([new])
-    fetcher._handle(SimpleNamespace(responses=[SimpleNamespace(topic="t", partitions=[answer])]))
+    fetcher._handle(SimpleNamespace(responses=[SimpleNamespace(topic_id=topic_id, partitions=[answer])]))
     assert new.log.log_end_offset == 3
+
+
+# --- replica fetches name the topic by id (Fetch v13, KIP-516) -----------------------------------
+
+
+class FetchingBroker(FakeBroker):
+    """A broker stand-in complete enough for the Fetch handler to answer a follower's fetch."""
+
+    def __init__(self, log_dir: Path, node_id: int) -> None:
+        self.node_id = node_id
+        self.config = BrokerConfig(node_id=node_id)
+        self.metadata = ClusterMetadata("identity-test")
+        self.replicas = ReplicaManager(str(log_dir), node_id, lambda node: None)  # fetchers idle
+        self.appended = []
+        self.peers = None
+        self.wal_reader = None
+        self.fetch_apis = FetchApis(self)  # type: ignore[arg-type]
+
+    @staticmethod
+    def is_diskless(meta: TopicMetadata) -> bool:
+        return True
+
+    def on_follower_fetch(self, partition: Partition, follower: int, fetch_offset: int) -> None:
+        partition.on_follower_fetch(follower, fetch_offset, now_ms())
+
+
+def replicated(name: str, leader: int, follower: int) -> TopicMetadata:
+    """One partition led by ``leader`` at epoch 0 (every incarnation starts there), ``follower`` in sync."""
+    state = PartitionState(replicas=[leader, follower], leader=leader, leader_epoch=0, isr=[leader, follower])
+    return TopicMetadata(name, str(uuid.uuid4()), [state], {"diskless.enabled": "true"})
+
+
+async def replica_fetch_round(fetcher: Any, asking: Partition, leader: FetchingBroker) -> tuple[bool, list[Any]]:
+    """One replica fetch through the real codec: the fetcher's request, the leader's Fetch handler,
+    the answer applied by the fetcher. Returns what ``_handle`` returned and the partition answers."""
+    from diskless.protocol import internal
+    from diskless.replication.fetcher import FETCH_VERSION
+
+    header = m.RequestHeader(
+        m.API_FETCH, FETCH_VERSION, 7, internal.broker_client_id(asking.node_id, "replica-fetcher")
+    )
+    body = fetcher._request([asking])
+    request_cls = m._request_type(m.API_FETCH, FETCH_VERSION)
+    out = io.BytesIO()
+    m._writer(request_cls)(out, m.build(request_cls, {**body, "max_wait": 0}))
+    request, _ = m._reader(request_cls)(memoryview(out.getvalue()), 0)
+    frame = m.encode_response(header, await leader.fetch_apis.fetch(header, request))
+    response, _ = m._reader(m._response_type(m.API_FETCH, FETCH_VERSION))(memoryview(frame)[9:], 0)
+    answers = [p for t in response.responses for p in t.partitions]
+    return fetcher._handle(response), answers
+
+
+async def test_a_follower_of_the_new_incarnation_never_appends_the_old_ones_batches(tmp_path: Path) -> None:
+    """The leader has not seen the deletion yet: its metadata and log are the old incarnation's, at
+    the same leader epoch (0) as the new one's. A follower of the new incarnation fetching from it
+    must get UNKNOWN_TOPIC_ID, not the old pointers; once the leader has the new incarnation, the
+    same fetch replicates the new log."""
+    from kio.schema.errors import ErrorCode
+
+    from diskless.replication.fetcher import ReplicaFetcher
+
+    leader_id, follower_id = 0, 1
+    leader = FetchingBroker(tmp_path / "leader", leader_id)
+    follower = FetchingBroker(tmp_path / "follower", follower_id)
+    try:
+        old, new = replicated("t", leader_id, follower_id), replicated("t", leader_id, follower_id)
+        leader.metadata.topics["t"] = old
+        old_replica = leader.replicas.apply(old, 0, CONFIG, now_ms())
+        assert old_replica is not None and old_replica.leader_state is not None
+        produce_pointer(old_replica, "wal/old.wal")
+        follower.metadata.topics["t"] = new
+        new_replica = follower.replicas.apply(new, 0, CONFIG, now_ms())
+        assert new_replica is not None and new_replica.leader_epoch == old_replica.leader_epoch == 0
+        fetcher = ReplicaFetcher(follower_id, leader_id, lambda node: None, 0, 1 << 20, lambda: None)
+        fetcher.add(new_replica)
+
+        backing_off, answers = await replica_fetch_round(fetcher, new_replica, leader)
+
+        assert new_replica.log.log_end_offset == 0 and not new_replica.log.references("wal/old.wal")
+        assert [a.error_code for a in answers] == [ErrorCode.unknown_topic_id]
+        assert backing_off  # retried after a pause, once the leader's metadata catches up
+
+        # The leader learns of the re-creation; the new incarnation's log is what replicates.
+        leader.metadata.topics["t"] = new
+        leader.replicas.on_topic(new, CONFIG)
+        new_on_leader = leader.replicas.apply(new, 0, CONFIG, now_ms())
+        assert new_on_leader is not None
+        new_on_leader.log.append_pointer_as_leader(values_batch(5)[:61], "wal/new.wal", 0, 0, now_ms())
+        new_on_leader.on_local_append()
+
+        backing_off, answers = await replica_fetch_round(fetcher, new_replica, leader)
+
+        assert [a.error_code for a in answers] == [ErrorCode.none] and not backing_off
+        assert new_replica.log.log_end_offset == 5 and new_replica.log.references("wal/new.wal")
+        assert not new_replica.log.references("wal/old.wal")
+    finally:
+        await leader.replicas.close()
+        await follower.replicas.close()
+
+
+async def test_a_follower_of_the_old_incarnation_gets_nothing_from_a_leader_of_the_new_one(tmp_path: Path) -> None:
+    """The other way round: the follower has not seen the deletion; the leader serves the new
+    incarnation. Naming the old id, the follower gets UNKNOWN_TOPIC_ID, not the new batches."""
+    from kio.schema.errors import ErrorCode
+
+    from diskless.replication.fetcher import ReplicaFetcher
+
+    leader_id, follower_id = 0, 1
+    leader = FetchingBroker(tmp_path / "leader", leader_id)
+    follower = FetchingBroker(tmp_path / "follower", follower_id)
+    try:
+        old, new = replicated("t", leader_id, follower_id), replicated("t", leader_id, follower_id)
+        leader.metadata.topics["t"] = new
+        new_replica = leader.replicas.apply(new, 0, CONFIG, now_ms())
+        assert new_replica is not None
+        produce_pointer(new_replica, "wal/new.wal")
+        follower.metadata.topics["t"] = old
+        old_replica = follower.replicas.apply(old, 0, CONFIG, now_ms())
+        assert old_replica is not None
+        fetcher = ReplicaFetcher(follower_id, leader_id, lambda node: None, 0, 1 << 20, lambda: None)
+        fetcher.add(old_replica)
+
+        backing_off, answers = await replica_fetch_round(fetcher, old_replica, leader)
+
+        assert [a.error_code for a in answers] == [ErrorCode.unknown_topic_id] and backing_off
+        assert old_replica.log.log_end_offset == 0
+    finally:
+        await leader.replicas.close()
+        await follower.replicas.close()
+
+
+def test_fetch_v13_is_served_but_clients_are_offered_v12() -> None:
+    """Brokers fetch from each other with v13 (topic ids); ApiVersions keeps offering clients v12
+    (see ``apis.ADVERTISED_MAX_VERSIONS`` for why)."""
+    from diskless.broker.apis import api_version_entries
+
+    assert m.is_supported(m.API_FETCH, 13)
+    (fetch_range,) = [e for e in api_version_entries() if e["api_key"] == m.API_FETCH]
+    assert fetch_range["max_version"] == 12
