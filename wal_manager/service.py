@@ -301,8 +301,9 @@ class WalManagerService:
                 answers += replies
             # Leadership may have moved while the questions were out: answers from an epoch older
             # than the one our view shows now come from a deposed leader and are discarded.
+            now_views = {topic_id: self._view_of(topic_id) for topic_id in views}
             for ref in {ref for _, ref in asked}:
-                view = self._view_of(ref.topic_id)
+                view = now_views[ref.topic_id]
                 if view is not None and ref.partition < len(view):
                     core.on_leader_epoch(ref, view[ref.partition].epoch)
         finally:
