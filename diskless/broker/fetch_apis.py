@@ -5,11 +5,9 @@ partition, pointers from the leader and data from object storage."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import functools
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -35,24 +33,22 @@ from diskless.replication.partition import Partition, wrap_pointers
 from diskless.storage import pointer
 
 from .api_base import EARLIEST, LATEST, MAX_TIMESTAMP, READ_COMMITTED, ApiFamily, _find_partition, _ms
+from .quiet_fetches import QuietReplicaFetches
 
 log = structlog.get_logger(__name__)
 
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class NamedFetchTopic:
-    """A topic of a Fetch v13+ request (named by id) with the name its id has here now."""
-
-    topic: str
-    topic_id: uuid.UUID
-    partitions: tuple[Any, ...]
 
 
 class FetchApis(ApiFamily):
     """Read-side APIs."""
+
+    @functools.cached_property
+    def _quiet(self) -> QuietReplicaFetches:
+        return QuietReplicaFetches(
+            lambda topic, partition, epoch: self._leader_log(topic, partition, epoch), self.broker.on_follower_fetch
+        )
 
     def handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
         return {
@@ -80,54 +76,22 @@ class FetchApis(ApiFamily):
             }
         max_wait_ms = _ms(request.max_wait)
         deadline = time.monotonic() + max_wait_ms / 1000
-        by_id = header.api_version >= 13  # topics named by id (KIP-516)
+        follower = getattr(request, "replica_id", -1)
         while True:
-            # Ids are resolved afresh each round: a topic re-created during a long poll is another topic.
-            named, unknown = self._topics_by_name(request) if by_id else (request, [])
-            responses, total, has_error, remote, forwards = self._fetch_once(named)
-            has_error = has_error or bool(unknown)
+            # A follower is answered only for partitions with news (see quiet_fetches).
+            asked = self._quiet.needing_answer(request, follower, self.broker.now_ms()) if follower >= 0 else request
+            responses, total, has_error, remote, forwards = self._fetch_once(asked)
             if forwards:
                 total += await self._fetch_from_leaders(forwards, remote)
             remaining = deadline - time.monotonic()
             if total >= request.min_bytes or has_error or remaining <= 0 or (total > 0 and request.min_bytes <= 1):
                 if remote:
                     await self._serve_pointers(remote)
-                if by_id:
-                    ids = {topic.topic: topic.topic_id for topic in named.topics}
-                    responses = [{**r, "topic_id": ids[r["topic"]]} for r in responses] + unknown
+                if follower >= 0:
+                    self._quiet.answered(asked, follower, self.broker.now_ms())
                 return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": responses}
             # Partitions read through their leader get no local wake-up: poll them at a short interval.
             await self.broker.replicas.wait_for_append(min(remaining, 0.1) if forwards else remaining)
-
-    def _topics_by_name(self, request: Any) -> tuple[Any, list[dict[str, Any]]]:
-        """A Fetch v13+ request as the handler reads it (topics by the name their id has here now),
-        and the answers to topics whose id is not a current topic here: UNKNOWN_TOPIC_ID. A leader
-        that has not seen a topic's re-creation (or whose follower has not) thus never serves one
-        incarnation's log to a replica of another."""
-        committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
-        named: list[NamedFetchTopic] = []
-        unknown: list[dict[str, Any]] = []
-        for topic in request.topics:
-            topic_id = topic.topic_id
-            meta = self._meta.topic_by_id(str(topic_id)) if topic_id is not None and topic_id.int != 0 else None
-            if meta is not None:
-                named.append(NamedFetchTopic(meta.name, topic_id, tuple(topic.partitions)))
-                continue
-            parts = [
-                {
-                    "partition_index": p.partition,
-                    "error_code": ErrorCode.unknown_topic_id,
-                    "high_watermark": -1,
-                    "last_stable_offset": -1,
-                    "log_start_offset": -1,
-                    "aborted_transactions": [] if committed else None,
-                    "preferred_read_replica": -1,
-                    "records": b"",
-                }
-                for p in topic.partitions
-            ]
-            unknown.append({"topic_id": topic_id, "partitions": parts})
-        return dataclasses.replace(request, topics=tuple(named)), unknown
 
     async def _fetch_from_leaders(
         self, forwards: list[tuple[dict[str, Any], str, int, int, int, int]], remote: list[tuple[dict[str, Any], bytes]]

@@ -34,6 +34,7 @@ from diskless.protocol import messages as m
 from diskless.protocol.framing import FrameDecoder, FrameError
 
 from .apis import CloseConnection, KafkaApis, api_version_entries
+from .metadata_cache import MetadataAnswerCache
 
 log = structlog.get_logger(__name__)
 
@@ -48,6 +49,7 @@ class KafkaServer:
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
         self._open: set[Connection] = set()
+        self.metadata_answers = MetadataAnswerCache()
 
     async def start(self, host: str, port: int) -> int:
         self._server = await asyncio.start_server(self._on_connection, host, port, reuse_address=True)
@@ -168,6 +170,8 @@ class Connection:
 
     async def _respond(self, header: m.RequestHeader, request: Any) -> bytes | None:
         try:
+            if header.api_key == m.API_METADATA:
+                return await self._respond_metadata(header, request)
             body = await self.server.apis.handle(header, request)
             return None if body is None else m.encode_response(header, body)
         except CloseConnection:
@@ -184,6 +188,19 @@ class Connection:
             code = error_responses.code_for(exc)
             body = error_responses.error_response(header.api_key, header.api_version, request, code)
             return m.encode_response(header, body)
+
+    async def _respond_metadata(self, header: m.RequestHeader, request: Any) -> bytes:
+        """Metadata answers are reused while the cluster metadata is unchanged (metadata_cache)."""
+        cache = self.server.metadata_answers
+        generation = self.server.apis.broker.metadata.generation
+        cached = cache.get(header, request, generation)
+        if cached is not None:
+            return cached
+        body = await self.server.apis.handle(header, request)
+        assert body is not None
+        frame = m.encode_response(header, body)
+        cache.put(header, request, generation, body, frame)
+        return frame
 
     async def _answer_internal(self, header: m.RequestHeader, body: dict[str, Any]) -> None:
         """Run one internal request and write its answer as soon as it is ready (out of order)."""

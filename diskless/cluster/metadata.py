@@ -68,6 +68,7 @@ class ClusterMetadata:
         self.topics: dict[str, TopicMetadata] = {}
         self.controller_id = -1
         self.wal_manager: tuple[str, int] | None = None  # where representatives send commit notices
+        self.generation = 0  # moves on every applied change (answers built from this copy go stale)
         self._name_of_id: dict[str, str] = {}  # a cache for topic_by_id, checked on every hit
 
     # --- queries -------------------------------------------------------------------------------
@@ -275,6 +276,7 @@ def apply_record(metadata: ClusterMetadata, path: str, value: bytes | None) -> l
     ``value`` None means the record was deleted. Returns what changed (a new topic's record also
     brings its partitions), empty if the record is not ours.
     """
+    metadata.generation += 1
     parts = path.split("/")
     if parts[0] == "brokers" and len(parts) == 2:
         node_id = int(parts[1])
@@ -351,6 +353,7 @@ class LocalBackend:
         os.replace(tmp, self.path)
 
     async def _changed(self, changes: list[RecordKey]) -> None:
+        self.metadata.generation += 1
         self._save()
         if self.on_change is not None:
             await self.on_change(changes)

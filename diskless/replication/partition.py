@@ -50,12 +50,8 @@ class DivergingEpoch:
 
 
 class Partition:
-    def __init__(self, topic: str, index: int, log: PartitionLog, node_id: int, topic_id: str = "") -> None:
+    def __init__(self, topic: str, index: int, log: PartitionLog, node_id: int) -> None:
         self.topic = topic
-        # The incarnation of the topic this replica belongs to: replica fetches name it, so a leader
-        # never serves another incarnation's log to this replica (fetcher.py). "" only in tests
-        # that never fetch; a leader answers such a fetch UNKNOWN_TOPIC_ID.
-        self.topic_id = topic_id
         self.index = index
         self.log = log
         self.node_id = node_id
@@ -203,6 +199,10 @@ class Partition:
             # Retention and DeleteRecords on the leader move our start too (references drop).
             self.log.delete_records_before(min(leader_log_start, self.log.high_watermark))
         return entries
+
+    def on_quiet_answer(self, sent_ms: int) -> None:
+        """The leader answered a fetch without this partition: nothing new as of ``sent_ms``."""
+        self.heard_from_leader_ms = sent_ms
 
     def follower_view(self) -> FollowerView:
         """What this follower knows when a consumer's read arrives (see follower_reads)."""

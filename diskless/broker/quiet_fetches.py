@@ -1,0 +1,115 @@
+"""Replica fetches of quiet partitions: the leader answers only the partitions with news.
+
+A follower's fetch names every partition it follows from this leader (there are no KIP-227 fetch
+sessions), so with thousands of partitions nearly all of them are idle, and reading, encoding and
+decoding each of them twice a second kept a broker with 10,000 replicas busy with nothing else
+(its lease expired). The leader now leaves out of its answer every partition for which the
+follower would learn nothing: no records to send, no divergence, no error, a high watermark the
+follower was already sent, the same log start as the follower's. Its fetch offset still counts
+(ISR upkeep), exactly as if the partition had been read. The follower takes the answer as news
+from the leader for every partition it asked about (``ReplicaFetcher``), which is what it is:
+as of when the request was sent, nothing changed for those partitions.
+
+Every partition is answered in full at least every ``REFRESH_MS`` anyway, so a follower whose
+previous answer was lost on a broken connection learns the high watermark it missed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from diskless.log.partition_log import PartitionLog
+from diskless.replication.partition import Partition
+
+REFRESH_MS = 5_000
+
+
+@dataclass(frozen=True, slots=True)
+class FetchedPartition:
+    """What the leader knows when a follower's fetch of one partition arrives."""
+
+    error: bool  # not the leader, stale epoch, unknown partition
+    fetch_offset: int
+    follower_log_start: int
+    diverging: bool
+    log_end_offset: int
+    log_start_offset: int
+    high_watermark: int
+    last_sent_hw: int  # the high watermark this follower was last sent; -1 never
+    last_answered_ms: int  # when this partition was last answered to this follower; -1 never
+
+
+def is_quiet(p: FetchedPartition, now_ms: int) -> bool:
+    """True when answering this partition would tell the follower nothing it does not know."""
+    return (
+        not p.error
+        and not p.diverging
+        and p.fetch_offset == p.log_end_offset
+        and p.follower_log_start == p.log_start_offset
+        and p.last_sent_hw >= p.high_watermark
+        and p.last_answered_ms >= 0
+        and 0 <= now_ms - p.last_answered_ms < REFRESH_MS  # a clock stepping back refreshes too
+    )
+
+
+LeaderLog = Callable[[str, int, int], tuple[ErrorCode, PartitionLog | None, Partition | None]]
+
+
+class QuietReplicaFetches:
+    """Per-follower memory of answers, and the filtering of a replica fetch request by it."""
+
+    def __init__(self, leader_log: LeaderLog, on_follower_fetch: Callable[[Partition, int, int], None]) -> None:
+        self.leader_log = leader_log
+        self.on_follower_fetch = on_follower_fetch
+        self._answered: dict[tuple[int, str, int], tuple[int, int]] = {}  # -> (leader epoch, ms)
+
+    def needing_answer(self, request: Any, follower: int, now_ms: int) -> Any:
+        """``request`` with only the partitions the answer must include."""
+        topics = []
+        for topic in request.topics:
+            keep = [p for p in topic.partitions if not self._quiet(topic.topic, p, follower, now_ms)]
+            if keep:
+                topics.append(dataclasses.replace(topic, partitions=tuple(keep)))
+        return dataclasses.replace(request, topics=tuple(topics))
+
+    def answered(self, request: Any, follower: int, now_ms: int) -> None:
+        """The answer to ``request`` (as filtered) is going out: remember when, per partition."""
+        for topic in request.topics:
+            for p in topic.partitions:
+                _code, _plog, replica = self.leader_log(topic.topic, p.partition, -1)
+                if replica is not None:
+                    self._answered[(follower, topic.topic, p.partition)] = (replica.leader_epoch, now_ms)
+
+    def _quiet(self, topic: str, p: Any, follower: int, now_ms: int) -> bool:
+        code, plog, replica = self.leader_log(topic, p.partition, getattr(p, "current_leader_epoch", -1))
+        state = replica.leader_state if replica is not None else None
+        if code != ErrorCode.none or plog is None or replica is None or state is None:
+            return False
+        diverging = replica.diverging_epoch(getattr(p, "last_fetched_epoch", -1), p.fetch_offset) is not None
+        if not diverging and p.fetch_offset <= plog.log_end_offset:
+            # The follower's fetch offset counts whether or not the partition is answered (ISR
+            # upkeep, and it may advance the high watermark, which is then news to send).
+            self.on_follower_fetch(replica, follower, p.fetch_offset)
+        progress = state.followers.get(follower)
+        epoch, answered_ms = self._answered.get((follower, topic, p.partition), (-1, -1))
+        view = FetchedPartition(
+            error=False,
+            fetch_offset=p.fetch_offset,
+            follower_log_start=getattr(p, "log_start_offset", -1),
+            diverging=diverging,
+            log_end_offset=plog.log_end_offset,
+            log_start_offset=plog.log_start_offset,
+            high_watermark=plog.high_watermark,
+            last_sent_hw=progress.last_sent_hw if progress is not None else -1,
+            last_answered_ms=answered_ms if epoch == replica.leader_epoch else -1,
+        )
+        return is_quiet(view, now_ms)
+
+    def forget_topic(self, topic: str) -> None:
+        for key in [k for k in self._answered if k[1] == topic]:
+            del self._answered[key]
