@@ -5,9 +5,12 @@ partition, pointers from the leader and data from object storage."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import time
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -39,6 +42,15 @@ log = structlog.get_logger(__name__)
 
 
 log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class NamedFetchTopic:
+    """A topic of a Fetch v13+ request (named by id) with the name its id has here now."""
+
+    topic: str
+    topic_id: uuid.UUID
+    partitions: tuple[Any, ...]
 
 
 class FetchApis(ApiFamily):
@@ -77,10 +89,14 @@ class FetchApis(ApiFamily):
         max_wait_ms = _ms(request.max_wait)
         deadline = time.monotonic() + max_wait_ms / 1000
         follower = getattr(request, "replica_id", -1)
+        by_id = header.api_version >= 13  # topics named by id (KIP-516)
         while True:
+            # Ids are resolved afresh each round: a topic re-created during a long poll is another topic.
+            named, unknown = self._topics_by_name(request) if by_id else (request, [])
             # A follower is answered only for partitions with news (see quiet_fetches).
-            asked = self._quiet.needing_answer(request, follower, self.broker.now_ms()) if follower >= 0 else request
+            asked = self._quiet.needing_answer(named, follower, self.broker.now_ms()) if follower >= 0 else named
             responses, total, has_error, remote, forwards = self._fetch_once(asked)
+            has_error = has_error or bool(unknown)
             if forwards:
                 total += await self._fetch_from_leaders(forwards, remote)
             remaining = deadline - time.monotonic()
@@ -89,9 +105,42 @@ class FetchApis(ApiFamily):
                     await self._serve_pointers(remote)
                 if follower >= 0:
                     self._quiet.answered(asked, follower, self.broker.now_ms())
+                if by_id:
+                    ids = {topic.topic: topic.topic_id for topic in asked.topics}
+                    responses = [{**r, "topic_id": ids[r["topic"]]} for r in responses] + unknown
                 return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": responses}
             # Partitions read through their leader get no local wake-up: poll them at a short interval.
             await self.broker.replicas.wait_for_append(min(remaining, 0.1) if forwards else remaining)
+
+    def _topics_by_name(self, request: Any) -> tuple[Any, list[dict[str, Any]]]:
+        """A Fetch v13+ request as the handler reads it (topics by the name their id has here now),
+        and the answers to topics whose id is not a current topic here: UNKNOWN_TOPIC_ID. A leader
+        that has not seen a topic's re-creation (or whose follower has not) thus never serves one
+        incarnation's log to a replica of another."""
+        committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
+        named: list[NamedFetchTopic] = []
+        unknown: list[dict[str, Any]] = []
+        for topic in request.topics:
+            topic_id = topic.topic_id
+            meta = self._meta.topic_by_id(str(topic_id)) if topic_id is not None and topic_id.int != 0 else None
+            if meta is not None:
+                named.append(NamedFetchTopic(meta.name, topic_id, tuple(topic.partitions)))
+                continue
+            parts = [
+                {
+                    "partition_index": p.partition,
+                    "error_code": ErrorCode.unknown_topic_id,
+                    "high_watermark": -1,
+                    "last_stable_offset": -1,
+                    "log_start_offset": -1,
+                    "aborted_transactions": [] if committed else None,
+                    "preferred_read_replica": -1,
+                    "records": b"",
+                }
+                for p in topic.partitions
+            ]
+            unknown.append({"topic_id": topic_id, "partitions": parts})
+        return dataclasses.replace(request, topics=tuple(named)), unknown
 
     async def _fetch_from_leaders(
         self, forwards: list[tuple[dict[str, Any], str, int, int, int, int]], remote: list[tuple[dict[str, Any], bytes]]

@@ -2,8 +2,12 @@
 
 Fetch requests carry ``replica_id`` (so the leader reads up to its log end and learns our log end
 offset) and ``last_fetched_epoch`` (so the leader can answer with a diverging epoch, telling us
-where to truncate after a leader change). Connection failures back off and retry; partitions move
-between fetchers when the metadata store changes their leader.
+where to truncate after a leader change). They name topics by id (Fetch v13, KIP-516): a leader
+whose metadata shows another incarnation of the name (it has not seen a deletion and re-creation
+yet, or we have not) answers UNKNOWN_TOPIC_ID instead of serving that incarnation's log, whose
+pointers would otherwise land in ours when the leader epochs match (every incarnation starts at
+0). Connection failures back off and retry; partitions move between fetchers when the metadata
+store changes their leader.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Callable
 
 import structlog
@@ -26,7 +31,7 @@ from .partition import FOLLOWER, DivergingEpoch, Partition
 
 log = structlog.get_logger(__name__)
 
-FETCH_VERSION = 12
+FETCH_VERSION = 13  # the first naming topics by id
 
 
 def _now_ms() -> int:
@@ -58,6 +63,7 @@ class ReplicaFetcher:
         # replica that asked, never to one that replaced it meanwhile (a topic re-created under the
         # same name gets a new replica whose log must not receive the old incarnation's batches).
         self._asked: dict[tuple[str, int], Partition] = {}
+        self._asked_by_id: dict[tuple[str, int], Partition] = {}  # the same, by (topic id, index)
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._conn: KafkaClientConnection | None = None
@@ -131,8 +137,9 @@ class ReplicaFetcher:
     def _request(self, active: list[Partition]) -> dict[str, object]:
         topics: dict[str, list[dict[str, int]]] = {}
         self._asked = {(p.topic, p.index): p for p in active}
+        self._asked_by_id = {(p.topic_id, p.index): p for p in active}
         for p in active:
-            topics.setdefault(p.topic, []).append(
+            topics.setdefault(p.topic_id, []).append(
                 {
                     "partition": p.index,
                     "current_leader_epoch": p.leader_epoch,
@@ -150,7 +157,7 @@ class ReplicaFetcher:
             "isolation_level": 0,
             "session_id": 0,
             "session_epoch": -1,
-            "topics": [{"topic": t, "partitions": parts} for t, parts in topics.items()],
+            "topics": [{"topic_id": _wire_id(t), "partitions": parts} for t, parts in topics.items()],
             "forgotten_topics_data": [],
             "rack_id": "",
         }
@@ -160,13 +167,18 @@ class ReplicaFetcher:
         now = _now_ms()
         leadership_errors = False
         progressed = False
+        answered: set[tuple[str, int]] = set()
         for topic in response.responses:  # type: ignore[attr-defined]
             for data in topic.partitions:
-                partition = self.partitions.get((topic.topic, data.partition_index))
-                if partition is None or partition.role != FOLLOWER or partition.leader_id != self.leader_id:
+                # The answer is about the incarnation it names, and only the replica that asked for
+                # it takes it (never one that replaced it while the request was in flight).
+                asked = self._asked_by_id.get((_our_id(topic.topic_id), data.partition_index))
+                if asked is None:
                     continue
-                if self._asked.get((topic.topic, data.partition_index)) is not partition:
-                    continue  # replaced while the request was in flight: the answer is not its
+                answered.add((asked.topic, asked.index))
+                partition = self.partitions.get((asked.topic, asked.index))
+                if partition is not asked or partition.role != FOLLOWER or partition.leader_id != self.leader_id:
+                    continue
                 code = data.error_code
                 if code == ErrorCode.none:
                     diverging = data.diverging_epoch
@@ -186,16 +198,13 @@ class ReplicaFetcher:
                     ErrorCode.fenced_leader_epoch,
                     ErrorCode.unknown_leader_epoch,
                     ErrorCode.unknown_topic_or_partition,
+                    ErrorCode.unknown_topic_id,  # one of us has not seen the re-creation yet
                 ):
                     leadership_errors = True
                 else:
-                    log.warning(
-                        "replica fetch error", topic=topic.topic, partition=data.partition_index, error=code.name
-                    )
+                    log.warning("replica fetch error", topic=asked.topic, partition=asked.index, error=code.name)
         # The leader leaves out partitions with nothing new (broker/quiet_fetches.py): for those
         # the answer is news too, as of when the request was sent.
-        topics = response.responses  # type: ignore[attr-defined]
-        answered = {(topic.topic, data.partition_index) for topic in topics for data in topic.partitions}
         for key, partition in self._asked.items():
             if key in answered or self.partitions.get(key) is not partition:
                 continue
@@ -204,3 +213,14 @@ class ReplicaFetcher:
         if progressed:
             self.on_progress()
         return leadership_errors
+
+
+def _wire_id(topic_id: str) -> uuid.UUID:
+    """A replica's topic id as Fetch carries it; a replica without one asks for the zero id,
+    which no leader knows (UNKNOWN_TOPIC_ID)."""
+    return uuid.UUID(topic_id) if topic_id else uuid.UUID(int=0)
+
+
+def _our_id(wire: uuid.UUID | None) -> str:
+    """The form metadata and replicas keep topic ids in."""
+    return str(wire) if wire is not None and wire.int != 0 else ""

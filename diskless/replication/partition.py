@@ -50,8 +50,12 @@ class DivergingEpoch:
 
 
 class Partition:
-    def __init__(self, topic: str, index: int, log: PartitionLog, node_id: int) -> None:
+    def __init__(self, topic: str, index: int, log: PartitionLog, node_id: int, topic_id: str = "") -> None:
         self.topic = topic
+        # The incarnation of the topic this replica belongs to: replica fetches name it, so a leader
+        # never serves another incarnation's log to this replica (fetcher.py). "" only in tests
+        # that never fetch; a leader answers such a fetch UNKNOWN_TOPIC_ID.
+        self.topic_id = topic_id
         self.index = index
         self.log = log
         self.node_id = node_id
