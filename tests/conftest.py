@@ -1,4 +1,5 @@
-"""Shared fixtures: ``broker`` starts one real broker process; ``broker_factory`` starts more."""
+"""Shared fixtures: ``broker`` starts one real broker process; ``broker_factory`` starts more;
+``cluster_factory`` starts ``support.LocalCluster``s (etcd, optional S3, N brokers in AZs)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from support import BrokerProcess
+from support import BrokerProcess, LocalCluster
 
 
 @pytest.fixture
@@ -30,61 +31,6 @@ def broker_factory(tmp_path: Path) -> Iterator[Callable[..., BrokerProcess]]:
 @pytest.fixture
 def broker(broker_factory: Callable[..., BrokerProcess]) -> BrokerProcess:
     return broker_factory()
-
-
-class LocalCluster:
-    """etcd plus N brokers spread over AZs, each AZ on its own loopback network (127.0.<az>.x)."""
-
-    def __init__(self, root: Path, brokers: int, azs: int, overrides: dict[str, str], s3: bool = False) -> None:
-        from diskless.local.servers import BrokerServer, EtcdServer, S3Server
-
-        self.root = root
-        self.etcd = EtcdServer(root / "etcd")
-        self.s3 = S3Server(root / "s3") if s3 else None
-        self.brokers = []
-        for node_id in range(brokers):
-            az = node_id % azs
-            host = f"127.0.{az + 1}.{node_id // azs + 1}"
-            self.brokers.append(
-                BrokerServer(node_id, root / f"broker-{node_id}", host, f"az-{az + 1}", None, dict(overrides))
-            )
-
-    def start(self) -> LocalCluster:
-        self.etcd.start()
-        if self.s3 is not None:
-            self.s3.start()
-        for broker in self.brokers:
-            broker.etcd = self.etcd.endpoint
-            if self.s3 is not None:
-                broker.overrides.setdefault("diskless.s3.endpoint", self.s3.endpoint)
-            broker.start()
-        return self
-
-    def bootstrap_in(self, az: str) -> str:
-        return ",".join(b.bootstrap for b in self.brokers if b.rack == az and b.alive())
-
-    @property
-    def bootstrap(self) -> str:
-        return ",".join(b.bootstrap for b in self.brokers if b.alive())
-
-    def rack_of(self, node_id: int) -> str:
-        rack = self.brokers[node_id].rack
-        assert rack is not None
-        return rack
-
-    def stop(self) -> None:
-        for broker in self.brokers:
-            broker.stop()
-        self.etcd.stop()
-        if self.s3 is not None:
-            self.s3.stop()
-
-    def kill_all(self) -> None:
-        for broker in self.brokers:
-            broker.kill()
-        self.etcd.kill()
-        if self.s3 is not None:
-            self.s3.kill()
 
 
 @pytest.fixture

@@ -31,8 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import LocalCluster
-from support import BrokerProcess
+from support import BrokerProcess, LocalCluster
 
 from diskless.protocol import records
 from diskless.storage import pointer
