@@ -15,7 +15,8 @@ TCP connection to a remote one, on which the leader starts requests in the order
 Rules.
 
 R1 (send). A batch is sent only when every earlier batch of its chain is in flight on the channel
-   it would use now, and no batch of its chain is in flight on another channel. So the leader
+   it would use now, and no batch of its chain is in flight on another channel, nor any later
+   batch at all (a batch whose answer was lost waits for the answers of those sent after it). So the leader
    starts a partition's commits in chain order; pipelining on one channel keeps throughput. Sends
    are returned grouped by (channel, flush) in flush order, and a flush's batches of a partition
    are contiguous in the chain, so sending the groups in the returned order keeps chain order.
@@ -32,10 +33,11 @@ R3 (retry). A retriable leadership answer (not leader, fenced or unknown epoch, 
 R4 (out of order). OUT_OF_ORDER_SEQUENCE for a batch of producer (id, epoch) while an earlier
    batch of the same producer is still in the chain is no outcome either: the earlier batch was
    refused or is being retried, so this one waits behind it and is sent again. If instead that
-   producer had a batch of this partition fail retriably here (a *hint*: it may have sent this
-   batch before it learned of the failure), the answer becomes that failure's code. A hint is
-   dropped once a batch of the producer at or below the failed sequence is appended (the
-   producer has retried), when the producer's epoch changes, or after ``hint_ttl_ms``.
+   producer had a batch of this partition with a lower sequence fail retriably here (a *hint*:
+   it may have sent this batch before it learned of that failure), the answer becomes that
+   failure's code. A failure leaves the hint once a batch of the producer at or past its
+   sequence is appended (the leader's sequence passed it: the producer resent it); a hint goes
+   when the producer's epoch changes or after ``hint_ttl_ms``.
 R5 (deadline). Every batch gets an outcome: uploads and RPCs are bounded by the shell, and a
    ready batch waiting for its turn or a leader fails at its deadline (R3).
 
@@ -87,6 +89,7 @@ NOT_LEADER = int(ErrorCode.not_leader_or_follower)
 UNKNOWN_PARTITION = int(ErrorCode.unknown_topic_or_partition)
 
 PartitionKey = tuple[str, int]  # (topic id, partition)
+MAX_FAILED_PER_HINT = 64
 
 
 class State(Enum):
@@ -122,9 +125,10 @@ class _Batch:
 
 @dataclass
 class _Hint:
+    """One producer's batches of one partition that failed here and were not appended since."""
+
     epoch: int
-    sequence: int
-    code: int
+    failed: dict[int, int]  # base sequence -> the failure's code
     expires_ms: int
 
 
@@ -218,15 +222,15 @@ class CommitPipeline:
             batch.not_before_ms = 0
 
     def tick(self, now_ms: int) -> None:
-        """Fail ready batches past their deadline (R5)."""
-        for batch in list(self._batches.values()):
-            if (
-                batch.id in self._batches
-                and batch.state is State.READY
-                and batch.deadline_ms is not None
-                and now_ms >= batch.deadline_ms
-            ):
-                self._fail(batch, batch.reason, now_ms)
+        """Fail ready batches past their deadline (R5), except one with a later batch of its chain
+        in flight: that answer comes first (bounded by the shell), and may show this one appended."""
+        for chain in list(self._chains.values()):
+            last_sent = _last_sent(chain)
+            for index, batch in enumerate(list(chain)):
+                if index < last_sent or batch.id not in self._batches:
+                    continue
+                if batch.state is State.READY and batch.deadline_ms is not None and now_ms >= batch.deadline_ms:
+                    self._fail(batch, batch.reason, now_ms)
 
     # --- decisions -------------------------------------------------------------------------------
 
@@ -239,10 +243,13 @@ class CommitPipeline:
             if len(in_flight) > 1:
                 continue  # cannot happen by R1; never make it worse
             channel = next(iter(in_flight), None)
+            last_sent = _last_sent(chain)
             decided: Route | None = None
-            for batch in list(chain):
+            for index, batch in enumerate(list(chain)):
                 if batch.state is State.SENT:
                     continue
+                if index < last_sent:
+                    break  # a later batch is in flight (this one was sent, then lost): its answer first
                 if batch.state is not State.READY or batch.not_before_ms > now_ms:
                     break
                 if decided is None:
@@ -291,13 +298,23 @@ class CommitPipeline:
 
     def _appended(self, batch: _Batch, result: dict[str, Any], now_ms: int) -> None:
         if batch.producer is not None:
+            # The leader took this sequence, so it has every earlier one of the producer: an earlier
+            # batch still waiting here (its answer was lost) is a duplicate now, to be resent and
+            # answered as such, not failed at its deadline while this one succeeded.
+            for other in self._chains.get(batch.key, []):
+                if other is batch:
+                    break
+                if other.producer == batch.producer and other.deadline_ms is not None:
+                    other.deadline_ms = max(other.deadline_ms, now_ms + self.retry_timeout_ms)
             hint_key = (batch.key, batch.producer[0])
             hint = self._hints.get(hint_key)
-            # The producer resent the batch that failed (or bumped its epoch): sequences go on from here.
-            if hint is not None and (
-                hint.epoch != batch.producer[1] or batch.base_sequence <= hint.sequence <= batch.last_sequence
-            ):
-                del self._hints[hint_key]
+            if hint is not None and hint.epoch != batch.producer[1]:
+                del self._hints[hint_key]  # a new epoch starts its sequences afresh
+            elif hint is not None:
+                # The leader's sequence passed this batch: every failure below it was resent.
+                hint.failed = {seq: code for seq, code in hint.failed.items() if seq > batch.last_sequence}
+                if not hint.failed:
+                    del self._hints[hint_key]
         self._finish(batch, result)
 
     def _wait_again(self, batch: _Batch, code: int, now_ms: int) -> None:
@@ -320,11 +337,10 @@ class CommitPipeline:
         if batch.producer is None:
             return None
         hint = self._hints.get((batch.key, batch.producer[0]))
-        if hint is None or hint.expires_ms <= now_ms:
+        if hint is None or hint.expires_ms <= now_ms or hint.epoch != batch.producer[1]:
             return None
-        if hint.epoch == batch.producer[1] and batch.base_sequence > hint.sequence:
-            return hint.code
-        return None
+        below = [seq for seq in hint.failed if seq < batch.base_sequence]
+        return hint.failed[max(below)] if below else None
 
     def _fail(self, batch: _Batch, code: int, now_ms: int) -> None:
         """Fail ``batch``; a retriable code takes the chain's later batches with it (R2)."""
@@ -348,10 +364,12 @@ class CommitPipeline:
             return
         hint_key = (batch.key, batch.producer[0])
         hint = self._hints.get(hint_key)
-        if hint is not None and hint.epoch == batch.producer[1] and hint.sequence <= batch.base_sequence:
-            hint.expires_ms = now_ms + self.hint_ttl_ms
-            return
-        self._hints[hint_key] = _Hint(batch.producer[1], batch.base_sequence, code, now_ms + self.hint_ttl_ms)
+        if hint is None or hint.epoch != batch.producer[1]:
+            hint = self._hints[hint_key] = _Hint(batch.producer[1], {}, 0)
+        hint.failed[batch.base_sequence] = code
+        while len(hint.failed) > MAX_FAILED_PER_HINT:
+            del hint.failed[max(hint.failed)]  # the lowest failures are the ones that explain a gap
+        hint.expires_ms = now_ms + self.hint_ttl_ms
         self._hints.move_to_end(hint_key)
         while len(self._hints) > self.max_hints:
             self._hints.popitem(last=False)
@@ -366,6 +384,14 @@ class CommitPipeline:
                 del self._chains[batch.key]
         self._in_flight_bytes -= batch.size
         self._outcomes.append((batch.id, result))
+
+
+def _last_sent(chain: list[_Batch]) -> int:
+    """Index of the chain's last in-flight batch, or -1."""
+    for index in range(len(chain) - 1, -1, -1):
+        if chain[index].state is State.SENT:
+            return index
+    return -1
 
 
 def _producer_of(data: bytes) -> tuple[tuple[int, int] | None, int, int]:

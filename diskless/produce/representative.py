@@ -341,8 +341,9 @@ class Representative:
             try:
                 answer = self.broker.apis.diskless.commit_batches_now(body)
             except Exception:
+                # Some appends may have happened: outcome unknown, send again (duplicates are recognised).
                 log.exception("local commit failed")
-                self.pipeline.failed(send.ids, STORAGE_ERROR, _now_ms())
+                self.pipeline.lost(send.ids, _now_ms())
                 return
             self._on_answer(send, answer)
             return
@@ -369,8 +370,9 @@ class Representative:
         now = _now_ms()
         results = answer.get("results") if isinstance(answer, dict) else None
         if not isinstance(results, list) or len(results) != len(send.ids):
+            # The leader may have appended them: outcome unknown, send again.
             log.warning("malformed commit answer", answer=str(answer)[:200])
-            self.pipeline.failed(send.ids, STORAGE_ERROR, now)
+            self.pipeline.lost(send.ids, now)
             return
         for batch_id, result in zip(send.ids, results, strict=True):
             self.pipeline.answered(batch_id, result if isinstance(result, dict) else {}, now)
