@@ -1,0 +1,201 @@
+"""``CommitPipeline`` alone, sans-IO, under random interleavings (hypothesis).
+
+A simulated network: each channel is a FIFO that its leader processes in order (as a leader
+starts the requests of one connection in order); steps deliver the head of a channel, lose a
+channel (its requests may or may not have been applied), finish or fail uploads, move leaders,
+and let time pass. Leaders check each idempotent producer's sequences as Kafka does.
+
+Properties: per partition the leader's log holds batches in arrival order (for the partition
+whose producer is not idempotent the leader checks nothing, so only the pipeline keeps it); no
+producer is ever answered OUT_OF_ORDER_SEQUENCE; at most one channel
+carries a partition's commits at a time; and once the network drains and time passes, every
+batch has an outcome and no byte is held.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from batches import values_batch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
+
+from diskless.produce.commit_pipeline import CommitPipeline, NoRoute, Send, State
+
+OOSS = int(ErrorCode.out_of_order_sequence_number)
+NOT_LEADER = int(ErrorCode.not_leader_or_follower)
+PID = 77
+PLAIN = 2  # this partition's producer is not idempotent: only the pipeline keeps its order
+
+
+@dataclass
+class Leaderboard:
+    partitions: int
+    leader: dict[int, int] = field(default_factory=dict)
+    generation: dict[int, int] = field(default_factory=dict)  # bumps when a connection is lost
+    next_seq: dict[int, int] = field(default_factory=dict)
+    log: dict[int, list[int]] = field(default_factory=dict)  # batch ids in append order
+    seq_of: dict[int, int] = field(default_factory=dict)  # batch id -> sequence
+    part_of: dict[int, int] = field(default_factory=dict)
+
+    def route(self, key: tuple[str, int]) -> Any:
+        leader = self.leader[key[1]]
+        if leader < 0:
+            return NoRoute.NO_LEADER
+        return (leader, self.generation.get(leader, 0))
+
+    def apply(self, node: int, batch_id: int) -> dict[str, Any]:
+        partition = self.part_of[batch_id]
+        if self.leader[partition] != node:
+            return {"error_code": NOT_LEADER}
+        if partition == PLAIN:  # no idempotence: the leader appends whatever comes, duplicates too
+            self.log.setdefault(partition, []).append(batch_id)
+            return {"error_code": 0}
+        seq = self.seq_of[batch_id]
+        expected = self.next_seq.get(partition, 0)
+        if seq < expected:
+            return {"error_code": 0, "duplicate": True}
+        if seq > expected:
+            return {"error_code": OOSS}
+        self.next_seq[partition] = seq + 1
+        self.log.setdefault(partition, []).append(batch_id)
+        return {"error_code": 0}
+
+
+step = st.one_of(
+    st.tuples(st.just("produce"), st.integers(0, 2), st.integers(1, 3)),
+    st.tuples(st.just("upload"), st.booleans()),
+    st.tuples(st.just("deliver"), st.integers(0, 2), st.booleans()),
+    st.tuples(st.just("lose"), st.integers(0, 2), st.booleans()),
+    st.tuples(st.just("move"), st.integers(0, 2), st.integers(-1, 2)),
+    st.tuples(st.just("time"), st.integers(1, 3000)),
+)
+
+
+@settings(max_examples=300)
+@given(st.lists(step, max_size=80))
+# A leader move while a commit is in flight: the next batch must not go to the new leader first.
+@example(
+    [("produce", 2, 1), ("upload", True), ("move", 2, 1), ("produce", 2, 1), ("upload", True), ("deliver", 0, False)]
+)
+# A PUT fails while the next flush of the partition uploads first.
+@example([("produce", 0, 1), ("produce", 0, 1), ("upload", False), ("upload", True), ("deliver", 0, False)])
+# An answer is lost after the leader applied the commit; the batch behind it is in flight.
+@example([("produce", 2, 1), ("produce", 2, 1), ("upload", True), ("upload", True), ("deliver", 0, True)])
+def test_per_partition_order_and_liveness(steps: list[tuple[Any, ...]]) -> None:
+    pipeline = CommitPipeline(retry_timeout_ms=5000, retry_backoff_ms=50)
+    board = Leaderboard(3, leader={p: p for p in range(3)})
+    queues: dict[tuple[int, int], list[tuple[int, bool]]] = {}  # channel -> [(batch id, applied?)]
+    arrivals: dict[int, list[int]] = {p: [] for p in range(3)}
+    next_seq = dict.fromkeys(range(3), 0)  # the producer's next sequence per partition
+    resend_from: dict[int, int] = {}
+    uploading: list[int] = []
+    buffered: list[tuple[int, tuple[str, int], bytes]] = []
+    outcomes: dict[int, dict[str, Any]] = {}
+    ids = iter(range(10_000))
+    flushes = iter(range(10_000))
+    now = 0
+
+    def pump() -> None:
+        for send in pipeline.next_sends(now, board.route):
+            assert isinstance(send, Send)
+            for batch_id in send.ids:
+                queues.setdefault(send.channel, []).append((batch_id, False))
+        for batch_id, result in pipeline.take_outcomes():
+            assert batch_id not in outcomes
+            assert result["error_code"] != OOSS, "a producer was told OUT_OF_ORDER_SEQUENCE"
+            outcomes[batch_id] = result
+            if result["error_code"] != 0:
+                partition = board.part_of[batch_id]
+                resend_from[partition] = min(resend_from.get(partition, 1 << 30), board.seq_of[batch_id])
+        check_one_channel_per_chain()
+
+    def check_one_channel_per_chain() -> None:
+        channels: dict[int, set[Any]] = {}
+        for channel, queue in queues.items():
+            for batch_id, _ in queue:
+                if pipeline.state_of(batch_id) is State.SENT:
+                    channels.setdefault(board.part_of[batch_id], set()).add(channel)
+        assert all(len(c) <= 1 for c in channels.values()), channels
+
+    def flush() -> None:
+        nonlocal buffered
+        if buffered:
+            sequence = next(flushes)
+            pipeline.add_flush(sequence, buffered)
+            uploading.append(sequence)
+            buffered = []
+
+    for action, *args in steps:
+        if action == "produce":
+            partition, count = args
+            for _ in range(count):
+                if partition in resend_from:  # the producer resends from its first failed sequence
+                    next_seq[partition] = resend_from.pop(partition)
+                batch_id = next(ids)
+                seq = next_seq[partition]
+                next_seq[partition] += 1
+                board.seq_of[batch_id], board.part_of[batch_id] = seq, partition
+                arrivals[partition].append(batch_id)
+                if partition == PLAIN:
+                    data = values_batch(1)
+                else:
+                    data = values_batch(1, producer_id=PID, producer_epoch=0, base_sequence=seq)
+                buffered.append((batch_id, ("topic-id", partition), data))
+            flush()
+        elif action == "upload" and uploading:
+            sequence = uploading.pop(0 if args[0] else -1)  # uploads finish in any order
+            if args[0]:
+                pipeline.uploaded(sequence, now)
+            else:
+                pipeline.upload_failed(sequence, now)
+        elif action == "deliver":
+            live = sorted(c for c, q in queues.items() if q)
+            if live:
+                channel = live[args[0] % len(live)]
+                batch_id, _ = queues[channel].pop(0)
+                result = board.apply(channel[0], batch_id)
+                if args[1]:  # the answer is lost after the leader applied it
+                    pipeline.lost([batch_id], now)
+                else:
+                    pipeline.answered(batch_id, result, now)
+        elif action == "lose":
+            live = sorted(c for c, q in queues.items() if q)
+            if live:
+                channel = live[args[0] % len(live)]
+                lost = queues.pop(channel)
+                board.generation[channel[0]] = board.generation.get(channel[0], 0) + 1
+                for batch_id, _ in lost[:1] if args[1] else []:  # the first may have been applied
+                    board.apply(channel[0], batch_id)
+                pipeline.lost([b for b, _ in lost], now)
+        elif action == "move":
+            partition, leader = args
+            board.leader[partition] = leader
+            pipeline.leaders_changed()
+        elif action == "time":
+            now += args[0]
+        pump()
+
+    # Drain: finish uploads, bring leaders back, deliver everything, let deadlines pass.
+    for partition in range(3):
+        board.leader[partition] = partition
+    while uploading:
+        pipeline.uploaded(uploading.pop(), now)
+    for _ in range(1000):
+        pump()
+        live = [c for c, q in queues.items() if q]
+        if live:
+            channel = live[0]
+            batch_id, _ = queues[channel].pop(0)
+            pipeline.answered(batch_id, board.apply(channel[0], batch_id), now)
+        elif pipeline.pending:
+            now += 1000
+        else:
+            break
+    assert pipeline.pending == 0 and pipeline.in_flight_bytes == 0
+    for partition, appended in board.log.items():
+        first_seen = list(dict.fromkeys(appended))  # a resent batch whose answer was lost may repeat
+        order = {b: i for i, b in enumerate(arrivals[partition])}
+        assert first_seen == sorted(first_seen, key=order.__getitem__), f"partition {partition}: {appended}"
