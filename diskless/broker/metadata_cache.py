@@ -6,8 +6,11 @@ every 100 ms or so while a partition has no leader). Under that load a broker sp
 time re-encoding identical answers, fell behind on its etcd lease and was fenced, which moved
 more leaders and brought more Metadata requests. An answer is a function of the request, the
 client's identity (its AZ comes from ``client.id``), the API version and the cluster metadata,
-whose ``generation`` moves on every change; it is reused only while that generation holds and
-for at most ``MAX_AGE_S`` (anything else an answer might come to depend on is that fresh).
+whose ``generation`` moves on every change; it is reused while that generation holds, for at
+most ``MAX_AGE_S`` (anything else an answer might come to depend on is that fresh). While leaders
+move the generation moves with every ISR change, so an answer is also reused, whatever changed,
+for ``MIN_AGE_S``: a broker's metadata is only ever a recent view (Kafka's brokers learn theirs
+asynchronously too), and a client told a leader that just moved gets NOT_LEADER and asks again.
 Answers carrying an error are never reused: those may create topics on the next request.
 """
 
@@ -22,6 +25,7 @@ from diskless.protocol import messages as m
 from diskless.protocol.framing import encode_frame
 
 MAX_AGE_S = 1.0
+MIN_AGE_S = 0.25
 MAX_ENTRIES = 256
 
 _CORRELATION = struct.Struct(">i")
@@ -40,7 +44,8 @@ class MetadataAnswerCache:
         if cached is None:
             return None
         built_generation, built_at, rest = cached
-        if built_generation != generation or time.monotonic() - built_at > MAX_AGE_S:
+        age = time.monotonic() - built_at
+        if age > MAX_AGE_S or (built_generation != generation and age > MIN_AGE_S):
             return None
         return encode_frame(_CORRELATION.pack(header.correlation_id) + rest)
 

@@ -21,14 +21,19 @@ def answer(header: m.RequestHeader, code: int = 0) -> tuple[dict[str, Any], byte
     return body, m.encode_response(header, body)
 
 
-def test_reused_with_the_callers_correlation_id_until_the_generation_moves() -> None:
+def test_reused_with_the_callers_correlation_id_until_the_generation_moves(monkeypatch: pytest.MonkeyPatch) -> None:
     cache = mc.MetadataAnswerCache()
+    now = [100.0]
+    monkeypatch.setattr(mc.time, "monotonic", lambda: now[0])
     first = m.RequestHeader(m.API_METADATA, 12, 7, "client")
     body, frame = answer(first)
     cache.put(first, request("t"), 5, body, frame)
     again = m.RequestHeader(m.API_METADATA, 12, 8, "client")
     reused = cache.get(again, request("t"), 5)
     assert reused == m.encode_response(again, body)
+    assert cache.get(again, request("t"), 6) is not None  # metadata changed, but the answer is that young
+    now[0] += mc.MIN_AGE_S * 1.5
+    assert cache.get(again, request("t"), 5) is not None
     assert cache.get(again, request("t"), 6) is None  # metadata changed
     assert cache.get(again, request("u"), 5) is None  # another request
     assert cache.get(m.RequestHeader(m.API_METADATA, 11, 8, "client"), request("t"), 5) is None
