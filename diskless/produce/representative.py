@@ -420,42 +420,44 @@ class Representative:
         own pace; the rest are asked again."""
         deadline = time.monotonic() + REPLICATION_TIMEOUT_S
         leader = self.broker.node_id if channel == LOCAL else channel[0]  # type: ignore[index]
-        while waiting and time.monotonic() < deadline:
-            left_ms = int((deadline - time.monotonic()) * 1000)
-            body = {
-                "max_wait_ms": max(1, min(REPLICATION_POLL_MS, left_ms)),
-                "entries": [
-                    {
-                        "topic": item.batch.topic,
-                        "topic_id": item.batch.topic_id,
-                        "partition": item.batch.partition,
-                        "offset": result.get("last_offset", result.get("base_offset", -1)),
-                        "leader_epoch": result.get("leader_epoch", -1),
-                    }
-                    for item, result in waiting
-                ],
-            }
-            try:
-                answer = await self._ask_replicated(leader, body)
-                states = answer["results"]
-                if len(states) != len(waiting):
-                    raise ValueError("malformed AwaitReplicated answer")
-            except Exception as exc:
-                log.info("AwaitReplicated failed", leader=leader, error=repr(exc))
-                await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-                continue
-            still = []
-            for (item, result), state in zip(waiting, states, strict=True):
-                code = int(state.get("error_code", 0))
-                if code:
-                    _resolve(item, {"error_code": code})
-                elif state.get("done"):
-                    _resolve(item, _producer_answer(result))
-                else:
-                    still.append((item, result))
-            waiting = still
-        for item, _ in waiting:
-            _resolve(item, {"error_code": int(ErrorCode.request_timed_out)})
+        try:
+            while waiting and time.monotonic() < deadline:
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                body = {
+                    "max_wait_ms": max(1, min(REPLICATION_POLL_MS, left_ms)),
+                    "entries": [
+                        {
+                            "topic": item.batch.topic,
+                            "topic_id": item.batch.topic_id,
+                            "partition": item.batch.partition,
+                            "offset": result.get("last_offset", result.get("base_offset", -1)),
+                            "leader_epoch": result.get("leader_epoch", -1),
+                        }
+                        for item, result in waiting
+                    ],
+                }
+                try:
+                    answer = await self._ask_replicated(leader, body)
+                    states = answer["results"]
+                    if len(states) != len(waiting):
+                        raise ValueError("malformed AwaitReplicated answer")
+                except Exception as exc:
+                    log.info("AwaitReplicated failed", leader=leader, error=repr(exc))
+                    await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+                    continue
+                still = []
+                for (item, result), state in zip(waiting, states, strict=True):
+                    code = int(state.get("error_code", 0))
+                    if code:
+                        _resolve(item, {"error_code": code})
+                    elif state.get("done"):
+                        _resolve(item, _producer_answer(result))
+                    else:
+                        still.append((item, result))
+                waiting = still
+        finally:
+            for item, _ in waiting:  # out of time, or cancelled at shutdown: never leave a producer waiting
+                _resolve(item, {"error_code": int(ErrorCode.request_timed_out)})
 
     async def _ask_replicated(self, leader: int, body: dict[str, Any]) -> dict[str, Any]:
         if leader == self.broker.node_id:
