@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import datetime
+import json
 import shutil
 import subprocess
 import sys
@@ -35,6 +37,22 @@ def rss_mb(pid: int | None) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
     return -1.0
+
+
+def last_role_change(log_path: Path, topics: set[str]) -> float:
+    """When a broker last logged a replica of ``topics`` taking its first role (epoch 0)."""
+    last = 0.0
+    for line in log_path.read_text(errors="replace").splitlines():
+        if '"partition role"' not in line:
+            continue
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("topic") in topics and event.get("epoch") == 0:
+            stamp = datetime.datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
+            last = max(last, stamp.timestamp())
+    return last
 
 
 def print_profile(path: Path, top: int = 25) -> None:
@@ -89,6 +107,7 @@ def main() -> int:
             spy = subprocess.Popen([*cmd, "--output", str(workdir / "broker-0.profile")], stdout=subprocess.DEVNULL)
             time.sleep(1)  # let py-spy attach before the measured steps
         start = time.monotonic()
+        started_wall = time.time()
         futures = admin.create_topics(
             [NewTopic(name, count, args.rf) for name, count in zip(names, per_topic, strict=True)],
             request_timeout=600,
@@ -118,6 +137,9 @@ def main() -> int:
             spy.send_signal(2)
             spy.wait(60)
             print_profile(workdir / "broker-0.profile")
+
+        applied = [last_role_change(b.log_path, set(names)) for b in brokers]
+        print("replicas applied (last role change after creation), s:", [round(t - started_wall, 2) for t in applied])
 
         consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False})
         sample = [TopicPartition(names[-1], p, 0) for p in range(0, per_topic[-1], max(1, per_topic[-1] // 50))]
