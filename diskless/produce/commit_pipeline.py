@@ -120,7 +120,7 @@ class _Batch:
     doomed: int | None = None  # in flight when an earlier batch failed retriably with this code
     not_before_ms: int = 0
     deadline_ms: int | None = None
-    reason: int = NOT_LEADER  # why it is waiting again (the failure code at its deadline)
+    reason: int = int(ErrorCode.request_timed_out)  # why it waits (the failure code at its deadline)
 
 
 @dataclass
@@ -257,7 +257,10 @@ class CommitPipeline:
                 if decided is NoRoute.UNKNOWN:
                     self._fail(batch, UNKNOWN_PARTITION, now_ms)
                     break  # the chain's later batches failed with it
-                if decided is NoRoute.NO_LEADER or (channel is not None and decided != channel):
+                if decided is NoRoute.NO_LEADER:
+                    batch.reason = NOT_LEADER
+                    break
+                if channel is not None and decided != channel:
                     break
                 channel = decided
                 batch.state = State.SENT

@@ -199,3 +199,60 @@ def test_per_partition_order_and_liveness(steps: list[tuple[Any, ...]]) -> None:
         first_seen = list(dict.fromkeys(appended))  # a resent batch whose answer was lost may repeat
         order = {b: i for i, b in enumerate(arrivals[partition])}
         assert first_seen == sorted(first_seen, key=order.__getitem__), f"partition {partition}: {appended}"
+
+
+def idem(seq: int) -> bytes:
+    return values_batch(1, producer_id=PID, producer_epoch=0, base_sequence=seq)
+
+
+def codes(pipeline: CommitPipeline) -> dict[int, int]:
+    return {batch_id: result["error_code"] for batch_id, result in pipeline.take_outcomes()}
+
+
+def test_a_failed_upload_fails_the_partitions_later_batches_with_the_same_code() -> None:
+    pipeline = CommitPipeline()
+    pipeline.add_flush(0, [(1, ("t", 0), idem(0))])
+    pipeline.add_flush(1, [(2, ("t", 0), idem(1)), (3, ("t", 1), values_batch(1))])
+    pipeline.uploaded(1, now_ms=0)  # the later flush uploads first: nothing of partition 0 may go
+    sends = pipeline.next_sends(0, lambda key: "local")
+    assert [s.ids for s in sends] == [[3]]
+    pipeline.upload_failed(0, now_ms=1)
+    assert codes(pipeline) == {1: int(ErrorCode.kafka_storage_error), 2: int(ErrorCode.kafka_storage_error)}
+    assert pipeline.next_sends(1, lambda key: "local") == []
+
+
+def test_out_of_order_after_a_failure_the_producer_had_not_seen_yet_is_that_failure() -> None:
+    pipeline = CommitPipeline()
+    pipeline.add_flush(0, [(1, ("t", 0), idem(0))])
+    pipeline.upload_failed(0, now_ms=0)
+    assert codes(pipeline) == {1: int(ErrorCode.kafka_storage_error)}
+    pipeline.add_flush(1, [(2, ("t", 0), idem(1))])  # sent before the producer read the failure
+    pipeline.uploaded(1, now_ms=1)
+    assert [s.ids for s in pipeline.next_sends(1, lambda key: "local")] == [[2]]
+    pipeline.answered(2, {"error_code": OOSS}, now_ms=2)
+    assert codes(pipeline) == {2: int(ErrorCode.kafka_storage_error)}
+    # The producer resends sequences 0 and 1: appended, the hint is gone; a real gap stays OOSS.
+    pipeline.add_flush(2, [(3, ("t", 0), idem(0)), (5, ("t", 0), idem(1))])
+    pipeline.uploaded(2, now_ms=3)
+    pipeline.next_sends(3, lambda key: "local")
+    pipeline.answered(3, {"error_code": 0}, now_ms=4)
+    pipeline.answered(5, {"error_code": 0}, now_ms=4)
+    pipeline.add_flush(3, [(4, ("t", 0), idem(5))])
+    pipeline.uploaded(3, now_ms=5)
+    pipeline.next_sends(5, lambda key: "local")
+    pipeline.answered(4, {"error_code": OOSS}, now_ms=6)
+    assert codes(pipeline) == {3: 0, 5: 0, 4: OOSS}
+
+
+def test_a_batch_without_a_leader_fails_at_its_deadline_and_takes_later_ones() -> None:
+    pipeline = CommitPipeline(retry_timeout_ms=1000)
+    pipeline.add_flush(0, [(1, ("t", 0), idem(0)), (2, ("t", 0), idem(1)), (3, ("t", 1), idem(0))])
+    pipeline.uploaded(0, now_ms=0)
+    route = {("t", 0): NoRoute.NO_LEADER, ("t", 1): "local"}
+    assert [s.ids for s in pipeline.next_sends(10, route.__getitem__)] == [[3]]
+    pipeline.answered(3, {"error_code": 0}, now_ms=11)
+    assert pipeline.next_wakeup_ms() == 1000
+    assert pipeline.next_sends(999, route.__getitem__) == [] and codes(pipeline) == {3: 0}
+    pipeline.next_sends(1000, route.__getitem__)
+    assert codes(pipeline) == {1: NOT_LEADER, 2: NOT_LEADER}
+    assert pipeline.pending == 0 and pipeline.in_flight_bytes == 0
