@@ -53,7 +53,9 @@ from .producer_ids import BLOCK_SIZE, ProducerIdBlock
 log = structlog.get_logger(__name__)
 
 ChangeCallback = Callable[[list[RecordKey]], Awaitable[None]]
-NOTIFY_SLICE = 128  # changes handed to on_change between yields to the event loop
+# Changes handed to on_change between yields to the event loop. Small: applying one partition can
+# take milliseconds of disk under load, and a lease refresh needs several loop turns to complete.
+NOTIFY_SLICE = 16
 _LOAD_ORDER = {"brokers": 0, "controller": 1, "wal-manager": 1, "topics": 2, "partitions": 3}
 
 
