@@ -99,11 +99,25 @@ def main(argv: list[str] | None = None) -> int:
         "--port", type=int, default=9092, help="port of the first broker, then +1 per broker (0: free ports)"
     )
     dev.add_argument("--no-demo", action="store_true", help="skip the produce/consume demo")
+    dev.add_argument(
+        "--no-az-listeners",
+        action="store_true",
+        help="one listener per broker instead of one per AZ (clients then say their AZ otherwise: README)",
+    )
+    bench = sub.add_parser("bench", help="benchmark a local 3-AZ cluster against issue 10's targets (make bench)")
+    from diskless.bench.options import add_arguments, options_from
+
+    add_arguments(bench)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        from diskless.bench.runner import run_bench
+
+        configure_logging("WARNING")
+        return run_bench(options_from(args))
     if args.command == "dev":
         from diskless.dev import run_dev
 
-        return run_dev(args.data_dir, args.brokers, args.azs, args.port, not args.no_demo)
+        return run_dev(args.data_dir, args.brokers, args.azs, args.port, not args.no_demo, not args.no_az_listeners)
     configure_logging(args.log_level)
     if args.command == "wal-manager":
         return asyncio.run(_run_wal_manager(args))

@@ -14,6 +14,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from diskless.cluster.client_az import (
+    ListenerSpec,
+    ZonePolicy,
+    parse_client_az_cidrs,
+    parse_listener_az_map,
+    parse_listeners,
+)
 from diskless.log.config import TOPIC_CONFIGS, ConfigError
 
 ENV_PREFIX = "DISKLESS_"
@@ -43,7 +50,30 @@ class BrokerConfig:
     node_id: int = field(default=0, metadata=_prop("node.id", "Broker id; broker.id is accepted too."))
     listeners: str = field(default="PLAINTEXT://127.0.0.1:9092", metadata=_prop("listeners"))
     advertised_listeners: str | None = field(default=None, metadata=_prop("advertised.listeners"))
+    inter_broker_listener_name: str | None = field(
+        default=None,
+        metadata=_prop(
+            "inter.broker.listener.name",
+            "The listener other brokers and the WAL manager connect to; defaults to the first listener.",
+        ),
+    )
     broker_rack: str | None = field(default=None, metadata=_prop("broker.rack", "Availability zone of the broker."))
+    diskless_listener_az_map: str | None = field(
+        default=None,
+        metadata=_prop(
+            "diskless.listener.az.map",
+            "LISTENER:az,... : a connection that arrives on a mapped listener is a client in that AZ"
+            " (cluster/client_az.py), unless its client.id or Fetch rack says otherwise.",
+        ),
+    )
+    diskless_client_az_cidrs: str | None = field(
+        default=None,
+        metadata=_prop(
+            "diskless.client.az.cidrs",
+            "az:cidr,... : a client whose source address is in a network is in that AZ (most specific"
+            " network wins), when neither its client.id, Fetch rack nor listener says.",
+        ),
+    )
     log_dirs: str = field(default="./data", metadata=_prop("log.dirs"))
     cluster_id: str = field(default="diskless-cluster-0000000", metadata=_prop("cluster.id"))
     num_partitions: int = field(default=1, metadata=_prop("num.partitions"))
@@ -125,14 +155,57 @@ class BrokerConfig:
     topic_defaults: Mapping[str, str] = field(default_factory=dict)
 
     @property
+    def listener_specs(self) -> list[ListenerSpec]:
+        """Every listener (``NAME://host:port,...``), in the order given."""
+        return parse_listeners(self.listeners)
+
+    @property
+    def inter_broker_listener(self) -> str:
+        return (self.inter_broker_listener_name or self.listener_specs[0].name).upper()
+
+    @property
     def listener(self) -> Endpoint:
-        return Endpoint.parse(self.listeners)
+        """The inter-broker listener's bind address."""
+        spec = next(s for s in self.listener_specs if s.name == self.inter_broker_listener)
+        return Endpoint(spec.host or "0.0.0.0", spec.port)
 
     def advertised(self, bound_port: int) -> Endpoint:
-        if self.advertised_listeners:
-            return Endpoint.parse(self.advertised_listeners)
-        host = self.listener.host
-        return Endpoint("127.0.0.1" if host in ("0.0.0.0", "") else host, bound_port)
+        """The inter-broker listener's advertised address (``bound_port`` when it bound port 0)."""
+        return self.advertised_endpoints({self.inter_broker_listener: bound_port})[self.inter_broker_listener]
+
+    def advertised_endpoints(self, bound_ports: Mapping[str, int]) -> dict[str, Endpoint]:
+        """Each listener's advertised address: ``advertised.listeners`` by listener name, else its
+        bind address (a wildcard host advertises 127.0.0.1) with the port it bound."""
+        given = {s.name: s for s in parse_listeners(self.advertised_listeners)} if self.advertised_listeners else {}
+        if len(given) == 1 and len(self.listener_specs) == 1:
+            # One listener: an advertised address under another name (PLAINTEXT by default) is its.
+            given = {self.listener_specs[0].name: next(iter(given.values()))}
+        out = {}
+        for spec in self.listener_specs:
+            if spec.name in given:
+                out[spec.name] = Endpoint(given[spec.name].host, given[spec.name].port)
+            else:
+                host = "127.0.0.1" if spec.host in ("0.0.0.0", "", "::") else spec.host
+                out[spec.name] = Endpoint(host, bound_ports.get(spec.name, spec.port))
+        return out
+
+    def zone_policy(self) -> ZonePolicy:
+        """How this broker decides its clients' AZs (``cluster/client_az.py``)."""
+        return ZonePolicy(
+            local_az=self.broker_rack or "none",
+            listener_azs=parse_listener_az_map(self.diskless_listener_az_map),
+            cidrs=tuple(parse_client_az_cidrs(self.diskless_client_az_cidrs)),
+        )
+
+    def validate_listeners(self) -> None:
+        """Listener settings that contradict each other stop the broker at startup."""
+        names = {s.name for s in self.listener_specs}
+        if self.inter_broker_listener not in names:
+            raise ConfigError(f"inter.broker.listener.name {self.inter_broker_listener} is not a listener")
+        unknown = set(parse_listener_az_map(self.diskless_listener_az_map)) - names
+        if unknown:
+            raise ConfigError(f"diskless.listener.az.map names unknown listeners {sorted(unknown)}")
+        parse_client_az_cidrs(self.diskless_client_az_cidrs)
 
     def broker_value(self, name: str) -> str | None:
         """Raw value of a broker-level synonym of a topic config, if set explicitly."""
@@ -205,4 +278,6 @@ def load_config(
                 raise ConfigError(f"{name}: {exc}") from None
         else:
             raise ConfigError(f"unknown broker config {name!r}")
-    return BrokerConfig(topic_defaults=topic_defaults, **values)
+    config = BrokerConfig(topic_defaults=topic_defaults, **values)
+    config.validate_listeners()
+    return config

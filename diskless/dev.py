@@ -4,8 +4,10 @@ Starts the embedded S3 server (SeaweedFS ``weed mini``, or MinIO when a ``minio`
 PATH) with a bucket named ``diskless``, one etcd, and N ``diskless broker`` processes assigned
 round-robin to K availability zones ``az-1..az-K``. Each AZ has its own loopback network, so
 traffic between AZs is visible by address: the brokers of ``az-1`` listen on 127.0.1.1, 127.0.1.2,
-..., those of ``az-2`` on 127.0.2.x, and so on. ``DIR/cluster.json`` describes how to reach
-everything; a short demo (a replicated topic, 1000 records produced with acks=all and consumed
+..., those of ``az-2`` on 127.0.2.x, and so on. Every broker also listens once per AZ
+(``diskless.listener.az.map``), so a client that bootstraps through the addresses
+``DIR/cluster.json`` lists for its AZ is zone-aligned with no client setting; that file describes
+how to reach everything; a short demo (a replicated topic, 1000 records produced with acks=all and consumed
 back) shows where each partition's replicas live.
 
 The cluster stays up until Ctrl-C or SIGTERM, or until one of its processes dies unexpectedly.
@@ -117,6 +119,10 @@ class DevCluster:
     etcd: EtcdServer | None = None
     brokers: list[BrokerServer] = field(default_factory=list)
     wal_manager: WalManagerServer | None = None
+    # Every broker listens once per AZ (diskless.listener.az.map): a client that bootstraps through
+    # its AZ's addresses is zone-aligned without any client setting (README, "Client AZs").
+    az_listeners: bool = True
+    broker_overrides: dict[str, str] = field(default_factory=dict)  # more broker settings (tests)
 
     # --- start -----------------------------------------------------------------------------------
 
@@ -151,13 +157,25 @@ class DevCluster:
             "diskless.s3.bucket": BUCKET,
             "diskless.s3.access.key": self.s3.access_key,
             "diskless.s3.secret.key": self.s3.secret_key,
+            "metrics.port": "0",
+            **self.broker_overrides,
         }
+        azs = sorted({slot.az for slot in self.slots}) if self.az_listeners else []
         for index, slot in enumerate(self.slots):
             broker = BrokerServer(
-                slot.node_id, self.root / f"broker-{slot.node_id}", slot.host, slot.az, self.etcd.endpoint, overrides
+                slot.node_id,
+                self.root / f"broker-{slot.node_id}",
+                slot.host,
+                slot.az,
+                self.etcd.endpoint,
+                overrides,
+                client_azs=azs,
             )
             broker.detached = True
             broker.port = self._broker_port(slot.host, index)
+            # AZ k's listener: port + 100 k + the broker's index (9192, 9292, ... for --port 9092).
+            for k, az in enumerate(azs, start=1):
+                broker.az_ports[az] = self._broker_port(slot.host, index + 100 * k)
             self.brokers.append(broker)
             broker.spawn()
         for broker in self.brokers:
@@ -200,6 +218,7 @@ class DevCluster:
             # Exited at startup: most likely its port was taken after we chose it. One more try.
             broker.stop()
             broker.port = free_port(broker.host)
+            broker.az_ports = {az: free_port(broker.host) for az in broker.az_ports}
             broker.spawn()
             try:
                 broker.wait_ready()
@@ -211,9 +230,11 @@ class DevCluster:
     # --- describe --------------------------------------------------------------------------------
 
     def bootstrap_by_az(self) -> dict[str, str]:
+        """What a client in each AZ bootstraps from: its AZ's brokers, on its AZ's listener."""
         out: dict[str, list[str]] = {}
         for broker in self.brokers:
-            out.setdefault(broker.rack or "", []).append(broker.bootstrap)
+            az = broker.rack or ""
+            out.setdefault(az, []).append(broker.bootstrap_for(az))
         return {az: ",".join(addresses) for az, addresses in sorted(out.items())}
 
     @property
@@ -236,6 +257,8 @@ class DevCluster:
                 "az": b.rack,
                 "pid": b.pid,
                 "address": b.bootstrap,
+                "listeners": {az: b.bootstrap_for(az) for az in b.az_ports},
+                "metrics": f"http://{b.host}:{b.metrics_port}/metrics",
                 "data_dir": str(b.data_dir),
                 "log": str(b.log_path),
             }
@@ -261,7 +284,15 @@ class DevCluster:
                 "secret_key": self.s3.secret_key,
             },
             "etcd": {"endpoint": self.etcd.endpoint, "url": f"http://{self.etcd.endpoint}"},
-            "brokers": {str(b.node_id): {"az": b.rack, "address": b.bootstrap} for b in self.brokers},
+            "brokers": {
+                str(b.node_id): {
+                    "az": b.rack,
+                    "address": b.bootstrap,
+                    "listeners": {az: b.bootstrap_for(az) for az in b.az_ports},
+                    "metrics": f"http://{b.host}:{b.metrics_port}/metrics",
+                }
+                for b in self.brokers
+            },
             "processes": processes,
             "launcher_pid": os.getpid(),
             "data_dir": str(self.root),
@@ -338,12 +369,11 @@ def _demo(cluster: DevCluster) -> None:
     bootstrap = cluster.bootstrap
     racks = cluster.rack_of()
     # The demo's clients live in the first AZ: zone-aligned metadata keeps all their traffic there
-    # (the diskless topic's data goes through S3, only pointers cross AZs).
+    # (the diskless topic's data goes through S3, only pointers cross AZs). They bootstrap through
+    # that AZ's listeners, which is all the brokers need to know their AZ.
     first_az = sorted(set(racks.values()))[0]
-    zone = {
-        "bootstrap.servers": cluster.bootstrap_by_az()[first_az],
-        "client.id": f"diskless-demo diskless_az={first_az}",
-    }
+    client_id = "diskless-demo" if cluster.az_listeners else f"diskless-demo diskless_az={first_az}"
+    zone = {"bootstrap.servers": cluster.bootstrap_by_az()[first_az], "client.id": client_id}
     admin = AdminClient({"bootstrap.servers": bootstrap, "client.id": zone["client.id"]})
     _until(lambda: len(admin.list_topics(timeout=5).brokers) >= len(racks), 20, check, "brokers did not all register")
     replication = min(3, len(racks))
@@ -471,9 +501,11 @@ def _connect_help(cluster: DevCluster) -> list[str]:
     first = next(iter(by_az.values())).split(",")[0]
     lines = ["", "Connect (bootstrap.servers):"]
     lines += [f"  {az}:  {servers}" for az, servers in by_az.items()]
-    lines += [f"  all:   {cluster.bootstrap}"]
+    lines += [f"  all:   {cluster.bootstrap}  (inter-broker listener: clients get the AZ of the broker asked)"]
     lines += [
-        "  A client in an AZ bootstraps from that AZ's brokers; the 127.0.<az>.x address shows the AZ.",
+        "  A client in an AZ bootstraps from that AZ's addresses: every broker has a listener per AZ and"
+        " shows a client the addresses of the listener it came in on, so its AZ is known without any"
+        " client setting; the 127.0.<az>.x address shows the broker's AZ.",
         "",
         "Try:",
         f"  kcat -b {first} -L",
@@ -488,7 +520,9 @@ def _connect_help(cluster: DevCluster) -> list[str]:
     return lines
 
 
-def run_dev(data_dir: str, brokers: int = 3, azs: int = 3, port: int = 9092, demo: bool = True) -> int:
+def run_dev(
+    data_dir: str, brokers: int = 3, azs: int = 3, port: int = 9092, demo: bool = True, az_listeners: bool = True
+) -> int:
     """Run the dev cluster until a signal or a process death; 0 after a requested stop, 1 on failure."""
     configure_logging("WARNING")
     out = sys.stdout
@@ -512,7 +546,8 @@ def run_dev(data_dir: str, brokers: int = 3, azs: int = 3, port: int = 9092, dem
             if not mine:
                 print(f"diskless dev: another launcher is using {root}", file=sys.stderr)
                 return 1
-            return _run(DevCluster(root, layout(brokers, azs), port, out, request), demo)
+            cluster = DevCluster(root, layout(brokers, azs), port, out, request, az_listeners=az_listeners)
+            return _run(cluster, demo)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

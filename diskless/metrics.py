@@ -13,6 +13,22 @@ CONNECTION_BYTES = Counter(
     "brokers is counted once, by the broker that accepted the connection",
     ["direction", "local_az", "peer_az"],
 )
+CONNECTION_NETWORK_BYTES = Counter(
+    "diskless_connection_network_bytes",
+    "Bytes on accepted connections by the socket's own addresses, as networks (IPv4 /24, IPv6 /64):"
+    " what crossed which network boundary whatever the broker decided the peer's AZ to be",
+    ["direction", "local_network", "peer_network"],
+)
+CONNECTION_AZ_DECISIONS = Counter(
+    "diskless_connection_az_decisions",
+    "Connections whose client AZ was decided, by source (client_id, client_rack, listener,"
+    " source_address, receiving_broker, broker); a consumer's Fetch rack that refines a decision"
+    " counts once more, as client_rack (cluster/client_az.py)",
+    ["source"],
+)
+CONNECTIONS_BY_AZ_SOURCE = Gauge(
+    "diskless_connections_by_az_source", "Open connections by how their client AZ was decided", ["source"]
+)
 RETENTION_DELETED_SEGMENTS = Counter("diskless_retention_deleted_segments_total", "Segments deleted by retention")
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
+from diskless.cluster.client_az import AzSource, ConnectionZone
 from diskless.protocol import internal
 from diskless.protocol import messages as m
 
@@ -41,6 +42,7 @@ class KafkaApis:
         self.admin = AdminApis(broker)
         self.txn = TxnApis(broker)
         self.diskless = DisklessRpcs(broker)
+        self.zone_policy = broker.config.zone_policy()
         self._handlers: dict[int, Callable[[m.RequestHeader, Any], Any]] = {
             m.API_API_VERSIONS: self.api_versions,
             **self._coordinator_handlers(),
@@ -60,14 +62,16 @@ class KafkaApis:
     def local_az(self) -> str:
         return self.broker.config.broker_rack or "none"
 
-    def peer_az(self, client_id: str | None) -> str:
-        """The AZ on the other end of a connection: a broker's rack, a client's ``diskless_az``, else ours."""
+    def decide_zone(self, zone: ConnectionZone, client_id: str | None) -> tuple[str, AzSource]:
+        """A connection's AZ at its first request (``cluster/client_az.py``): a peer broker's rack,
+        else the client's, from the strongest source there is."""
         peer = internal.broker_of_client(client_id)
-        if peer is not None:
-            info = self.broker.metadata.brokers.get(peer)
-            if info is not None and info.rack:
-                return info.rack
-        return internal.az_of_client(client_id) or self.local_az
+        info = self.broker.metadata.brokers.get(peer) if peer is not None else None
+        return zone.on_first_request(internal.az_of_client(client_id), info.rack if info is not None else None)
+
+    def known_azs(self) -> set[str]:
+        """The AZs live brokers are in: the only racks a consumer's Fetch may decide."""
+        return {info.rack for info in self.broker.metadata.brokers.values() if info.rack}
 
     async def handle_internal(self, header: m.RequestHeader, body: dict[str, Any]) -> dict[str, Any]:
         handler = self._internal_handlers.get(header.api_key)

@@ -139,9 +139,20 @@ class Broker:
             self.backend.load()
             self.metadata.controller_id = self.node_id
         self.replicas.load(self.metadata.topics, self.log_config, self.now_ms())
-        self.port = await self.server.start(listener.host, listener.port)
-        advertised = self.config.advertised(self.port)
-        me = BrokerInfo(self.node_id, advertised.host, advertised.port, self.config.broker_rack)
+        # One server per listener (several when each AZ has its own, diskless.listener.az.map).
+        bound = {}
+        for spec in self.config.listener_specs:
+            bound[spec.name] = await self.server.start(spec.host or "0.0.0.0", spec.port, spec.name)
+        self.port = bound[self.config.inter_broker_listener]
+        endpoints = self.config.advertised_endpoints(bound)
+        advertised = endpoints[self.config.inter_broker_listener]
+        me = BrokerInfo(
+            self.node_id,
+            advertised.host,
+            advertised.port,
+            self.config.broker_rack,
+            {name: f"{e.host}:{e.port}" for name, e in endpoints.items()},
+        )
         if self.clustered:
             ttl = max(1, round(self.config.broker_session_timeout_ms / 1000))
             await self.backend.register_broker(me, ttl)

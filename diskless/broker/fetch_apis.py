@@ -16,6 +16,8 @@ from typing import Any
 import structlog
 from kio.schema.errors import ErrorCode
 
+from diskless.cluster.metadata import PartitionState
+from diskless.cluster.zones import zone_aligned_leader
 from diskless.log.partition_log import OffsetOutOfRange, PartitionLog
 from diskless.log.segment import POINTERS
 from diskless.metrics import DISKLESS_FOLLOWER_READS
@@ -36,6 +38,7 @@ from diskless.replication.partition import Partition, wrap_pointers
 from diskless.storage import pointer
 
 from .api_base import EARLIEST, LATEST, MAX_TIMESTAMP, READ_COMMITTED, ApiFamily, _find_partition, _ms
+from .client_zone import current_client_az
 from .quiet_fetches import QuietReplicaFetches
 
 log = structlog.get_logger(__name__)
@@ -194,9 +197,32 @@ class FetchApis(ApiFamily):
         sizes = await asyncio.gather(*(one(item) for item in forwards))
         return sum(sizes)
 
+    @staticmethod
+    def _consumer_az(request: Any) -> str:
+        """The AZ KIP-392 sends a consumer's fetches to: its connection's decided AZ (client.id,
+        its rack, listener or address: cluster/client_az.py), only for Fetch v11+ (which carries
+        ``preferred_read_replica``); its own rack outside a connection."""
+        if not hasattr(request, "rack_id"):
+            return ""
+        return current_client_az() or request.rack_id or ""
+
+    def _zone_redirect(self, request: Any, topic: str, index: int, state: PartitionState | None) -> int:
+        """KIP-392 for diskless partitions: a consumer whose connection is decided to be in another
+        AZ (it learnt its leaders from a broker that did not know its AZ yet: its rack comes only
+        with its first Fetch) is sent to the broker its AZ's clients are shown, which serves it
+        without crossing AZs. -1: serve it here."""
+        az = current_client_az()
+        if not hasattr(request, "rack_id") or not az or az == self.local_az or state is None or state.leader < 0:
+            return -1
+        target = zone_aligned_leader(state, topic, index, az, self._meta.brokers)
+        info = self._meta.brokers.get(target)
+        if target == self.broker.node_id or info is None or info.rack != az:
+            return -1
+        return target
+
     def _preferred_read_replica(self, replica: Partition | None, rack: str) -> int:
         """KIP-392 for classic topics: a consumer that sent its rack is sent to an in-sync replica
-        there (diskless topics need none of this: metadata already points clients into their AZ)."""
+        there (diskless topics: ``_zone_redirect``)."""
         if not rack or replica is None or replica.leader_state is None or rack == self.local_az:
             return -1
         for node_id in replica.isr:
@@ -247,7 +273,7 @@ class FetchApis(ApiFamily):
             diskless = self._is_diskless(topic.topic)
             # Consumers may read from any replica (KIP-392); followers serve up to the HW they know.
             any_replica = follower < 0
-            rack = getattr(request, "rack_id", "") if follower < 0 and not self._is_diskless(topic.topic) else ""
+            rack = self._consumer_az(request) if follower < 0 and not self._is_diskless(topic.topic) else ""
             for p in topic.partitions:
                 code, plog, replica = self._leader_log(
                     topic.topic, p.partition, getattr(p, "current_leader_epoch", -1), any_replica
@@ -269,7 +295,13 @@ class FetchApis(ApiFamily):
                 through_leader = replica is None or (
                     route.action == FORWARD and state is not None and state.leader != self.broker.node_id
                 )
-                if diskless and follower < 0 and through_leader and state is not None and state.leader >= 0:
+                redirect = (
+                    self._zone_redirect(request, topic.topic, p.partition, state) if diskless and follower < 0 else -1
+                )
+                if redirect >= 0:
+                    entry.update(error_code=ErrorCode.none, preferred_read_replica=redirect)
+                    has_error = True  # answer now: the consumer moves to its own AZ's broker
+                elif diskless and follower < 0 and through_leader and state is not None and state.leader >= 0:
                     limit = min(p.partition_max_bytes, max(max_bytes - total, 0))
                     forwards.append((entry, topic.topic, p.partition, p.fetch_offset, limit, state.leader))
                     entry["error_code"] = ErrorCode.none

@@ -16,6 +16,7 @@ from diskless.protocol import internal
 from diskless.protocol import messages as m
 
 from .api_base import NO_AUTHORIZED_OPERATIONS, ApiFamily
+from .client_zone import current_client_az, current_listener
 
 log = structlog.get_logger(__name__)
 
@@ -51,18 +52,25 @@ class MetadataApis(ApiFamily):
                 entry["error_message"] = str(exc)
             node = shell.coordinator_node(key)
             info = self._meta.brokers.get(node)
-            if info is not None:
-                entry.update(error_code=ErrorCode.none, node_id=node, host=info.host, port=info.port)
+            address = None if info is None else info.endpoint(current_listener())
+            if address is not None:
+                entry.update(error_code=ErrorCode.none, node_id=node, host=address[0], port=address[1])
             entries.append(entry)
         first = entries[0]
         single = {k: first[k] for k in ("error_code", "error_message", "node_id", "host", "port")}
         return {"throttle_time": 0, **single, "coordinators": entries}
 
     def _broker_entries(self, key: str) -> list[dict[str, Any]]:
-        return [
-            {key: b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
-            for b in sorted(self._meta.brokers.values(), key=lambda b: b.node_id)
-        ]
+        """Every broker at its address on the listener this request came in on (as Kafka does: a
+        client that bootstrapped through its AZ's listener stays on it); a broker without that
+        listener is left out, as Kafka leaves it out."""
+        listener = current_listener()
+        entries = []
+        for b in sorted(self._meta.brokers.values(), key=lambda b: b.node_id):
+            address = b.endpoint(listener)
+            if address is not None:
+                entries.append({key: b.node_id, "host": address[0], "port": address[1], "rack": b.rack})
+        return entries
 
     def _topic_entry(self, topic: TopicMetadata, client_az: str | None = None) -> dict[str, Any]:
         aligned = client_az is not None and self.broker.is_diskless(topic)
@@ -95,7 +103,8 @@ class MetadataApis(ApiFamily):
 
     async def metadata(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         requested = request.topics
-        client_az = internal.az_of_client(header.client_id) or self.local_az
+        # The connection's decided AZ (cluster/client_az.py); outside a connection, the old rule.
+        client_az = current_client_az() or internal.az_of_client(header.client_id) or self.local_az
         if requested is None or (header.api_version == 0 and not requested):
             entries = [self._topic_entry(t, client_az) for t in self._meta.topics.values()]
         else:

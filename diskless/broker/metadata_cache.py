@@ -5,7 +5,7 @@ encode, and clients ask for it again and again when leaders move (librdkafka ref
 every 100 ms or so while a partition has no leader). Under that load a broker spent most of its
 time re-encoding identical answers, fell behind on its etcd lease and was fenced, which moved
 more leaders and brought more Metadata requests. An answer is a function of the request, the
-client's identity (its AZ comes from ``client.id``), the API version and the cluster metadata,
+client's identity and connection (its decided AZ and listener), the API version and the cluster metadata,
 whose ``generation`` moves on every change; it is reused while that generation holds, for at
 most ``MAX_AGE_S`` (anything else an answer might come to depend on is that fresh). While leaders
 move the generation moves with every ISR change, so an answer is also reused, whatever changed,
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import struct
 import time
+from collections.abc import Hashable
 from typing import Any
 
 from diskless.protocol import messages as m
@@ -33,12 +34,14 @@ _CORRELATION = struct.Struct(">i")
 
 class MetadataAnswerCache:
     def __init__(self) -> None:
-        self._answers: dict[tuple[int, str | None, Any], tuple[int, float, bytes]] = {}
+        self._answers: dict[tuple[int, str | None, Hashable, Any], tuple[int, float, bytes]] = {}
 
-    def get(self, header: m.RequestHeader, request: Any, generation: int) -> bytes | None:
-        """The encoded answer frame for this request, if a fresh one is cached."""
+    def get(self, header: m.RequestHeader, request: Any, generation: int, variant: Hashable = None) -> bytes | None:
+        """The encoded answer frame for this request, if a fresh one is cached. ``variant`` is what
+        else the answer depends on: the connection's listener and decided client AZ, taken once by
+        the caller for both ``get`` and ``put`` (a consumer's rack may change it in between)."""
         try:
-            cached = self._answers.get((header.api_version, header.client_id, request))
+            cached = self._answers.get((header.api_version, header.client_id, variant, request))
         except TypeError:  # an unhashable request: never cached
             return None
         if cached is None:
@@ -49,10 +52,22 @@ class MetadataAnswerCache:
             return None
         return encode_frame(_CORRELATION.pack(header.correlation_id) + rest)
 
-    def put(self, header: m.RequestHeader, request: Any, generation: int, body: dict[str, Any], frame: bytes) -> None:
+    def put(
+        self,
+        header: m.RequestHeader,
+        request: Any,
+        generation: int,
+        body: dict[str, Any],
+        frame: bytes,
+        variant: Hashable = None,
+    ) -> None:
         if any(t.get("error_code", 0) != 0 for t in body.get("topics", ())):
             return
         if len(self._answers) >= MAX_ENTRIES:
             self._answers.clear()
         with contextlib.suppress(TypeError):  # an unhashable request: never cached
-            self._answers[(header.api_version, header.client_id, request)] = (generation, time.monotonic(), frame[8:])
+            self._answers[(header.api_version, header.client_id, variant, request)] = (
+                generation,
+                time.monotonic(),
+                frame[8:],
+            )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 from collections.abc import Awaitable
 from typing import Any
 
@@ -28,12 +29,22 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.aio import cancel_and_wait
-from diskless.metrics import CONNECTION_BYTES, CONNECTIONS, REQUEST_ERRORS, REQUESTS
+from diskless.cluster.client_az import AzSource, ConnectionZone
+from diskless.metrics import (
+    CONNECTION_AZ_DECISIONS,
+    CONNECTION_BYTES,
+    CONNECTION_NETWORK_BYTES,
+    CONNECTIONS,
+    CONNECTIONS_BY_AZ_SOURCE,
+    REQUEST_ERRORS,
+    REQUESTS,
+)
 from diskless.protocol import error_responses, internal
 from diskless.protocol import messages as m
 from diskless.protocol.framing import FrameDecoder, FrameError
 
 from .apis import CloseConnection, KafkaApis, api_version_entries
+from .client_zone import CURRENT_ZONE
 from .metadata_cache import MetadataAnswerCache
 
 log = structlog.get_logger(__name__)
@@ -46,34 +57,45 @@ class KafkaServer:
     def __init__(self, apis: KafkaApis, max_frame_bytes: int) -> None:
         self.apis = apis
         self.max_frame_bytes = max_frame_bytes
-        self._server: asyncio.Server | None = None
+        self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[Any]] = set()
         self._open: set[Connection] = set()
         self.metadata_answers = MetadataAnswerCache()
 
-    async def start(self, host: str, port: int) -> int:
-        self._server = await asyncio.start_server(self._on_connection, host, port, reuse_address=True)
-        return self._server.sockets[0].getsockname()[1]
+    async def start(self, host: str, port: int, listener: str | None = None) -> int:
+        """Listen on one listener (called once per listener); returns the port it bound.
+
+        Connections remember the listener's name: it picks the addresses Metadata shows them and
+        may decide their client's AZ (``diskless.listener.az.map``)."""
+
+        async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._on_connection(reader, writer, listener)
+
+        server = await asyncio.start_server(on_connection, host, port, reuse_address=True)
+        self._servers.append(server)
+        return int(server.sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
         """Stop accepting, close every connection's transport, and let their loops wind down."""
-        if self._server is not None:
-            self._server.close()
+        for server in self._servers:
+            server.close()
         for connection in list(self._open):
             connection.writer.close()
         if self._connections:
             _done, stragglers = await asyncio.wait(list(self._connections), timeout=1)
             for task in stragglers:
                 task.cancel()
-        if self._server is not None:
+        for server in self._servers:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+                await asyncio.wait_for(server.wait_closed(), 2)
 
-    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _on_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener: str | None = None
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        connection = Connection(self, reader, writer, str(writer.get_extra_info("peername")))
+        connection = Connection(self, reader, writer, str(writer.get_extra_info("peername")), listener)
         self._open.add(connection)
         CONNECTIONS.inc()
         try:
@@ -86,7 +108,12 @@ class KafkaServer:
 
 class Connection:
     def __init__(
-        self, server: KafkaServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: str
+        self,
+        server: KafkaServer,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        peer: str,
+        listener: str | None = None,
     ) -> None:
         self.server = server
         self.reader = reader
@@ -97,10 +124,16 @@ class Connection:
             MAX_IN_FLIGHT
         )
         self.peer_az: str | None = None
+        peer_host = _host_of(writer.get_extra_info("peername"))
+        local_host = _host_of(writer.get_extra_info("sockname"))
+        self.zone = ConnectionZone(server.apis.zone_policy, listener, peer_host)
+        self._networks = (_network_of(local_host), _network_of(peer_host))
         self.internal_slots = asyncio.Semaphore(MAX_INTERNAL_IN_FLIGHT)
         self.internal_tasks: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
+        # Every handler task started from here inherits this connection's zone (client_zone.py).
+        CURRENT_ZONE.set(self.zone)
         writer_task = asyncio.create_task(self._write_loop())
         try:
             await self._read_loop()
@@ -110,6 +143,8 @@ class Connection:
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
+            if self.zone.source is not None:
+                CONNECTIONS_BY_AZ_SOURCE.labels(self.zone.source).dec()
             await cancel_and_wait(writer_task)
             self._abandon_pending()
             for task in list(self.internal_tasks):
@@ -139,11 +174,31 @@ class Connection:
     def _count(self, direction: str, size: int) -> None:
         apis = self.server.apis
         CONNECTION_BYTES.labels(direction, apis.local_az, self.peer_az or apis.local_az).inc(size)
+        CONNECTION_NETWORK_BYTES.labels(direction, *self._networks).inc(size)
+
+    def _decide_zone(self, header: m.RequestHeader) -> None:
+        """At the first request: the connection's AZ, stable from now on (cluster/client_az.py)."""
+        self.peer_az, source = self.server.apis.decide_zone(self.zone, header.client_id)
+        CONNECTION_AZ_DECISIONS.labels(source).inc()
+        CONNECTIONS_BY_AZ_SOURCE.labels(source).inc()
+
+    def _observe_rack(self, request: Any) -> None:
+        """A consumer's Fetch rack (KIP-392) may refine a weak decision, once."""
+        rack = getattr(request, "rack_id", None)
+        if not rack or getattr(request, "replica_id", -1) >= 0 or self.zone.source is None:
+            return
+        before = self.zone.source
+        self.zone.on_rack(rack, self.server.apis.known_azs())
+        if self.zone.source is not before:
+            CONNECTIONS_BY_AZ_SOURCE.labels(before).dec()
+            CONNECTIONS_BY_AZ_SOURCE.labels(self.zone.source).inc()
+            CONNECTION_AZ_DECISIONS.labels(self.zone.source).inc()
+            self.peer_az = self.zone.az
 
     async def _dispatch(self, frame: bytes) -> None:
         header, body_pos = m.parse_header(frame)
-        if self.peer_az is None:
-            self.peer_az = self.server.apis.peer_az(header.client_id)
+        if not self.zone.decided:
+            self._decide_zone(header)
         if header.api_key in internal.INTERNAL_APIS:
             try:
                 body = internal.unpack(memoryview(frame)[body_pos:])
@@ -164,6 +219,8 @@ class Connection:
         if not m.is_supported(header.api_key, header.api_version):
             raise m.MalformedRequest(f"unsupported api {header.api_key} version {header.api_version}")
         request = m.decode_request(header, frame, body_pos)
+        if header.api_key == m.API_FETCH and self.zone.source is not AzSource.CLIENT_RACK:
+            self._observe_rack(request)
         REQUESTS.labels(api=str(header.api_key)).inc()
         task = asyncio.ensure_future(self._respond(header, request))
         await self.pending.put((header, task))
@@ -193,13 +250,16 @@ class Connection:
         """Metadata answers are reused while the cluster metadata is unchanged (metadata_cache)."""
         cache = self.server.metadata_answers
         generation = self.server.apis.broker.metadata.generation
-        cached = cache.get(header, request, generation)
+        # The answer shows this listener's addresses and this AZ's leaders; taken once, since a
+        # Fetch rack may refine the AZ while the answer is built.
+        variant = (self.zone.listener, self.zone.az)
+        cached = cache.get(header, request, generation, variant)
         if cached is not None:
             return cached
         body = await self.server.apis.handle(header, request)
         assert body is not None
         frame = m.encode_response(header, body)
-        cache.put(header, request, generation, body, frame)
+        cache.put(header, request, generation, body, frame, variant)
         return frame
 
     async def _answer_internal(self, header: m.RequestHeader, body: dict[str, Any]) -> None:
@@ -249,3 +309,22 @@ class Connection:
 
 async def _ready(value: bytes) -> bytes:
     return value
+
+
+def _host_of(address: Any) -> str | None:
+    """The host of a socket address tuple (None for a Unix socket or an unknown one)."""
+    return str(address[0]) if isinstance(address, tuple) and address else None
+
+
+def _network_of(host: str | None) -> str:
+    """A metric label for an address: its IPv4 /24 or IPv6 /64 (bounded however many clients)."""
+    if host is None:
+        return "unknown"
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return "unknown"
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    prefix = 24 if address.version == 4 else 64
+    return str(ipaddress.ip_network(f"{address}/{prefix}", strict=False))

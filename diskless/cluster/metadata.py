@@ -33,10 +33,26 @@ class MetadataError(Exception):
 
 @dataclass
 class BrokerInfo:
+    """A live broker. ``host``/``port`` are its inter-broker listener's address; ``endpoints`` has
+    every listener's advertised ``host:port`` by listener name (clients are shown the listener they
+    came in on, as Kafka does)."""
+
     node_id: int
     host: str
     port: int
     rack: str | None = None
+    endpoints: dict[str, str] = field(default_factory=dict)
+
+    def endpoint(self, listener: str | None) -> tuple[str, int] | None:
+        """The address of ``listener`` on this broker; the inter-broker address for a broker that
+        registered without listener names (an older version); None if it lacks that listener."""
+        if not self.endpoints or listener is None:
+            return self.host, self.port
+        address = self.endpoints.get(listener)
+        if address is None:
+            return None
+        host, _, port = address.rpartition(":")
+        return host, int(port)
 
 
 @dataclass

@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import glob
 import os
+import re
 import shutil
 import signal
 import socket
@@ -327,6 +328,7 @@ class BrokerServer(ManagedProcess):
         rack: str | None = None,
         etcd: str | None = None,
         overrides: dict[str, str] | None = None,
+        client_azs: list[str] | None = None,
     ) -> None:
         super().__init__(f"broker-{node_id}", data_dir.parent / f"broker-{node_id}.log")
         self.node_id = node_id
@@ -336,10 +338,32 @@ class BrokerServer(ManagedProcess):
         self.rack = rack
         self.etcd = etcd
         self.overrides = dict(overrides or {})
+        # Per-AZ listeners (diskless.listener.az.map): clients of each AZ get a listener of their
+        # own on every broker; ``port`` stays the inter-broker listener (BROKER).
+        self.az_ports: dict[str, int] = {az: free_port(host) for az in client_azs or []}
 
     @property
     def bootstrap(self) -> str:
+        """The inter-broker listener's address (the only one without per-AZ listeners)."""
         return f"{self.host}:{self.port}"
+
+    def bootstrap_for(self, az: str) -> str:
+        """The address a client in ``az`` connects to: its AZ's listener, if brokers have them."""
+        port = self.az_ports.get(az)
+        return self.bootstrap if port is None else f"{self.host}:{port}"
+
+    def listener_args(self) -> tuple[str, dict[str, str]]:
+        """``listeners`` and the settings that go with it (none without per-AZ listeners)."""
+        if not self.az_ports:
+            return f"PLAINTEXT://{self.host}:{self.port}", {}
+        names = {az: az_listener_name(az) for az in self.az_ports}
+        listeners = [f"BROKER://{self.host}:{self.port}"]
+        listeners += [f"{names[az]}://{self.host}:{port}" for az, port in self.az_ports.items()]
+        settings = {
+            "inter.broker.listener.name": "BROKER",
+            "diskless.listener.az.map": ",".join(f"{names[az]}:{az}" for az in self.az_ports),
+        }
+        return ",".join(listeners), settings
 
     @property
     def ready_file(self) -> Path:
@@ -356,13 +380,13 @@ class BrokerServer(ManagedProcess):
         cmd = [
             sys.executable, "-m", "diskless", "broker",
             "--node-id", str(self.node_id),
-            "--listeners", f"PLAINTEXT://{self.host}:{self.port}",
+            "--listeners", self.listener_args()[0],
             "--log-dirs", str(self.data_dir),
             "--ready-file", str(ready),
         ]  # fmt: skip
         if self.rack:
             cmd += ["--rack", self.rack]
-        overrides = dict(self.overrides)
+        overrides = {**self.listener_args()[1], **self.overrides}
         if self.etcd:
             overrides.setdefault("metadata.etcd.endpoints", self.etcd)
         for name, value in overrides.items():
@@ -387,6 +411,11 @@ class BrokerServer(ManagedProcess):
                 name, _, value = line.rpartition(" ")
                 out[name] = float(value)
         return out
+
+
+def az_listener_name(az: str) -> str:
+    """The listener name of an AZ's clients: ``az-1`` -> ``AZ_1`` (Kafka listener names are words)."""
+    return re.sub(r"[^A-Za-z0-9_]", "_", az).upper()
 
 
 class WalManagerServer(ManagedProcess):

@@ -117,9 +117,14 @@ def test_dev_launcher_runs_three_azs_demo_and_stops_cleanly(launcher: Launcher) 
     assert sorted(cluster["bootstrap_servers"]) == ["az-1", "az-2", "az-3"]
     for index, az in enumerate(["az-1", "az-2", "az-3"], start=1):
         assert re.fullmatch(rf"127\.0\.{index}\.\d+:\d+", cluster["bootstrap_servers"][az]), cluster
-    assert sorted(cluster["all_bootstrap_servers"].split(",")) == sorted(cluster["bootstrap_servers"].values())
     brokers = {int(node): info for node, info in cluster["brokers"].items()}
     assert sorted(info["az"] for info in brokers.values()) == ["az-1", "az-2", "az-3"]
+    # Per-AZ listeners: an AZ's clients bootstrap from its brokers' listener for that AZ; "all" is the
+    # brokers' inter-broker listener.
+    assert sorted(cluster["all_bootstrap_servers"].split(",")) == sorted(info["address"] for info in brokers.values())
+    for az in ["az-1", "az-2", "az-3"]:
+        own = [info["listeners"][az] for info in brokers.values() if info["az"] == az]
+        assert cluster["bootstrap_servers"][az] == ",".join(own), cluster
 
     # The S3 server answers HTTP and has the bucket; etcd is healthy.
     s3 = cluster["s3"]
@@ -163,6 +168,16 @@ def test_dev_launcher_runs_three_azs_demo_and_stops_cleanly(launcher: Launcher) 
     assert len(partitions) == 6
     for partition in partitions.values():
         assert sorted(brokers[r]["az"] for r in partition.replicas) == ["az-1", "az-2", "az-3"], partition
+    del metadata
+    # A client that bootstraps through az-2's addresses sees every broker at its az-2 listener, and
+    # the diskless topic led in az-2 (zone alignment by listener, no client setting).
+    metadata = AdminClient({"bootstrap.servers": cluster["bootstrap_servers"]["az-2"]}).list_topics(
+        "diskless-demo", timeout=15
+    )
+    assert {b.id: f"{b.host}:{b.port}" for b in metadata.brokers.values()} == {
+        node: info["listeners"]["az-2"] for node, info in brokers.items()
+    }
+    assert {brokers[p.leader]["az"] for p in metadata.topics["diskless-demo"].partitions.values()} == {"az-2"}
     del metadata
 
     # SIGTERM: the launcher stops everything and exits 0.
