@@ -1,0 +1,225 @@
+"""What the brokers say about a run: /proc CPU and memory, Prometheus counters, and the WAL objects in S3.
+
+A ``Sampler`` thread takes a snapshot about once a second: per broker, CPU seconds (utime + stime
+from ``/proc/<pid>/stat``), resident and peak resident memory (``VmRSS``/``VmHWM``), and every
+sample of the broker's Prometheus endpoint. Figures for a phase are differences between the
+snapshots that bracket its window.
+
+Bytes crossing AZs come from the brokers' per-connection socket counters. Preferred is the
+counter by the socket's own addresses (``diskless_connection_network_bytes``: each AZ is a
+loopback /24, and the load generators' connections leave from their AZ's network), so nothing a
+client says about itself is trusted; brokers that lack it are read through the counter by the AZ
+the broker decided for the connection (``diskless_connection_bytes``), and the report says which.
+Each TCP byte between brokers is counted once, by the broker that accepted the connection.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from diskless.local.servers import BrokerServer
+
+CLOCK_TICKS = 100  # os.sysconf("SC_CLK_TCK") on Linux; read at import below when available
+try:
+    import os
+
+    CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+except (ValueError, OSError, AttributeError):
+    pass
+
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+NETWORK_BYTES = "diskless_connection_network_bytes_total"
+AZ_BYTES = "diskless_connection_bytes_total"
+OBJECT_REQUESTS = "diskless_object_store_requests_total"
+
+
+def parse_sample(key: str) -> tuple[str, dict[str, str]]:
+    """``name{a="x",b="y"}`` -> (name, {a: x, b: y})."""
+    match = _SAMPLE.match(key)
+    if match is None:
+        return key, {}
+    return match["name"], dict(_LABEL.findall(match["labels"] or ""))
+
+
+def proc_figures(pid: int) -> dict[str, float]:
+    """CPU seconds so far and memory of one process, from /proc (zeros once it has gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return {"cpu_s": 0.0, "rss_mb": 0.0, "peak_rss_mb": 0.0}
+    # Fields after the command name, which may itself hold spaces: utime and stime are 14th and 15th.
+    fields = stat.rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    memory = {}
+    for line in status.splitlines():
+        if line.startswith(("VmRSS:", "VmHWM:")):
+            memory[line.split(":")[0]] = int(line.split()[1]) / 1024
+    return {"cpu_s": cpu, "rss_mb": memory.get("VmRSS", 0.0), "peak_rss_mb": memory.get("VmHWM", 0.0)}
+
+
+@dataclass
+class Snapshot:
+    at: float  # wall seconds
+    brokers: dict[int, dict[str, Any]]  # node id -> proc figures plus "metrics"
+
+
+@dataclass
+class Sampler:
+    brokers: list[BrokerServer]
+    interval: float = 1.0
+    snapshots: list[Snapshot] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def take(self) -> Snapshot:
+        out: dict[int, dict[str, Any]] = {}
+        for broker in self.brokers:
+            figures: dict[str, Any] = proc_figures(broker.pid) if broker.pid else {}
+            try:
+                figures["metrics"] = broker.metrics()
+            except OSError:
+                figures["metrics"] = {}
+            out[broker.node_id] = figures
+        snapshot = Snapshot(time.time(), out)
+        self.snapshots.append(snapshot)
+        return snapshot
+
+    def start(self) -> None:
+        self.take()
+        self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.take()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+        self.take()
+
+    def bracket(self, start: float, end: float) -> tuple[Snapshot, Snapshot]:
+        """The last snapshot at or before ``start`` and the first at or after ``end`` (or the nearest)."""
+        snaps = list(self.snapshots)
+        before = [s for s in snaps if s.at <= start]
+        after = [s for s in snaps if s.at >= end]
+        return (before[-1] if before else snaps[0]), (after[0] if after else snaps[-1])
+
+    def series(self) -> dict[str, Any]:
+        """RSS and CPU per broker over time (for the JSON and plots)."""
+        snaps = list(self.snapshots)
+        return {
+            str(node): {
+                "t": [round(s.at, 3) for s in snaps],
+                "rss_mb": [round(s.brokers.get(node, {}).get("rss_mb", 0.0), 1) for s in snaps],
+                "cpu_s": [round(s.brokers.get(node, {}).get("cpu_s", 0.0), 2) for s in snaps],
+            }
+            for node in (b.node_id for b in self.brokers)
+        }
+
+
+def metric_sum(metrics: dict[str, float], name: str, **labels: str) -> float:
+    total = 0.0
+    for key, value in metrics.items():
+        sample, have = parse_sample(key)
+        if sample == name and all(have.get(k) == v for k, v in labels.items()):
+            total += value
+    return total
+
+
+def _diff(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    return {key: value - a.get(key, 0.0) for key, value in b.items()}
+
+
+@dataclass
+class WindowDelta:
+    seconds: float
+    cpu_s: dict[int, float]
+    metrics: dict[int, dict[str, float]]  # counter increases per broker
+
+    def total(self, name: str, **labels: str) -> float:
+        return sum(metric_sum(m, name, **labels) for m in self.metrics.values())
+
+    def per_broker(self, name: str, **labels: str) -> dict[int, float]:
+        return {node: metric_sum(m, name, **labels) for node, m in self.metrics.items()}
+
+
+def window_delta(sampler: Sampler, start: float, end: float) -> WindowDelta:
+    a, b = sampler.bracket(start, end)
+    nodes = sorted(set(a.brokers) & set(b.brokers))
+    return WindowDelta(
+        seconds=max(b.at - a.at, 1e-9),
+        cpu_s={n: b.brokers[n].get("cpu_s", 0.0) - a.brokers[n].get("cpu_s", 0.0) for n in nodes},
+        metrics={n: _diff(a.brokers[n].get("metrics", {}), b.brokers[n].get("metrics", {})) for n in nodes},
+    )
+
+
+def az_of_network(network: str, azs: list[str]) -> str | None:
+    """``127.0.2.0/24`` -> ``az-2`` when az-2 is one of the run's AZs (the dev layout's addressing)."""
+    match = re.fullmatch(r"127\.0\.(\d+)\.0/24", network)
+    if match is None:
+        return None
+    az = f"az-{int(match[1])}"
+    return az if az in azs else None
+
+
+def cross_az_bytes(delta: WindowDelta, azs: list[str]) -> dict[str, Any]:
+    """Bytes on broker connections between different AZs, within one AZ, and not attributable."""
+    same = cross = unattributed = 0.0
+    source = "address"
+    samples = [(k, v) for m in delta.metrics.values() for k, v in m.items() if parse_sample(k)[0] == NETWORK_BYTES]
+    if samples:
+        for key, value in samples:
+            labels = parse_sample(key)[1]
+            local, peer = (
+                az_of_network(labels.get("local_network", ""), azs),
+                az_of_network(labels.get("peer_network", ""), azs),
+            )
+            if local is None or peer is None:
+                unattributed += value
+            elif local == peer:
+                same += value
+            else:
+                cross += value
+    else:
+        source = "broker-decided AZ (no per-address counter on these brokers)"
+        for m in delta.metrics.values():
+            for key, value in m.items():
+                name, labels = parse_sample(key)
+                if name != AZ_BYTES:
+                    continue
+                if labels.get("local_az") == labels.get("peer_az"):
+                    same += value
+                else:
+                    cross += value
+    return {"cross_az_bytes": cross, "same_az_bytes": same, "unattributed_bytes": unattributed, "counted_by": source}
+
+
+@dataclass(frozen=True)
+class WalObject:
+    created_ms: int
+    broker_id: int
+    size: int
+
+
+async def list_wal_objects(endpoint: str, bucket: str, access_key: str, secret_key: str) -> list[WalObject]:
+    from diskless.storage.object_store import ObjectStore
+    from diskless.storage.wal_format import WAL_KEY_ROOT, parse_wal_object_key
+
+    out: list[WalObject] = []
+    async with ObjectStore(endpoint, bucket, access_key, secret_key) as store:
+        async for item in store.list(WAL_KEY_ROOT):
+            try:
+                info = parse_wal_object_key(item.key)
+            except ValueError:
+                continue
+            out.append(WalObject(info.created_ms, info.broker_id, item.size))
+    return out

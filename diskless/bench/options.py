@@ -1,0 +1,130 @@
+"""What a benchmark run does: its options (the CLI's flags) and the phases each topic kind goes through.
+
+Each topic kind runs the same sequence, so the figures of the two kinds compare within one run:
+
+- ``low``: every producer at a fixed ``rate`` records/s for ``duration`` seconds;
+- ``max``: every producer as fast as the cluster takes records, for ``burst`` seconds;
+- ``after-burst``: the fixed ``rate`` again, for ``after`` seconds, starting the instant the burst ends
+  (issue 10: "within 10 s after a burst at maximum throughput ends");
+- ``80pct``: 80 % of the throughput the ``max`` phase reached, for ``duration`` seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+KINDS = ("diskless", "classic")
+PHASES = ("low", "max", "after-burst", "80pct")
+FIXED_RATE_PHASES = ("low", "after-burst", "80pct")
+KIB = 1024
+
+
+@dataclass
+class BenchOptions:
+    partitions: int = 12
+    record_size: int = 1024  # bytes of record value (the payload); the first 8 carry the send time
+    rate: int = 300  # records/s per producer (one producer per AZ) in the fixed-rate phases
+    duration: float = 20.0  # seconds of each of the ``low`` and ``80pct`` phases
+    burst: float = 15.0  # seconds at maximum rate
+    after: float = 10.0  # seconds of the ``after-burst`` phase
+    linger_ms: int = 100  # the brokers' diskless.wal.linger.ms
+    producer_linger_ms: int = 5  # the producers' linger.ms
+    # librdkafka's queue bound: at maximum rate latency is queueing, and a deep queue would make the
+    # ``after-burst`` phase measure the producer's backlog instead of the cluster.
+    producer_queue_kbytes: int = 4096
+    kinds: tuple[str, ...] = KINDS
+    brokers: int = 3
+    azs: int = 3
+    replication: int = 3
+    s3_sizes: tuple[int, ...] = (64 * KIB, 512 * KIB, 2048 * KIB)
+    s3_latency_samples: int = 40  # sequential PUTs (then GETs) per size
+    s3_throughput_seconds: float = 3.0  # per size and direction, ``s3_concurrency`` requests in flight
+    s3_concurrency: int = 8
+    out_dir: str = "bench-results"
+    quick: bool = False
+    plots: bool = True
+    broker_overrides: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def quick_run(cls, **changes: Any) -> BenchOptions:
+        """A smoke test: every phase and figure, tiny numbers (about 40 s on an idle 2-core machine)."""
+        base = cls(
+            partitions=3,
+            rate=50,
+            duration=2.0,
+            burst=2.0,
+            after=2.0,
+            s3_sizes=(64 * KIB, 512 * KIB),
+            s3_latency_samples=5,
+            s3_throughput_seconds=0.5,
+            quick=True,
+        )
+        for name, value in changes.items():
+            setattr(base, name, value)
+        return base
+
+    def validate(self) -> None:
+        if self.partitions < 1 or self.record_size < 16 or self.rate < 1:
+            raise ValueError("--partitions >= 1, --record-size >= 16 and --rate >= 1 are required")
+        if min(self.duration, self.burst, self.after) <= 0:
+            raise ValueError("phase durations must be positive")
+        unknown = set(self.kinds) - set(KINDS)
+        if unknown or not self.kinds:
+            raise ValueError(f"--kinds takes {', '.join(KINDS)}; got {sorted(unknown) or 'nothing'}")
+        if self.linger_ms < 1:
+            raise ValueError("--linger-ms must be >= 1")
+
+    def first_phases(self) -> list[dict[str, Any]]:
+        """``low``, ``max``, ``after-burst``: one schedule the producers run back to back."""
+        return [
+            {"name": "low", "rate": self.rate, "duration": self.duration},
+            {"name": "max", "rate": None, "duration": self.burst},
+            {"name": "after-burst", "rate": self.rate, "duration": self.after},
+        ]
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["kinds"] = list(self.kinds)
+        out["s3_sizes"] = list(self.s3_sizes)
+        return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``diskless bench`` flags; defaults are a full run of about 4 minutes."""
+    d = BenchOptions()
+    parser.add_argument("--quick", action="store_true", help="smoke test: every figure, tiny numbers (~1 minute)")
+    parser.add_argument("--partitions", type=int, help=f"partitions per topic (default {d.partitions})")
+    parser.add_argument("--record-size", type=int, help=f"bytes per record value (default {d.record_size})")
+    parser.add_argument("--rate", type=int, help=f"records/s per producer in fixed-rate phases (default {d.rate})")
+    parser.add_argument("--duration", type=float, help=f"seconds of the low and 80pct phases (default {d.duration:g})")
+    parser.add_argument("--burst", type=float, help=f"seconds at maximum rate (default {d.burst:g})")
+    parser.add_argument("--after", type=float, help=f"seconds of the after-burst phase (default {d.after:g})")
+    parser.add_argument("--linger-ms", type=int, help=f"brokers' diskless.wal.linger.ms (default {d.linger_ms})")
+    parser.add_argument("--producer-linger-ms", type=int, help=f"producers' linger.ms (default {d.producer_linger_ms})")
+    parser.add_argument("--kinds", help=f"topic kinds to run, comma-separated, in order (default {','.join(d.kinds)})")
+    parser.add_argument("--out", help=f"results directory; each run gets a subdirectory (default {d.out_dir})")
+    parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument(
+        "--broker-override", action="append", default=[], metavar="NAME=VALUE", help="one more broker setting"
+    )
+
+
+def options_from(args: argparse.Namespace) -> BenchOptions:
+    options = BenchOptions.quick_run() if args.quick else BenchOptions()
+    for flag in ("partitions", "record_size", "rate", "duration", "burst", "after", "linger_ms", "producer_linger_ms"):
+        value = getattr(args, flag)
+        if value is not None:
+            setattr(options, flag, value)
+    if args.kinds:
+        options.kinds = tuple(k.strip() for k in args.kinds.split(",") if k.strip())
+    if args.out:
+        options.out_dir = args.out
+    options.plots = not args.no_plots
+    for item in args.broker_override:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--broker-override expects name=value, got {item!r}")
+        options.broker_overrides[name.strip()] = value.strip()
+    return options

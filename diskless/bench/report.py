@@ -1,0 +1,277 @@
+"""Issue 10's targets checked against a run's figures, and the run written out as JSON, Markdown and PNG plots.
+
+``evaluate_targets`` is plain data in, rows out: each row names the target, the phase it was
+checked in, the measured value, the limit and ``pass``/``fail`` (or ``n/a`` with the reason when a
+run did not measure it, e.g. a classic-only run has no diskless figures).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+LATENCY_PHASES = ("low", "80pct", "after-burst")
+RSS_LIMIT_MB = 300.0
+CROSS_AZ_LIMIT = 0.01
+
+
+def _row(
+    target: str, phase: str, measured: float | None, limit: float | None, unit: str, ok: bool | None, note: str = ""
+) -> dict[str, Any]:
+    return {
+        "target": target,
+        "phase": phase,
+        "measured": None if measured is None else round(measured, 4),
+        "limit": None if limit is None else round(limit, 4),
+        "unit": unit,
+        "result": "n/a" if ok is None else ("pass" if ok else "fail"),
+        "note": note,
+    }
+
+
+def raw_put_p99_for(baseline: list[dict[str, Any]], object_bytes: float | None) -> tuple[float, int]:
+    """Raw PUT p99 (ms) at the baseline size nearest ``object_bytes`` (the phase's median WAL object)."""
+    if object_bytes is None:
+        chosen = max(baseline, key=lambda b: b["size_bytes"])
+    else:
+        chosen = min(baseline, key=lambda b: abs(b["size_bytes"] - object_bytes))
+    return float(chosen["put_latency_ms"]["p99"]), int(chosen["size_bytes"])
+
+
+def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    linger = float(result["options"]["linger_ms"])
+    baseline = result["s3_baseline"]
+    kinds = result["kinds"]
+    diskless = kinds.get("diskless")
+    classic = kinds.get("classic")
+    partitions = result["options"]["partitions"]
+    if diskless is None:
+        rows.append(_row("diskless targets", "-", None, None, "", None, "no diskless topic in this run"))
+    else:
+        phases = diskless["phases"]
+        for phase in LATENCY_PHASES:
+            figures = phases.get(phase)
+            if figures is None:
+                continue
+            median_object = figures["wal_objects"].get("p50")
+            put_p99, size = raw_put_p99_for(baseline, median_object)
+            produce_p99 = figures["produce_latency_ms"]["p99"]
+            limit = linger + put_p99 + 25
+            note = f"linger {linger:g} + raw PUT p99 {put_p99:.1f} ms ({size // 1024} KiB) + 25"
+            ok = None if produce_p99 is None else produce_p99 <= limit
+            rows.append(_row("diskless produce p99", phase, produce_p99, limit, "ms", ok, note))
+            e2e_p99 = figures["end_to_end_latency_ms"]["p99"]
+            ok = None if e2e_p99 is None or produce_p99 is None else e2e_p99 <= produce_p99 + 50
+            limit = None if produce_p99 is None else produce_p99 + 50
+            rows.append(_row("diskless end-to-end p99", phase, e2e_p99, limit, "ms", ok, "produce p99 + 50"))
+        max_mb = phases["max"]["mb_per_s"] if "max" in phases else None
+        if classic is not None and "max" in classic["phases"] and max_mb is not None:
+            classic_mb = classic["phases"]["max"]["mb_per_s"]
+            rows.append(
+                _row("diskless max throughput >= classic", "max", max_mb, classic_mb, "MB/s", max_mb >= classic_mb)
+            )
+        else:
+            rows.append(_row("diskless max throughput >= classic", "max", max_mb, None, "MB/s", None, "no classic run"))
+        raw_mb = max(b["put_mb_per_s"] for b in baseline)
+        if max_mb is not None:
+            note = f"50% of the best raw PUT throughput ({raw_mb:.1f} MB/s)"
+            rows.append(
+                _row(
+                    "diskless max throughput >= 50% raw PUT",
+                    "max",
+                    max_mb,
+                    raw_mb / 2,
+                    "MB/s",
+                    max_mb >= raw_mb / 2,
+                    note,
+                )
+            )
+        ratio = diskless["cross_az_per_payload_byte"]
+        rows.append(
+            _row(
+                "diskless bytes crossing AZs / payload",
+                "all",
+                ratio,
+                CROSS_AZ_LIMIT,
+                "ratio",
+                None if ratio is None else ratio <= CROSS_AZ_LIMIT,
+                diskless["cross_az_counted_by"],
+            )
+        )
+        put_limit = 1000.0 / linger * 1.1
+        for phase, figures in phases.items():
+            rate = figures["s3_puts_per_broker_per_s_max"]
+            note = f"busiest broker; {partitions} partitions"
+            rows.append(_row("PUTs per broker per second", phase, rate, put_limit, "1/s", rate <= put_limit, note))
+    if classic is not None:
+        ratio = classic["cross_az_per_payload_byte"]
+        rows.append(
+            _row(
+                "classic bytes crossing AZs / payload (reported)",
+                "all",
+                ratio,
+                None,
+                "ratio",
+                None,
+                classic["cross_az_counted_by"],
+            )
+        )
+    for node, broker in sorted(result["brokers"].items()):
+        peak = broker["peak_rss_mb"]
+        note = f"{partitions} partitions per topic (the issue's limit is at 1,000)"
+        rows.append(_row(f"broker {node} peak RSS", "run", peak, RSS_LIMIT_MB, "MB", peak <= RSS_LIMIT_MB, note))
+    rows.append(
+        _row(
+            "lagging consumer raises tail e2e p99 <= 20%",
+            "-",
+            None,
+            None,
+            "",
+            None,
+            "not measured by this harness yet",
+        )
+    )
+    return rows
+
+
+def _fmt(value: Any, digits: int = 1) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    o = result["options"]
+    lines = [
+        f"# diskless bench, {result['started_at']}",
+        "",
+        f"{o['brokers']} brokers in {o['azs']} AZs, S3: {result['cluster']['s3_kind']}; {o['partitions']} partitions,"
+        f" replication {o['replication']}, {o['record_size']} B records, acks=all, producer linger.ms"
+        f" {o['producer_linger_ms']}, diskless.wal.linger.ms {o['linger_ms']}; one producer and one consumer per AZ;"
+        f" fixed rate {o['rate']} records/s per producer{' (quick mode)' if o['quick'] else ''}.",
+        "",
+        "## Targets",
+        "",
+        "| target | phase | measured | limit | result | note |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in result["targets"]:
+        unit = f" {row['unit']}" if row["unit"] else ""
+        measured = "-" if row["measured"] is None else f"{_fmt(row['measured'], 3)}{unit}"
+        limit = "-" if row["limit"] is None else f"{_fmt(row['limit'], 3)}{unit}"
+        lines.append(
+            f"| {row['target']} | {row['phase']} | {measured} | {limit} | **{row['result']}** | {row['note']} |"
+        )
+    lines += [
+        "",
+        "## Figures per phase",
+        "",
+        "| kind | phase | rec/s | MB/s | produce p50 / p99 / p99.9 ms | e2e p50 / p99 ms | seen | broker CPU s/GB"
+        " | PUTs/MB | GETs/MB | PUTs/broker/s | cross-AZ/payload | WAL objects (n, p50 KiB) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for kind, data in result["kinds"].items():
+        for phase, f in data["phases"].items():
+            p, e, w = f["produce_latency_ms"], f["end_to_end_latency_ms"], f["wal_objects"]
+            wal = (
+                f"{w['objects']}, {_fmt(None if w.get('p50') is None else w['p50'] / 1024, 0)}" if w["objects"] else "0"
+            )
+            lines.append(
+                f"| {kind} | {phase} | {_fmt(f['records_per_s'], 0)} | {_fmt(f['mb_per_s'], 2)}"
+                f" | {_fmt(p['p50'])} / {_fmt(p['p99'])} / {_fmt(p['p99.9'])} | {_fmt(e['p50'])} / {_fmt(e['p99'])}"
+                f" | {_fmt(f['consumed_fraction'], 3)} | {_fmt(f['broker_cpu_s_per_gb'], 0)}"
+                f" | {_fmt(f['s3_puts_per_mb'], 2)} | {_fmt(f['s3_gets_per_mb'], 2)}"
+                f" | {_fmt(f['s3_puts_per_broker_per_s_max'], 1)}"
+                f" | {_fmt(f['cross_az']['per_payload_byte'], 4)} | {wal} |"
+            )
+    lines += [
+        "",
+        "## Raw S3 baseline (same server, the brokers' ObjectStore client)",
+        "",
+        "| size | PUT p50 / p99 ms | GET p50 / p99 ms | PUT MB/s | GET MB/s | in flight |",
+        "|---|---|---|---|---|---|",
+    ]
+    for b in result["s3_baseline"]:
+        lines.append(
+            f"| {b['size_bytes'] // 1024} KiB | {_fmt(b['put_latency_ms']['p50'])} / {_fmt(b['put_latency_ms']['p99'])}"
+            f" | {_fmt(b['get_latency_ms']['p50'])} / {_fmt(b['get_latency_ms']['p99'])} | {_fmt(b['put_mb_per_s'])}"
+            f" | {_fmt(b['get_mb_per_s'])} | {b['concurrency']} |"
+        )
+    lines += ["", "## Brokers", "", "| broker | AZ | peak RSS MB | CPU s in run |", "|---|---|---|---|"]
+    for node, b in sorted(result["brokers"].items()):
+        lines.append(f"| {node} | {b['az']} | {_fmt(b['peak_rss_mb'])} | {_fmt(b['cpu_s'])} |")
+    lines += ["", "Plots: `latency_cdf.png`, `throughput.png`. Raw samples: `raw/`.", ""]
+    return "\n".join(lines)
+
+
+def plots(result: dict[str, Any], samples: dict[str, dict[str, Any]], out: Path) -> list[str]:
+    """Latency CDFs (produce, end-to-end) per kind and phase; acknowledged MB/s and broker RSS over time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    written = []
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for axis, key, title in (
+        (axes[0], "produce", "produce latency (acks=all)"),
+        (axes[1], "e2e", "end-to-end latency"),
+    ):
+        for kind, by_phase in samples.items():
+            for phase, values in by_phase.items():
+                data = np.sort(values[key])
+                if data.size == 0:
+                    continue
+                axis.plot(data, np.arange(1, data.size + 1) / data.size, label=f"{kind} {phase}")
+        axis.set_xscale("log")
+        axis.set_xlabel("ms")
+        axis.set_ylabel("fraction of records")
+        axis.set_title(title)
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "latency_cdf.png", dpi=110)
+    plt.close(fig)
+    written.append("latency_cdf.png")
+
+    fig, axes = plt.subplots(2, 1, figsize=(13, 7), sharex=True)
+    origin = result["run_started_at"]
+    for kind, data in result["kinds"].items():
+        series = data["throughput_series"]
+        t0 = data["started_at"] - origin
+        axes[0].plot([t0 + t for t in series["t"]], series["mb_per_s"], label=kind)
+        for phase, f in data["phases"].items():
+            start = f["window_start"] - origin
+            axes[0].axvspan(start, start + f["window_s"], alpha=0.08, color="grey")
+            axes[0].text(start, 0, phase, fontsize=7, rotation=90, va="bottom")
+    axes[0].set_ylabel("acknowledged MB/s")
+    axes[0].legend()
+    axes[0].grid(True, alpha=0.3)
+    for node, series in result["broker_series"].items():
+        axes[1].plot([t - origin for t in series["t"]], series["rss_mb"], label=f"broker {node}")
+    axes[1].set_ylabel("RSS MB")
+    axes[1].set_xlabel("seconds since the load started")
+    axes[1].legend()
+    axes[1].grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "throughput.png", dpi=110)
+    plt.close(fig)
+    written.append("throughput.png")
+    return written
+
+
+def write_outputs(
+    result: dict[str, Any], samples: dict[str, dict[str, Any]], out: Path, with_plots: bool
+) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "result.md").write_text(markdown(result))
+    paths = [out / "result.json", out / "result.md"]
+    if with_plots:
+        paths += [out / name for name in plots(result, samples, out)]
+    return paths

@@ -1,0 +1,414 @@
+"""``diskless bench``: start the cluster, measure raw S3, drive each topic kind through its phases, report.
+
+Order: cluster up; raw S3 baseline (nothing else running); the sampler starts; per topic kind, one
+consumer and one producer per AZ (zone-aligned: they bootstrap from their AZ's brokers and their
+connections leave from their AZ's network), phases ``low``, ``max``, ``after-burst``, then ``80pct``
+of the ``max`` phase's throughput; the WAL objects are listed; the cluster stops; figures, targets
+and plots are written. Every process started here is stopped here, also on errors and Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+from diskless.bench.cluster import az_env, azs_of, build_shim, create_topics, spawn_loadgen, start_cluster
+from diskless.bench.collect import OBJECT_REQUESTS, Sampler, WalObject, cross_az_bytes, list_wal_objects, window_delta
+from diskless.bench.options import BenchOptions
+from diskless.bench.report import evaluate_targets, write_outputs
+from diskless.bench.s3_baseline import run_baseline
+from diskless.bench.stats import (
+    ConsumerSamples,
+    ProducerSamples,
+    Window,
+    phase_figures,
+    size_distribution,
+    throughput_series,
+)
+from diskless.dev import BUCKET, DevCluster
+
+READY_TIMEOUT_S = 90.0
+FLUSH_TIMEOUT_S = 60.0
+CATCH_UP_S = 10.0  # consumers get this long after the last phase to see every acknowledged record
+
+
+class Progress:
+    """One status line, rewritten in place on a terminal, printed every few seconds otherwise."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.last = 0.0
+        self.open = False
+
+    def update(self, text: str) -> None:
+        now = time.monotonic()
+        if self.tty:
+            self.stream.write("\r" + text[:150].ljust(150))
+            self.stream.flush()
+            self.open = True
+        elif now - self.last >= 5.0:
+            self.last = now
+            print(text, file=self.stream, flush=True)
+
+    def line(self, text: str) -> None:
+        if self.open:
+            self.stream.write("\n")
+            self.open = False
+        print(text, file=self.stream, flush=True)
+
+
+@dataclass
+class KindRun:
+    kind: str
+    topic: str
+    windows: list[Window] = field(default_factory=list)
+    produced: ProducerSamples | None = None
+    consumed: ConsumerSamples | None = None
+    started_at: float = 0.0
+
+
+class LoadGenerators:
+    """The producer and consumer processes of one topic kind and their control directories."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.procs: dict[Path, subprocess.Popen[bytes]] = {}
+
+    def spawn(self, role: str, az: str, args: dict[str, Any], env: dict[str, str]) -> Path:
+        control = self.root / f"{role}-{az}"
+        control.mkdir(parents=True, exist_ok=True)
+        self.procs[control] = spawn_loadgen(role, {**args, "az": az, "control": control}, env, control / "log.txt")
+        return control
+
+    def check(self, controls: list[Path] | None = None) -> None:
+        for control in controls or list(self.procs):
+            proc = self.procs[control]
+            failed = control / "failed.txt"
+            if failed.exists() or (proc.poll() is not None and proc.returncode != 0):
+                reason = failed.read_text().strip() if failed.exists() else f"exit code {proc.returncode}"
+                tail = (control / "log.txt").read_text(errors="replace")[-1500:]
+                raise RuntimeError(f"load generator {control.name} failed: {reason}\n{tail}")
+
+    def wait_files(self, controls: list[Path], name: str, timeout: float, tick: Any = None) -> None:
+        deadline = time.monotonic() + timeout
+        while not all((c / name).exists() for c in controls):
+            self.check(controls)
+            if time.monotonic() > deadline:
+                missing = [c.name for c in controls if not (c / name).exists()]
+                raise TimeoutError(f"{', '.join(missing)}: no {name} within {timeout:.0f}s")
+            if tick is not None:
+                tick()
+            time.sleep(0.25)
+
+    def stop(self, controls: list[Path], timeout: float = 30.0) -> None:
+        for control in controls:
+            (control / "stop").write_text("stop\n")
+        deadline = time.monotonic() + timeout
+        for control in controls:
+            proc = self.procs[control]
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+        self.check(controls)
+
+    def kill_all(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def _windows(order: dict[str, Any]) -> list[Window]:
+    out, start = [], float(order["start_at"])
+    for phase in order["phases"]:
+        out.append(Window(phase["name"], start, start + float(phase["duration"])))
+        start += float(phase["duration"])
+    return out
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return dict(json.loads(path.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def _load_producers(controls: list[Path], round_: int) -> ProducerSamples:
+    parts = []
+    for control in controls:
+        with np.load(control / f"out-{round_}.npz") as data:
+            parts.append(ProducerSamples(data["sent_at"].copy(), data["latency"].copy(), int(data["errors"].sum())))
+    return ProducerSamples.join(parts)
+
+
+def _load_consumers(controls: list[Path]) -> ConsumerSamples:
+    parts = []
+    for control in controls:
+        with np.load(control / "out.npz") as data:
+            parts.append(ConsumerSamples(data["sent_at"].copy(), data["received_at"].copy()))
+    return ConsumerSamples.join(parts)
+
+
+def run_kind(
+    kind: str, topic: str, cluster: DevCluster, options: BenchOptions, shim: Path | None, raw: Path, progress: Progress
+) -> KindRun:
+    azs = azs_of(cluster)
+    bootstrap = cluster.bootstrap_by_az()
+    gens = LoadGenerators(raw / kind)
+    run = KindRun(kind, topic)
+    try:
+        consumers = [
+            gens.spawn("consumer", az, {"bootstrap": bootstrap[az], "topic": topic}, az_env(az, shim)) for az in azs
+        ]
+        gens.wait_files(consumers, "ready", READY_TIMEOUT_S)
+        producer_args = {
+            "topic": topic,
+            "record_size": options.record_size,
+            "linger_ms": options.producer_linger_ms,
+            "queue_kbytes": options.producer_queue_kbytes,
+        }
+        producers = [
+            gens.spawn("producer", az, {**producer_args, "bootstrap": bootstrap[az]}, az_env(az, shim)) for az in azs
+        ]
+        gens.wait_files(producers, "ready", READY_TIMEOUT_S)
+
+        def tick_for(windows: list[Window], state: dict[str, Any]) -> Any:
+            def tick() -> None:
+                now = time.time()
+                current = next((w for w in windows if w.start <= now < w.end), None)
+                acked = sum(int(_read_json(c / "status.json").get("acked", 0)) for c in producers)
+                received = sum(int(_read_json(c / "status.json").get("received", 0)) for c in consumers)
+                rate = (acked - state.get("acked", acked)) / max(now - state.get("at", now), 1e-3)
+                if now - state.get("at", 0.0) >= 1.0:
+                    state.update(acked=acked, at=now, rate=rate)
+                if current is not None:
+                    label = f"{current.name} {now - current.start:4.0f}/{current.seconds:.0f}s"
+                else:
+                    label = "starting" if now < windows[0].start else "flushing"
+                progress.update(
+                    f"  {kind:8} {label:20} acked {acked:>9,} ({state.get('rate', 0.0):8,.0f} rec/s,"
+                    f" {state.get('rate', 0.0) * options.record_size / 1e6:6.1f} MB/s)  consumed {received:>10,}"
+                )
+
+            return tick
+
+        run.started_at = time.time() + 0.5
+        order: dict[str, Any] = {
+            "start_at": run.started_at,
+            "phases": options.first_phases(),
+            "flush_timeout": FLUSH_TIMEOUT_S,
+        }
+        first = _windows(order)
+        for control in producers:
+            (control / "go-1.json").write_text(json.dumps(order))
+        total = first[-1].end - time.time()
+        gens.wait_files(producers, "done-1", total + FLUSH_TIMEOUT_S + 30, tick_for(first, {}))
+        round1 = _load_producers(producers, 1)
+        burst = first[1]
+        acked_at = round1.sent_at + round1.latency
+        max_rps = float(((acked_at >= burst.start) & (acked_at < burst.end)).sum()) / burst.seconds
+        per_producer = max(1, round(0.8 * max_rps / len(producers)))
+        order = {
+            "start_at": time.time() + 0.3,
+            "phases": [{"name": "80pct", "rate": per_producer, "duration": options.duration}],
+            "flush_timeout": FLUSH_TIMEOUT_S,
+        }
+        second = _windows(order)
+        for control in producers:
+            (control / "go-2.json").write_text(json.dumps(order))
+        gens.wait_files(producers, "done-2", options.duration + FLUSH_TIMEOUT_S + 30, tick_for(second, {}))
+        run.produced = ProducerSamples.join([round1, _load_producers(producers, 2)])
+        run.windows = first + second
+        # Consumers see every acknowledged record (each reads the whole topic) or time runs out.
+        expected = run.produced.sent_at.size * len(consumers)
+        deadline = time.monotonic() + CATCH_UP_S
+        while time.monotonic() < deadline:
+            received = sum(int(_read_json(c / "status.json").get("received", 0)) for c in consumers)
+            if received >= expected:
+                break
+            gens.check(consumers)
+            time.sleep(0.25)
+        gens.stop(producers + consumers)
+        run.consumed = _load_consumers(consumers)
+        progress.line(
+            f"  {kind}: done ({run.produced.sent_at.size:,} records acknowledged, {run.produced.errors} failed)"
+        )
+        return run
+    finally:
+        gens.kill_all()
+
+
+def _payload_between(produced: ProducerSamples, start: float, end: float, record_size: int) -> int:
+    acked_at = produced.sent_at + produced.latency
+    return int(((acked_at >= start) & (acked_at < end)).sum()) * record_size
+
+
+def kind_figures(
+    run: KindRun, sampler: Sampler, wal: list[WalObject], options: BenchOptions, azs: list[str]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(figures for the JSON, latency arrays per phase for the plots)."""
+    assert run.produced is not None and run.consumed is not None
+    phases: dict[str, Any] = {}
+    samples: dict[str, Any] = {}
+    for window in run.windows:
+        f = phase_figures(window, run.produced, run.consumed, options.record_size, len(azs))
+        a, b = sampler.bracket(window.start, window.end)
+        delta = window_delta(sampler, window.start, window.end)
+        payload = _payload_between(run.produced, a.at, b.at, options.record_size)
+        megabytes = payload / 1e6
+        cpu = sum(delta.cpu_s.values())
+        puts = delta.total(OBJECT_REQUESTS, operation="put")
+        gets = delta.total(OBJECT_REQUESTS, operation="get")
+        per_broker = {
+            str(n): round(v / delta.seconds, 2) for n, v in delta.per_broker(OBJECT_REQUESTS, operation="put").items()
+        }
+        cross = cross_az_bytes(delta, azs)
+        cross["payload_bytes"] = payload
+        cross["per_payload_byte"] = round(cross["cross_az_bytes"] / payload, 5) if payload else None
+        in_window = [o.size for o in wal if window.start * 1000 <= o.created_ms < window.end * 1000]
+        f.update(
+            window_start=window.start,
+            broker_cpu_s=round(cpu, 2),
+            broker_cpu_s_per_gb=round(cpu / (megabytes / 1000), 1) if megabytes else None,
+            s3_puts=int(puts),
+            s3_gets=int(gets),
+            s3_puts_per_mb=round(puts / megabytes, 3) if megabytes else None,
+            s3_gets_per_mb=round(gets / megabytes, 3) if megabytes else None,
+            s3_puts_per_broker_per_s=per_broker,
+            s3_puts_per_broker_per_s_max=max(per_broker.values(), default=0.0),
+            cross_az=cross,
+            wal_objects=size_distribution(in_window),
+        )
+        phases[window.name] = f
+        sent = (run.produced.sent_at >= window.start) & (run.produced.sent_at < window.end)
+        seen = (run.consumed.sent_at >= window.start) & (run.consumed.sent_at < window.end)
+        samples[window.name] = {
+            "produce": run.produced.latency[sent] * 1000,
+            "e2e": (run.consumed.received_at[seen] - run.consumed.sent_at[seen]) * 1000,
+        }
+    first, last = run.windows[0].start, run.windows[-1].end
+    a, b = sampler.bracket(first, last)
+    whole = cross_az_bytes(window_delta(sampler, first, last), azs)
+    payload = _payload_between(run.produced, a.at, b.at, options.record_size)
+    figures = {
+        "topic": run.topic,
+        "started_at": run.started_at,
+        "failed_records": run.produced.errors,
+        "phases": phases,
+        "max_records_per_s": phases["max"]["records_per_s"],
+        "max_mb_per_s": phases["max"]["mb_per_s"],
+        "cross_az": whole,
+        "cross_az_per_payload_byte": round(whole["cross_az_bytes"] / payload, 5) if payload else None,
+        "cross_az_counted_by": whole["counted_by"],
+        "throughput_series": throughput_series(run.produced, run.started_at, last + 5, options.record_size),
+    }
+    return figures, samples
+
+
+def run_bench(options: BenchOptions, out: TextIO = sys.stdout) -> int:
+    options.validate()
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    result_dir = Path(options.out_dir).resolve() / stamp
+    root = result_dir / "cluster"
+    progress = Progress(out)
+    progress.line(f"diskless bench: results in {result_dir}")
+    overrides = {"diskless.wal.linger.ms": str(options.linger_ms), **options.broker_overrides}
+    cluster: DevCluster | None = None
+    try:
+        cluster = start_cluster(root, options.brokers, options.azs, overrides, out)
+        assert cluster.s3 is not None
+        s3 = cluster.s3
+        azs = azs_of(cluster)
+        shim = build_shim(result_dir / "shim")
+        if shim is None:
+            progress.line("  no C compiler: clients leave from 127.0.0.1, their bytes are not attributed to AZs")
+        progress.line("raw S3 baseline ...")
+        baseline = asyncio.run(
+            run_baseline(
+                s3.endpoint,
+                BUCKET,
+                s3.access_key,
+                s3.secret_key,
+                options.s3_sizes,
+                options.s3_latency_samples,
+                options.s3_throughput_seconds,
+                options.s3_concurrency,
+            )
+        )
+        for b in baseline:
+            progress.line(
+                f"  {b['size_bytes'] // 1024:>5} KiB  PUT p50 {b['put_latency_ms']['p50']:.1f} p99"
+                f" {b['put_latency_ms']['p99']:.1f} ms, {b['put_mb_per_s']:.1f} MB/s;  GET p50"
+                f" {b['get_latency_ms']['p50']:.1f} p99 {b['get_latency_ms']['p99']:.1f} ms,"
+                f" {b['get_mb_per_s']:.1f} MB/s"
+            )
+        topics = {f"bench-{kind}": kind == "diskless" for kind in options.kinds}
+        progress.line(
+            f"creating {', '.join(topics)} ({options.partitions} partitions, replication {options.replication}) ..."
+        )
+        create_topics(cluster, topics, options.partitions, options.replication)
+        sampler = Sampler(cluster.brokers)
+        sampler.start()
+        run_started = time.time()
+        runs = []
+        try:
+            for kind in options.kinds:
+                progress.line(f"{kind} topic: phases low, max, after-burst, 80pct")
+                runs.append(run_kind(kind, f"bench-{kind}", cluster, options, shim, result_dir / "raw", progress))
+        finally:
+            sampler.stop()
+        wal = asyncio.run(list_wal_objects(s3.endpoint, BUCKET, s3.access_key, s3.secret_key))
+        last = sampler.snapshots[-1]
+        first = sampler.snapshots[0]
+        brokers = {
+            str(b.node_id): {
+                "az": b.rack,
+                "peak_rss_mb": round(last.brokers[b.node_id].get("peak_rss_mb", 0.0), 1),
+                "cpu_s": round(
+                    last.brokers[b.node_id].get("cpu_s", 0.0) - first.brokers[b.node_id].get("cpu_s", 0.0), 2
+                ),
+            }
+            for b in cluster.brokers
+        }
+        kinds: dict[str, Any] = {}
+        samples: dict[str, Any] = {}
+        for run in runs:
+            kinds[run.kind], samples[run.kind] = kind_figures(run, sampler, wal, options, azs)
+        result: dict[str, Any] = {
+            "started_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(run_started)),
+            "run_started_at": run_started,
+            "options": options.as_dict(),
+            "cluster": {"s3_kind": s3.kind, "azs": azs, "source_address_shim": shim is not None},
+            "s3_baseline": baseline,
+            "kinds": kinds,
+            "brokers": brokers,
+            "broker_series": sampler.series(),
+            "wal_objects": size_distribution([o.size for o in wal]),
+        }
+        result["targets"] = evaluate_targets(result)
+    except KeyboardInterrupt:
+        progress.line("interrupted")
+        return 130
+    finally:
+        if cluster is not None:
+            progress.line("stopping the cluster ...")
+            cluster.stop()
+    paths = write_outputs(result, samples, result_dir, options.plots)
+    progress.line("")
+    for row in result["targets"]:
+        measured = "-" if row["measured"] is None else f"{row['measured']:g} {row['unit']}"
+        limit = "" if row["limit"] is None else f" (limit {row['limit']:g} {row['unit']})"
+        progress.line(f"  [{row['result']:>4}] {row['target']} @ {row['phase']}: {measured}{limit}")
+    progress.line("")
+    for path in paths:
+        progress.line(f"  wrote {path}")
+    return 0

@@ -1,0 +1,121 @@
+"""Per-phase figures from raw samples (sans-IO: arrays and numbers in, dictionaries out).
+
+Latencies are attributed to the phase in which the record was *sent*; throughput counts records
+*acknowledged* inside the phase's window, so a backlog draining after the burst is not credited to
+the burst. Percentiles are nearest-rank on the sorted samples (``numpy.percentile``'s "higher"),
+so a p99 is always a latency some record really had.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+QUANTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0, "p99.9": 99.9}
+
+
+def percentiles(values: Iterable[float] | np.ndarray) -> dict[str, float | int | None]:
+    data = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=np.float64)
+    if data.size == 0:
+        return {"count": 0, **dict.fromkeys(QUANTILES), "mean": None, "max": None}
+    out: dict[str, float | int | None] = {"count": int(data.size)}
+    for name, q in QUANTILES.items():
+        out[name] = round(float(np.percentile(data, q, method="higher")), 3)
+    out["mean"] = round(float(data.mean()), 3)
+    out["max"] = round(float(data.max()), 3)
+    return out
+
+
+@dataclass(frozen=True)
+class Window:
+    name: str
+    start: float  # wall-clock seconds
+    end: float
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class ProducerSamples:
+    sent_at: np.ndarray  # wall seconds, one per acknowledged record
+    latency: np.ndarray  # seconds
+    errors: int = 0
+
+    @classmethod
+    def join(cls, parts: Sequence[ProducerSamples]) -> ProducerSamples:
+        if not parts:
+            return cls(np.zeros(0), np.zeros(0), 0)
+        return cls(
+            np.concatenate([p.sent_at for p in parts]),
+            np.concatenate([p.latency for p in parts]),
+            sum(p.errors for p in parts),
+        )
+
+
+@dataclass
+class ConsumerSamples:
+    sent_at: np.ndarray
+    received_at: np.ndarray
+
+    @classmethod
+    def join(cls, parts: Sequence[ConsumerSamples]) -> ConsumerSamples:
+        if not parts:
+            return cls(np.zeros(0), np.zeros(0))
+        return cls(np.concatenate([p.sent_at for p in parts]), np.concatenate([p.received_at for p in parts]))
+
+
+def phase_figures(
+    window: Window, produced: ProducerSamples, consumed: ConsumerSamples, record_size: int, consumers: int
+) -> dict[str, Any]:
+    """Latency percentiles, throughput and how completely consumers saw the phase's records."""
+    sent = (produced.sent_at >= window.start) & (produced.sent_at < window.end)
+    acked_at = produced.sent_at + produced.latency
+    acked_in = (acked_at >= window.start) & (acked_at < window.end)
+    records_per_s = float(acked_in.sum()) / window.seconds
+    in_phase = (consumed.sent_at >= window.start) & (consumed.sent_at < window.end)
+    e2e = (consumed.received_at[in_phase] - consumed.sent_at[in_phase]) * 1000
+    sent_count = int(sent.sum())
+    return {
+        "window_s": round(window.seconds, 3),
+        "records_sent_and_acked": sent_count,
+        "records_per_s": round(records_per_s, 1),
+        "mb_per_s": round(records_per_s * record_size / 1e6, 3),
+        "payload_bytes": sent_count * record_size,
+        "produce_latency_ms": percentiles(produced.latency[sent] * 1000),
+        "end_to_end_latency_ms": percentiles(e2e),
+        # Each consumer reads every record: below 1.0 some were not seen before the consumers stopped.
+        "consumed_fraction": round(float(in_phase.sum()) / (sent_count * consumers), 4) if sent_count else None,
+    }
+
+
+def throughput_series(produced: ProducerSamples, start: float, end: float, record_size: int) -> dict[str, list[float]]:
+    """Acknowledged MB/s per second of the run (for the throughput plot)."""
+    acked_at = produced.sent_at + produced.latency
+    edges = np.arange(start, end + 1.0, 1.0)
+    if edges.size < 2:
+        return {"t": [], "mb_per_s": []}
+    counts, _ = np.histogram(acked_at, bins=edges)
+    return {
+        "t": [round(float(t - start), 3) for t in edges[:-1]],
+        "mb_per_s": [round(float(c) * record_size / 1e6, 4) for c in counts],
+    }
+
+
+def size_distribution(sizes: Sequence[int]) -> dict[str, Any]:
+    """WAL object sizes: percentiles plus counts per power-of-4 bucket from 16 KiB."""
+    out: dict[str, Any] = {"objects": len(sizes), "bytes": int(sum(sizes))}
+    out.update({k: v for k, v in percentiles([float(s) for s in sizes]).items() if k != "count"})
+    bounds = [16 * 1024 * 4**i for i in range(7)]  # 16 KiB .. 64 MiB
+    buckets: dict[str, int] = {}
+    for size in sizes:
+        label = next((f"<={b // 1024}KiB" for b in bounds if size <= b), f">{bounds[-1] // 1024}KiB")
+        buckets[label] = buckets.get(label, 0) + 1
+    out["buckets"] = {f"<={b // 1024}KiB": buckets.get(f"<={b // 1024}KiB", 0) for b in bounds if buckets}
+    if buckets.get(f">{bounds[-1] // 1024}KiB"):
+        out["buckets"][f">{bounds[-1] // 1024}KiB"] = buckets[f">{bounds[-1] // 1024}KiB"]
+    return out

@@ -1,0 +1,62 @@
+"""``diskless bench --quick``: one whole run with tiny numbers writes every figure issue 10 asks for."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+PHASES = ("low", "max", "after-burst", "80pct")
+
+
+def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "diskless", "bench", "--quick", "--partitions", "2", "--rate", "20"]
+    proc = subprocess.run([*cmd, "--out", str(tmp_path)], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [run] = [p for p in tmp_path.iterdir() if p.is_dir()]
+    result = json.loads((run / "result.json").read_text())
+
+    for size in result["s3_baseline"]:
+        for key in ("put_latency_ms", "get_latency_ms"):
+            assert size[key]["p50"] > 0 and size[key]["p99"] >= size[key]["p50"]
+        assert size["put_mb_per_s"] > 0 and size["get_mb_per_s"] > 0
+    assert set(result["kinds"]) == {"diskless", "classic"}
+    for kind, data in result["kinds"].items():
+        assert data["failed_records"] == 0, kind
+        assert list(data["phases"]) == list(PHASES), kind
+        assert data["max_mb_per_s"] > 0 and data["cross_az_per_payload_byte"] is not None
+        assert data["throughput_series"]["mb_per_s"], kind
+        for phase, f in data["phases"].items():
+            where = f"{kind} {phase}"
+            assert f["records_per_s"] > 0 and f["mb_per_s"] > 0, where
+            assert all(f["produce_latency_ms"][q] is not None for q in ("p50", "p99", "p99.9")), where
+            assert all(f["end_to_end_latency_ms"][q] is not None for q in ("p50", "p99")), where
+            assert f["consumed_fraction"] is not None and f["consumed_fraction"] > 0.9, where
+            assert f["broker_cpu_s_per_gb"] is not None and f["broker_cpu_s_per_gb"] > 0, where
+            assert f["s3_puts_per_mb"] is not None and f["s3_gets_per_mb"] is not None, where
+            assert f["cross_az"]["per_payload_byte"] is not None, where
+            assert set(f["s3_puts_per_broker_per_s"]) == {"1", "2", "3"}, where
+        if kind == "diskless":
+            assert all(f["s3_puts_per_mb"] > 0 and f["wal_objects"]["objects"] > 0 for f in data["phases"].values())
+        else:
+            assert all(f["wal_objects"]["objects"] == 0 for f in data["phases"].values())
+    assert result["wal_objects"]["objects"] > 0 and result["wal_objects"]["p50"] > 0
+    assert {b["az"] for b in result["brokers"].values()} == {"az-1", "az-2", "az-3"}
+    assert all(b["peak_rss_mb"] > 0 and b["cpu_s"] > 0 for b in result["brokers"].values())
+
+    targets = {(row["target"], row["phase"]): row for row in result["targets"]}
+    for phase in ("low", "80pct", "after-burst"):
+        row = targets[("diskless produce p99", phase)]
+        assert row["result"] in ("pass", "fail") and row["limit"] > result["options"]["linger_ms"]
+    assert targets[("diskless max throughput >= classic", "max")]["result"] in ("pass", "fail")
+    assert targets[("diskless bytes crossing AZs / payload", "all")]["result"] in ("pass", "fail")
+    table = (run / "result.md").read_text()
+    assert "| target | phase | measured | limit | result | note |" in table
+    assert table.count("**pass**") + table.count("**fail**") >= len(PHASES) + 6
+    for plot in ("latency_cdf.png", "throughput.png"):
+        assert (run / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
