@@ -29,7 +29,7 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.aio import cancel_and_wait
-from diskless.cluster.client_az import AzSource, ConnectionZone
+from diskless.cluster.client_az import ConnectionZone
 from diskless.metrics import (
     CONNECTION_AZ_DECISIONS,
     CONNECTION_BYTES,
@@ -219,7 +219,7 @@ class Connection:
         if not m.is_supported(header.api_key, header.api_version):
             raise m.MalformedRequest(f"unsupported api {header.api_key} version {header.api_version}")
         request = m.decode_request(header, frame, body_pos)
-        if header.api_key == m.API_FETCH and self.zone.source is not AzSource.CLIENT_RACK:
+        if header.api_key == m.API_FETCH and self.zone.may_take_rack:
             self._observe_rack(request)
         REQUESTS.labels(api=str(header.api_key)).inc()
         task = asyncio.ensure_future(self._respond(header, request))

@@ -186,6 +186,11 @@ class ConnectionZone:
             )
         return self.az, self.source
 
+    @property
+    def may_take_rack(self) -> bool:
+        """Whether a Fetch rack could still change the decision (saves looking at every Fetch)."""
+        return self.source in _RACK_REPLACES
+
     def on_rack(self, rack: str | None, known_azs: Collection[str]) -> bool:
         """A consumer's Fetch ``rack_id``. Returns whether the decision changed.
 

@@ -126,6 +126,8 @@ def test_decisions_follow_the_order_and_change_at_most_once(
             zone.on_rack(a, AZS)
         if (zone.az, zone.source) != history[-1]:
             history.append((zone.az, zone.source))  # type: ignore[arg-type]
+    weak = (AzSource.LISTENER, AzSource.SOURCE_ADDRESS, AzSource.RECEIVING_BROKER)
+    assert zone.may_take_rack == (zone.source in weak)
     # At most one change, only to a rack of a known AZ, and only from a weaker source.
     assert len(history) <= 2
     if len(history) == 2:
