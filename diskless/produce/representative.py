@@ -234,7 +234,11 @@ class Representative:
             self.on_uploaded(key, finished.data)
         except Exception as exc:
             log.warning("caching an uploaded WAL object failed", key=key, error=repr(exc))
-        self.pipeline.uploaded(sequence, _now_ms())
+        try:
+            self.pipeline.uploaded(sequence, _now_ms())
+        except Exception:  # never leave the flush's batches uploading forever
+            log.exception("recording an upload failed")
+            self.pipeline.failed([b.token for b in batches], STORAGE_ERROR, _now_ms())
         self._pump()
 
     # --- the commit pump -------------------------------------------------------------------------
@@ -363,7 +367,11 @@ class Representative:
             log.info("commit answer lost", leader=send.channel[0], error=repr(exc))  # type: ignore[index]
             self.pipeline.lost(send.ids, _now_ms())
         else:
-            self._on_answer(send, answer)
+            try:
+                self._on_answer(send, answer)
+            except Exception:  # a bug must not leave these batches in flight forever (their chains would stall)
+                log.exception("handling a commit answer failed")
+                self.pipeline.failed(send.ids, STORAGE_ERROR, _now_ms())
         self._pump()
 
     def _on_answer(self, send: Send, answer: Any) -> None:

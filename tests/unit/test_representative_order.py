@@ -88,6 +88,7 @@ class Faults:
     send: set[int] = field(default_factory=set)  # a commit raises before the leader sees it
     lose: set[int] = field(default_factory=set)  # the leader applies a commit, its answer is lost
     garble: set[int] = field(default_factory=set)  # the leader applies a commit, its answer is garbage
+    core: set[int] = field(default_factory=set)  # the pipeline itself raises handling an answer (a bug)
 
 
 class FakeCluster:
@@ -321,6 +322,15 @@ async def run_scenario(
     FailingWriter.calls = 0
     FailingWriter.failures = faults.encode
     rep = Representative(broker, FakeStore(faults.put, delays), cache)  # type: ignore[arg-type]
+    answered = rep.pipeline.answered
+    calls = itertools.count(1)
+
+    def buggy_answered(batch_id: int, result: dict[str, Any], now_ms: int) -> None:
+        if next(calls) in faults.core:
+            raise AssertionError("injected: a bug in the pipeline")
+        answered(batch_id, result, now_ms)
+
+    rep.pipeline.answered = buggy_answered  # type: ignore[method-assign]
     problems: list[str] = []
     try:
         await asyncio.wait_for(
@@ -368,7 +378,14 @@ def test_idempotent_producer_with_five_in_flight_never_sees_a_gap(
     partitions=st.integers(1, 3),
     count=st.integers(3, 10),
     faults=st.builds(
-        Faults, put=FAULT_SETS, encode=FAULT_SETS, cache=FAULT_SETS, send=FAULT_SETS, lose=FAULT_SETS, garble=FAULT_SETS
+        Faults,
+        put=FAULT_SETS,
+        encode=FAULT_SETS,
+        cache=FAULT_SETS,
+        send=FAULT_SETS,
+        lose=FAULT_SETS,
+        garble=FAULT_SETS,
+        core=st.sets(st.integers(1, 30), max_size=2),
     ),
     moves=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 2)), max_size=4),
     delays=st.lists(st.integers(0, 4), min_size=1, max_size=6),
