@@ -151,3 +151,35 @@ def test_metadata_answers_are_cached_per_listener_and_client_az() -> None:
     assert cache.get(header, request, 1, ("AZ_1", "az-1")) is not None
     assert cache.get(header, request, 1, ("AZ_2", "az-2")) is None
     assert cache.get(header, request, 1, ("AZ_1", "az-2")) is None  # same listener, rack said otherwise
+
+
+def test_listener_settings() -> None:
+    """Per-AZ listeners in the typed config: each advertises its own address; contradictions stop
+    the broker at startup."""
+    from diskless.config import Endpoint, load_config
+
+    config = load_config(
+        environ={},
+        overrides={
+            "listeners": "BROKER://0.0.0.0:9092,AZ_A://0.0.0.0:0,AZ_B://10.0.1.5:9292",
+            "advertised.listeners": "BROKER://broker-1:9092,AZ_A://broker-1.az-a:9192",
+            "inter.broker.listener.name": "broker",
+            "diskless.listener.az.map": "AZ_A:az-a,az_b:az-b",
+            "broker.rack": "az-a",
+        },
+    )
+    assert config.listener == Endpoint("0.0.0.0", 9092)
+    assert config.advertised(9092) == Endpoint("broker-1", 9092)
+    assert config.advertised_endpoints({"AZ_A": 40000, "AZ_B": 9292}) == {
+        "BROKER": Endpoint("broker-1", 9092),
+        "AZ_A": Endpoint("broker-1.az-a", 9192),
+        "AZ_B": Endpoint("10.0.1.5", 9292),
+    }
+    assert config.zone_policy().listener_azs == {"AZ_A": "az-a", "AZ_B": "az-b"}
+    for bad in (
+        {"listeners": "A://h:1", "inter.broker.listener.name": "B"},
+        {"listeners": "A://h:1", "diskless.listener.az.map": "B:az-1"},
+        {"diskless.client.az.cidrs": "az-1:nonsense"},
+    ):
+        with pytest.raises(ConfigError):
+            load_config(environ={}, overrides=bad)
