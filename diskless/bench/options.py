@@ -46,6 +46,7 @@ class BenchOptions:
     quick: bool = False
     plots: bool = True
     broker_overrides: dict[str, str] = field(default_factory=dict)
+    profile: tuple[str, ...] = ()  # topic kinds during whose phases py-spy samples the brokers
 
     @classmethod
     def quick_run(cls, **changes: Any) -> BenchOptions:
@@ -73,6 +74,8 @@ class BenchOptions:
         unknown = set(self.kinds) - set(KINDS)
         if unknown or not self.kinds:
             raise ValueError(f"--kinds takes {', '.join(KINDS)}; got {sorted(unknown) or 'nothing'}")
+        if set(self.profile) - set(self.kinds):
+            raise ValueError("--profile names a kind this run does not run")
         if self.linger_ms < 1:
             raise ValueError("--linger-ms must be >= 1")
 
@@ -88,6 +91,7 @@ class BenchOptions:
         out = asdict(self)
         out["kinds"] = list(self.kinds)
         out["s3_sizes"] = list(self.s3_sizes)
+        out["profile"] = list(self.profile)
         return out
 
 
@@ -107,6 +111,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help=f"results directory; each run gets a subdirectory (default {d.out_dir})")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument(
+        "--profile",
+        nargs="?",
+        const="diskless",
+        help="py-spy the brokers while these kinds run (default diskless); hot spots in the report",
+    )
+    parser.add_argument(
         "--broker-override", action="append", default=[], metavar="NAME=VALUE", help="one more broker setting"
     )
 
@@ -122,6 +132,8 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
     if args.out:
         options.out_dir = args.out
     options.plots = not args.no_plots
+    if args.profile:
+        options.profile = tuple(k.strip() for k in args.profile.split(",") if k.strip())
     for item in args.broker_override:
         name, sep, value = item.partition("=")
         if not sep:

@@ -152,7 +152,9 @@ def markdown(result: dict[str, Any]) -> str:
         f"{o['brokers']} brokers in {o['azs']} AZs, S3: {result['cluster']['s3_kind']}; {o['partitions']} partitions,"
         f" replication {o['replication']}, {o['record_size']} B records, acks=all, producer linger.ms"
         f" {o['producer_linger_ms']}, diskless.wal.linger.ms {o['linger_ms']}; one producer and one consumer per AZ;"
-        f" fixed rate {o['rate']} records/s per producer{' (quick mode)' if o['quick'] else ''}.",
+        f" fixed rate {o['rate']} records/s per producer{' (quick mode)' if o['quick'] else ''}."
+        f" {result['cpus']} CPUs, load average {result['load_average']['at_start'][0]:g} at the start"
+        f" and {result['load_average']['at_end'][0]:g} at the end (1 minute).",
         "",
         "## Targets",
         "",
@@ -204,6 +206,26 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", "## Brokers", "", "| broker | AZ | peak RSS MB | CPU s in run |", "|---|---|---|---|"]
     for node, b in sorted(result["brokers"].items()):
         lines.append(f"| {node} | {b['az']} | {_fmt(b['peak_rss_mb'])} | {_fmt(b['cpu_s'])} |")
+    for kind, data in result["kinds"].items():
+        profile = data.get("profile")
+        if not profile:
+            continue
+        busy = profile["samples"] - profile["idle_samples"]
+        lines += [
+            "",
+            f"## Broker hot spots, {kind} phases (py-spy, all brokers; {busy} busy of {profile['samples']} samples)",
+            "",
+            f"{profile['event_loop_busy_samples']} of the busy samples are on the event loop's thread. Shares are"
+            " of busy samples; inclusive lists the project's (and kio's) own functions.",
+            "",
+            "| self % | function | | inclusive % | function |",
+            "|---|---|---|---|---|",
+        ]
+        for own, incl in zip(profile["self"], profile["inclusive"], strict=False):
+            lines.append(
+                f"| {own['share_of_busy'] * 100:.1f} | `{own['function']}` | | {incl['share_of_busy'] * 100:.1f}"
+                f" | `{incl['function']}` |"
+            )
     lines += ["", "Plots: `latency_cdf.png`, `throughput.png`. Raw samples: `raw/`.", ""]
     return "\n".join(lines)
 

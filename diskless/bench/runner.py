@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -24,6 +25,7 @@ import numpy as np
 from diskless.bench.cluster import az_env, azs_of, build_shim, create_topics, spawn_loadgen, start_cluster
 from diskless.bench.collect import OBJECT_REQUESTS, Sampler, WalObject, cross_az_bytes, list_wal_objects, window_delta
 from diskless.bench.options import BenchOptions
+from diskless.bench.profile import Profiler, hot_spots
 from diskless.bench.report import evaluate_targets, write_outputs
 from diskless.bench.s3_baseline import run_baseline
 from diskless.bench.stats import (
@@ -75,6 +77,7 @@ class KindRun:
     produced: ProducerSamples | None = None
     consumed: ConsumerSamples | None = None
     started_at: float = 0.0
+    profiles: list[Path] = field(default_factory=list)  # py-spy collapsed stacks, one per broker
 
 
 class LoadGenerators:
@@ -159,7 +162,14 @@ def _load_consumers(controls: list[Path]) -> ConsumerSamples:
 
 
 def run_kind(
-    kind: str, topic: str, cluster: DevCluster, options: BenchOptions, shim: Path | None, raw: Path, progress: Progress
+    kind: str,
+    topic: str,
+    cluster: DevCluster,
+    options: BenchOptions,
+    shim: Path | None,
+    raw: Path,
+    progress: Progress,
+    profiler: Profiler | None = None,
 ) -> KindRun:
     azs = azs_of(cluster)
     bootstrap = cluster.bootstrap_by_az()
@@ -208,6 +218,8 @@ def run_kind(
             "flush_timeout": FLUSH_TIMEOUT_S,
         }
         first = _windows(order)
+        if profiler is not None:
+            profiler.start({b.node_id: b.pid for b in cluster.brokers if b.pid is not None})
         for control in producers:
             (control / "go-1.json").write_text(json.dumps(order))
         total = first[-1].end - time.time()
@@ -226,6 +238,8 @@ def run_kind(
         for control in producers:
             (control / "go-2.json").write_text(json.dumps(order))
         gens.wait_files(producers, "done-2", options.duration + FLUSH_TIMEOUT_S + 30, tick_for(second, {}))
+        if profiler is not None:
+            run.profiles = list(profiler.stop().values())
         run.produced = ProducerSamples.join([round1, _load_producers(producers, 2)])
         run.windows = first + second
         # Consumers see every acknowledged record (each reads the whole topic) or time runs out.
@@ -245,6 +259,8 @@ def run_kind(
         return run
     finally:
         gens.kill_all()
+        if profiler is not None:
+            profiler.stop()
 
 
 def _payload_between(produced: ProducerSamples, start: float, end: float, record_size: int) -> int:
@@ -316,11 +332,15 @@ def kind_figures(
 
 def run_bench(options: BenchOptions, out: TextIO = sys.stdout) -> int:
     options.validate()
+    if options.profile and Profiler.binary() is None:
+        print("diskless bench: --profile needs py-spy (pip install -e '.[bench]')", file=sys.stderr)
+        return 2
     stamp = time.strftime("%Y%m%d-%H%M%S")
     result_dir = Path(options.out_dir).resolve() / stamp
     root = result_dir / "cluster"
     progress = Progress(out)
     progress.line(f"diskless bench: results in {result_dir}")
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
     overrides = {"diskless.wal.linger.ms": str(options.linger_ms), **options.broker_overrides}
     cluster: DevCluster | None = None
     try:
@@ -363,7 +383,12 @@ def run_bench(options: BenchOptions, out: TextIO = sys.stdout) -> int:
         try:
             for kind in options.kinds:
                 progress.line(f"{kind} topic: phases low, max, after-burst, 80pct")
-                runs.append(run_kind(kind, f"bench-{kind}", cluster, options, shim, result_dir / "raw", progress))
+                profiler = None
+                if kind in options.profile:
+                    profiler = Profiler(result_dir / "profile" / kind)
+                    progress.line(f"  profiling the brokers with py-spy into {profiler.out}")
+                run = run_kind(kind, f"bench-{kind}", cluster, options, shim, result_dir / "raw", progress, profiler)
+                runs.append(run)
         finally:
             sampler.stop()
         wal = asyncio.run(list_wal_objects(s3.endpoint, BUCKET, s3.access_key, s3.secret_key))
@@ -383,11 +408,16 @@ def run_bench(options: BenchOptions, out: TextIO = sys.stdout) -> int:
         samples: dict[str, Any] = {}
         for run in runs:
             kinds[run.kind], samples[run.kind] = kind_figures(run, sampler, wal, options, azs)
+            if run.profiles:
+                kinds[run.kind]["profile"] = hot_spots(run.profiles)
         result: dict[str, Any] = {
             "started_at": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(run_started)),
             "run_started_at": run_started,
             "options": options.as_dict(),
             "cluster": {"s3_kind": s3.kind, "azs": azs, "source_address_shim": shim is not None},
+            # Everything shares this machine's cores: other work running meanwhile moves every figure.
+            "load_average": {"at_start": load_at_start, "at_end": [round(x, 2) for x in os.getloadavg()]},
+            "cpus": os.cpu_count(),
             "s3_baseline": baseline,
             "kinds": kinds,
             "brokers": brokers,
