@@ -6,8 +6,9 @@ Starts etcd and three brokers in three AZs (``diskless.local.servers``), creates
 topics holding ``--partitions`` partitions in total through confluent-kafka's AdminClient, then
 produces one record to every partition (acks=all) and reads a sample back. Prints seconds for
 each step and the brokers' resident memory. ``--keep`` keeps the work directory (broker logs);
-``--profile`` samples broker 0 with py-spy (the ``dev`` extra) during creation and the first
-writes, and prints the functions where it spent most time.
+``--profile`` samples broker 0 with py-spy (the ``dev`` extra; ``--nonblocking``, so the broker
+is never paused, which under load made it miss its lease) during creation and the first writes,
+and prints the functions where it spent most time.
 """
 
 from __future__ import annotations
@@ -103,7 +104,7 @@ def main() -> int:
         spy = None
         if args.profile:
             py_spy = str(Path(sys.executable).parent / "py-spy")
-            cmd = [py_spy, "record", "--pid", str(brokers[0].pid), "--format", "raw", "--rate", "200"]
+            cmd = [py_spy, "record", "--pid", str(brokers[0].pid), "--format", "raw", "--rate", "200", "--nonblocking"]
             spy = subprocess.Popen([*cmd, "--output", str(workdir / "broker-0.profile")], stdout=subprocess.DEVNULL)
             time.sleep(1)  # let py-spy attach before the measured steps
         start = time.monotonic()
