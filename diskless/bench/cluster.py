@@ -96,7 +96,8 @@ def az_env(az: str, shim: Path | None) -> dict[str, str]:
 def spawn_loadgen(role: str, args: dict[str, Any], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "diskless.bench.loadgen", role]
     for name, value in args.items():
-        cmd += [f"--{name.replace('_', '-')}", str(value)]
+        flag = f"--{name.replace('_', '-')}"
+        cmd.append(flag if value == "" else f"{flag}={value}")  # "": a bare flag; "=": values may start with -
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as out:
         return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)

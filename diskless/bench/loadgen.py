@@ -9,7 +9,8 @@ control directory, so nothing here needs a socket of its own:
   them), runs them back to back, writes ``out-<n>.npz`` (for each acknowledged record its send time
   and produce latency; failures are counted) and ``done-<n>``, and waits for the next ``go`` or
   ``stop``;
-- a consumer assigns every partition at its current end, writes ``ready``, and until ``stop``
+- a consumer assigns every partition at its current end (or, ``--from-beginning``, at its start: the
+  lagging reader of the ``lagging`` phase), writes ``ready``, and until ``stop``
   records for each record the send time carried in its first 8 bytes and the time it arrived, then
   writes ``out.npz``.
 
@@ -180,7 +181,7 @@ def run_consumer(args: argparse.Namespace) -> int:
             "bootstrap.servers": args.bootstrap,
             "client.id": f"bench-consumer-{args.az} diskless_az={args.az}",
             "client.rack": args.az,
-            "group.id": f"bench-{args.topic}-{args.az}",
+            "group.id": f"bench-{args.topic}-{args.az}{args.group_suffix}",
             "enable.auto.commit": False,
             "enable.partition.eof": False,
             "fetch.max.bytes": 8 * 1024 * 1024,
@@ -190,7 +191,9 @@ def run_consumer(args: argparse.Namespace) -> int:
         meta = consumer.list_topics(args.topic, timeout=30).topics[args.topic]
         partitions = sorted(meta.partitions)
         # Explicit end offsets, read before ``ready``: a record produced after ``ready`` is always seen.
-        starts = [consumer.get_watermark_offsets(TopicPartition(args.topic, p), timeout=30)[1] for p in partitions]
+        # A lagging consumer starts at the log start instead (index 0 of the watermarks).
+        side = 0 if args.from_beginning else 1
+        starts = [consumer.get_watermark_offsets(TopicPartition(args.topic, p), timeout=30)[side] for p in partitions]
         consumer.assign([TopicPartition(args.topic, p, o) for p, o in zip(partitions, starts, strict=True)])
         (control / "ready").write_text("ok\n")
         sent_at = array("d")
@@ -233,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record-size", type=int, default=1024)
     parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument("--queue-kbytes", type=int, default=4096)
+    parser.add_argument("--from-beginning", action="store_true", help="consumer: read the topic from its start")
+    parser.add_argument("--group-suffix", default="", help="consumer: distinguishes a second consumer in one AZ")
     args = parser.parse_args(argv)
     Path(args.control).mkdir(parents=True, exist_ok=True)
     try:

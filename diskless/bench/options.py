@@ -6,7 +6,11 @@ Each topic kind runs the same sequence, so the figures of the two kinds compare 
 - ``max``: every producer as fast as the cluster takes records, for ``burst`` seconds;
 - ``after-burst``: the fixed ``rate`` again, for ``after`` seconds, starting the instant the burst ends
   (issue 10: "within 10 s after a burst at maximum throughput ends");
-- ``80pct``: 80 % of the throughput the ``max`` phase reached, for ``duration`` seconds.
+- ``80pct``: 80 % of the throughput the ``max`` phase reached, for ``duration`` seconds;
+- ``lagging`` (diskless only): the fixed ``rate`` again while one more consumer reads the topic from
+  its start (everything the phases before wrote), for ``duration`` seconds; the tail consumers'
+  end-to-end p99 is compared with the ``low`` phase's (issue 10: lagging reads must not evict the
+  tail cache).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 KINDS = ("diskless", "classic")
-PHASES = ("low", "max", "after-burst", "80pct")
+PHASES = ("low", "max", "after-burst", "80pct", "lagging")
 FIXED_RATE_PHASES = ("low", "after-burst", "80pct")
 KIB = 1024
 
@@ -46,6 +50,7 @@ class BenchOptions:
     quick: bool = False
     plots: bool = True
     broker_overrides: dict[str, str] = field(default_factory=dict)
+    lagging: bool = True  # the diskless kind's ``lagging`` phase
     profile: tuple[str, ...] = ()  # topic kinds during whose phases py-spy samples the brokers
 
     @classmethod
@@ -110,6 +115,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kinds", help=f"topic kinds to run, comma-separated, in order (default {','.join(d.kinds)})")
     parser.add_argument("--out", help=f"results directory; each run gets a subdirectory (default {d.out_dir})")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    parser.add_argument("--no-lagging", action="store_true", help="skip the diskless lagging-reader phase")
     parser.add_argument(
         "--profile",
         nargs="?",
@@ -132,6 +138,7 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
     if args.out:
         options.out_dir = args.out
     options.plots = not args.no_plots
+    options.lagging = not args.no_lagging
     if args.profile:
         options.profile = tuple(k.strip() for k in args.profile.split(",") if k.strip())
     for item in args.broker_override:

@@ -78,6 +78,7 @@ class KindRun:
     consumed: ConsumerSamples | None = None
     started_at: float = 0.0
     profiles: list[Path] = field(default_factory=list)  # py-spy collapsed stacks, one per broker
+    lagging_read: int | None = None  # records the lagging reader got during the ``lagging`` phase
 
 
 class LoadGenerators:
@@ -87,8 +88,8 @@ class LoadGenerators:
         self.root = root
         self.procs: dict[Path, subprocess.Popen[bytes]] = {}
 
-    def spawn(self, role: str, az: str, args: dict[str, Any], env: dict[str, str]) -> Path:
-        control = self.root / f"{role}-{az}"
+    def spawn(self, role: str, az: str, args: dict[str, Any], env: dict[str, str], name: str = "") -> Path:
+        control = self.root / (name or f"{role}-{az}")
         control.mkdir(parents=True, exist_ok=True)
         self.procs[control] = spawn_loadgen(role, {**args, "az": az, "control": control}, env, control / "log.txt")
         return control
@@ -136,6 +137,13 @@ def _windows(order: dict[str, Any]) -> list[Window]:
         out.append(Window(phase["name"], start, start + float(phase["duration"])))
         start += float(phase["duration"])
     return out
+
+
+def _publish(path: Path, value: dict[str, Any]) -> None:
+    """Write-then-rename: a load generator polling for ``path`` never reads half of it."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -221,7 +229,7 @@ def run_kind(
         if profiler is not None:
             profiler.start({b.node_id: b.pid for b in cluster.brokers if b.pid is not None})
         for control in producers:
-            (control / "go-1.json").write_text(json.dumps(order))
+            _publish(control / "go-1.json", order)
         total = first[-1].end - time.time()
         gens.wait_files(producers, "done-1", total + FLUSH_TIMEOUT_S + 30, tick_for(first, {}))
         round1 = _load_producers(producers, 1)
@@ -236,11 +244,37 @@ def run_kind(
         }
         second = _windows(order)
         for control in producers:
-            (control / "go-2.json").write_text(json.dumps(order))
+            _publish(control / "go-2.json", order)
         gens.wait_files(producers, "done-2", options.duration + FLUSH_TIMEOUT_S + 30, tick_for(second, {}))
+        rounds = [round1, _load_producers(producers, 2)]
+        if options.lagging and kind == "diskless":
+            # A reader of the whole topic from its start in the first AZ, beside that AZ's tail reader.
+            az = azs[0]
+            lagging = gens.spawn(
+                "consumer",
+                az,
+                {"bootstrap": bootstrap[az], "topic": topic, "from_beginning": "", "group_suffix": "-lagging"},
+                az_env(az, shim),
+                name=f"lagging-consumer-{az}",
+            )
+            gens.wait_files([lagging], "ready", READY_TIMEOUT_S)
+            order = {
+                "start_at": time.time() + 0.3,
+                "phases": [{"name": "lagging", "rate": options.rate, "duration": options.duration}],
+                "flush_timeout": FLUSH_TIMEOUT_S,
+            }
+            third = _windows(order)
+            for control in producers:
+                _publish(control / "go-3.json", order)
+            gens.wait_files(producers, "done-3", options.duration + FLUSH_TIMEOUT_S + 30, tick_for(third, {}))
+            rounds.append(_load_producers(producers, 3))
+            second += third
+            gens.stop([lagging])
+            with np.load(lagging / "out.npz") as data:
+                run.lagging_read = int(data["sent_at"].size)
         if profiler is not None:
             run.profiles = list(profiler.stop().values())
-        run.produced = ProducerSamples.join([round1, _load_producers(producers, 2)])
+        run.produced = ProducerSamples.join(rounds)
         run.windows = first + second
         # Consumers see every acknowledged record (each reads the whole topic) or time runs out.
         expected = run.produced.sent_at.size * len(consumers)
@@ -289,6 +323,11 @@ def kind_figures(
         }
         cross = cross_az_bytes(delta, azs)
         cross["payload_bytes"] = payload
+        # The brokers' own timings: a WAL flush (upload plus commits) and a leader's commit of one request.
+        timings = {}
+        for name, metric in (("flush", "diskless_flush_seconds"), ("commit", "diskless_commit_seconds")):
+            count = delta.total(f"{metric}_count")
+            timings[f"{name}_mean_ms"] = round(delta.total(f"{metric}_sum") / count * 1000, 1) if count else None
         cross["per_payload_byte"] = round(cross["cross_az_bytes"] / payload, 5) if payload else None
         in_window = [o.size for o in wal if window.start * 1000 <= o.created_ms < window.end * 1000]
         f.update(
@@ -303,6 +342,7 @@ def kind_figures(
             s3_puts_per_broker_per_s_max=max(per_broker.values(), default=0.0),
             cross_az=cross,
             wal_objects=size_distribution(in_window),
+            broker_timings=timings,
         )
         phases[window.name] = f
         sent = (run.produced.sent_at >= window.start) & (run.produced.sent_at < window.end)
@@ -325,6 +365,7 @@ def kind_figures(
         "cross_az": whole,
         "cross_az_per_payload_byte": round(whole["cross_az_bytes"] / payload, 5) if payload else None,
         "cross_az_counted_by": whole["counted_by"],
+        "lagging_reader_records": run.lagging_read,
         "throughput_series": throughput_series(run.produced, run.started_at, last + 5, options.record_size),
     }
     return figures, samples

@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-PHASES = ("low", "max", "after-burst", "80pct")
+PHASES = ("low", "max", "after-burst", "80pct")  # and "lagging" for diskless
 
 
 def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
@@ -28,7 +28,8 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
     assert set(result["kinds"]) == {"diskless", "classic"}
     for kind, data in result["kinds"].items():
         assert data["failed_records"] == 0, kind
-        assert list(data["phases"]) == list(PHASES), kind
+        expected = [*PHASES, "lagging"] if kind == "diskless" else list(PHASES)
+        assert list(data["phases"]) == expected, kind
         assert data["max_mb_per_s"] > 0 and data["cross_az_per_payload_byte"] is not None
         assert data["throughput_series"]["mb_per_s"], kind
         for phase, f in data["phases"].items():
@@ -43,6 +44,8 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
             assert set(f["s3_puts_per_broker_per_s"]) == {"1", "2", "3"}, where
         if kind == "diskless":
             assert all(f["s3_puts_per_mb"] > 0 and f["wal_objects"]["objects"] > 0 for f in data["phases"].values())
+            assert all(f["broker_timings"]["flush_mean_ms"] > 0 for f in data["phases"].values())
+            assert data["lagging_reader_records"] > 0
         else:
             assert all(f["wal_objects"]["objects"] == 0 for f in data["phases"].values())
     assert result["wal_objects"]["objects"] > 0 and result["wal_objects"]["p50"] > 0
@@ -55,6 +58,7 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
         assert row["result"] in ("pass", "fail") and row["limit"] > result["options"]["linger_ms"]
     assert targets[("diskless max throughput >= classic", "max")]["result"] in ("pass", "fail")
     assert targets[("diskless bytes crossing AZs / payload", "all")]["result"] in ("pass", "fail")
+    assert targets[("lagging reader raises tail e2e p99 <= 20%", "lagging")]["result"] in ("pass", "fail")
     table = (run / "result.md").read_text()
     assert "| target | phase | measured | limit | result | note |" in table
     assert table.count("**pass**") + table.count("**fail**") >= len(PHASES) + 6
