@@ -50,7 +50,10 @@ class DisklessRpcs(ApiFamily):
             if stale is not None:
                 results.append({"error_code": int(stale)})
                 continue
-            code, plog, replica = self._leader_log(entry["topic"], entry["partition"])
+            # The epoch the representative believed in: an entry of another epoch is refused, so
+            # a commit refused at one epoch never lets a later one through after leadership returns.
+            epoch = entry.get("leader_epoch", -1)
+            code, plog, replica = self._leader_log(entry["topic"], entry["partition"], epoch)
             if plog is None or replica is None:
                 results.append({"error_code": int(code)})
                 continue
@@ -83,8 +86,36 @@ class DisklessRpcs(ApiFamily):
         return {"results": results}
 
     async def commit_batches_rpc(self, body: dict[str, Any]) -> dict[str, Any]:
-        """The internal RPC: appends happen in this coroutine's first step, i.e. in request order."""
-        return self.commit_batches_now(body)
+        """The internal RPC: appends happen in this coroutine's first step, i.e. in request order.
+
+        With ``replication_wait_ms`` the answer waits that long at most for acks=all entries to
+        replicate (marking them ``committed``), which saves the representative an AwaitReplicated
+        round trip when followers are healthy. The wait is short and bounded, and answers on a
+        peer connection go out as they finish, so it holds back nothing but this answer."""
+        answer = self.commit_batches_now(body)
+        wait_ms = int(body.get("replication_wait_ms", 0))
+        if wait_ms <= 0:
+            return answer
+        waits = []
+        for entry, result in zip(body["entries"], answer["results"], strict=True):
+            if entry["acks"] == -1 and result.get("error_code") == 0 and not result.get("committed"):
+                _, plog, replica = self._leader_log(entry["topic"], entry["partition"])
+                if plog is not None and replica is not None and replica.leader_epoch == result["leader_epoch"]:
+                    wait = replica.wait_for_commit(result["last_offset"], wait_ms / 1000)
+                    waits.append((result, plog, replica, asyncio.ensure_future(wait)))
+        if waits:
+            tasks = [task for *_, task in waits]
+            try:
+                await asyncio.wait(tasks, timeout=wait_ms / 1000)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+            for result, plog, replica, _ in waits:
+                # Still leading at the append's epoch: past the high watermark means replicated.
+                leading = replica.leader_state is not None and replica.leader_epoch == result["leader_epoch"]
+                result["committed"] = leading and plog.high_watermark > result["last_offset"]
+        return answer
 
     async def await_replicated(self, body: dict[str, Any]) -> dict[str, Any]:
         """AwaitReplicated (acks=all): for each (topic, topic id, partition, offset, leader epoch),

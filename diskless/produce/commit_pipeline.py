@@ -216,6 +216,11 @@ class CommitPipeline:
             if batch is not None:
                 self._fail(batch, code, now_ms)
 
+    def note_failure(self, key: PartitionKey, data: bytes, code: int, now_ms: int) -> None:
+        """A batch this pipeline never saw failed (the shell reset after a bug): remember it as a hint (R4)."""
+        producer, first, last = _producer_of(data)
+        self._note_hint(_Batch(-1, -1, key, len(data), producer, first, last), code, now_ms)
+
     def leaders_changed(self) -> None:
         """Metadata changed: batches backing off after a leadership answer may try at once."""
         for batch in self._batches.values():

@@ -26,8 +26,10 @@ back-offs at once. So every batch gets an ordering outcome in bounded time, and 
 a gate: there is no gate, only the pipeline's state, which each report moves forward.
 
 Liveness with slow followers. The leader answers CommitBatches once the pointers are appended;
-that is all the ordering needs. For acks=all the representative then asks the leader to await
-replication (AwaitReplicated) for those partitions only; the leader answers as soon as any of
+that is all the ordering needs (a remote leader may hold the answer up to
+``REPLICATION_PIGGYBACK_MS`` to report acks=all entries already replicated; later commits of the
+same partitions are sent meanwhile, R1). For entries not yet replicated the representative asks
+the leader to await replication (AwaitReplicated) for those partitions only; the leader answers as soon as any of
 them is decided, so one partition whose follower is stalled delays only its own producers.
 Internal requests on a peer connection are answered as they finish (``server.py``), so a long
 AwaitReplicated never holds back a later CommitBatches answer on the same connection.
@@ -67,7 +69,11 @@ RETRY_BACKOFF_MS = 100  # after a leadership answer, unless the metadata changes
 COMMIT_ANSWER_TIMEOUT_S = 30.0  # a commit answer is an append, never a replication wait
 REPLICATION_TIMEOUT_S = 30.0  # acks=all: as long as the leader's own wait used to be
 REPLICATION_POLL_MS = 5000  # the leader answers an AwaitReplicated at the latest after this
-LOCAL = "local"  # the channel of commits to this broker's own leaders
+# A remote leader may hold a CommitBatches answer this long for acks=all replication, sparing an
+# AwaitReplicated round trip when followers are healthy; never more (a slow follower's partition
+# would hold the answer for the request's other partitions).
+REPLICATION_PIGGYBACK_MS = 50
+LOCAL = "local"  # channel (LOCAL, epoch): commits to this broker's own leaders
 
 
 def _now_ms() -> int:
@@ -210,7 +216,9 @@ class Representative:
     # --- one flush's upload ----------------------------------------------------------------------
 
     async def _upload(self, sequence: int, batches: list[BufferedBatch]) -> None:
-        info = self._flushes[sequence]
+        info = self._flushes.get(sequence)
+        if info is None:
+            return  # failed already (reset after a bug)
         created = _now_ms()
         key = wal_object_key(created, self.az, self.broker.node_id)
         try:
@@ -261,12 +269,23 @@ class Representative:
                 if not sends and not self._pump_again:
                     break
         except Exception:
-            log.exception("commit pipeline failed; failing its pending batches")
-            self.pipeline.failed(list(self._items), STORAGE_ERROR, _now_ms())
-            self._deliver()
-            self.pipeline = CommitPipeline(
-                retry_timeout_ms=int(LEADERSHIP_RETRY_S * 1000), retry_backoff_ms=RETRY_BACKOFF_MS
-            )
+            # A bug: the pipeline's state cannot be trusted. Fail every batch held here, buffered
+            # ones included (a later batch must not commit after an earlier one failed), and start
+            # afresh; answers still to come for the old batches are ignored.
+            log.exception("commit pipeline failed; failing every batch held")
+            fresh = CommitPipeline(retry_timeout_ms=int(LEADERSHIP_RETRY_S * 1000), retry_backoff_ms=RETRY_BACKOFF_MS)
+            for item in [*self._items.values(), *self.admission.drop_waiting()]:
+                if not item.future.done():
+                    key = (item.batch.topic_id, item.batch.partition)
+                    fresh.note_failure(key, item.batch.data, STORAGE_ERROR, _now_ms())
+                _resolve(item, {"error_code": STORAGE_ERROR})
+            self._items.clear()
+            self._flushes.clear()
+            self.buffer.drain()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self.pipeline = fresh
         finally:
             self._pumping = False
         self._arm_wakeup()
@@ -294,13 +313,16 @@ class Representative:
             return NoRoute.UNKNOWN
         if state.leader < 0:
             return NoRoute.NO_LEADER
+        # The leader epoch is part of the channel and stamped on each entry: the leader refuses an
+        # entry of another epoch, so of two commits sent at one epoch, a refused first one means a
+        # refused second one even if leadership came back in between (CommitPipeline, R1).
         if state.leader == self.broker.node_id:
-            return LOCAL
+            return (LOCAL, state.leader_epoch)
         conn = self.broker.peers.connected(state.leader)
         if conn is None:
             self._connect(state.leader)
             return NoRoute.NO_LEADER
-        return (state.leader, conn)
+        return (state.leader, conn, state.leader_epoch)
 
     def _connect(self, node_id: int) -> None:
         if node_id in self._connecting:
@@ -327,6 +349,7 @@ class Representative:
         body = {
             "key": info.key,
             "created_ms": info.created_ms,
+            "replication_wait_ms": REPLICATION_PIGGYBACK_MS,
             "entries": [
                 {
                     "topic": item.batch.topic,
@@ -335,13 +358,15 @@ class Representative:
                     "header": item.batch.data[:61],
                     "position": item.position,
                     "acks": item.acks,
+                    "leader_epoch": send.channel[-1],  # type: ignore[index]
                 }
                 for item in items
             ],
         }
         self.stats["commit_rpcs"] += 1
-        DISKLESS_COMMIT_RPCS.labels("local" if send.channel == LOCAL else "remote").inc()
-        if send.channel == LOCAL:
+        local = send.channel[0] == LOCAL  # type: ignore[index]
+        DISKLESS_COMMIT_RPCS.labels("local" if local else "remote").inc()
+        if local:
             try:
                 answer = self.broker.apis.diskless.commit_batches_now(body)
             except Exception:
@@ -427,7 +452,7 @@ class Representative:
         The leader answers as soon as any entry is decided, so each partition is answered at its
         own pace; the rest are asked again."""
         deadline = time.monotonic() + REPLICATION_TIMEOUT_S
-        leader = self.broker.node_id if channel == LOCAL else channel[0]  # type: ignore[index]
+        leader = self.broker.node_id if channel[0] == LOCAL else channel[0]  # type: ignore[index]
         try:
             while waiting and time.monotonic() < deadline:
                 left_ms = int((deadline - time.monotonic()) * 1000)

@@ -2,8 +2,9 @@
 
 A simulated network: each channel is a FIFO that its leader processes in order (as a leader
 starts the requests of one connection in order); steps deliver the head of a channel, lose a
-channel (its requests may or may not have been applied), finish or fail uploads, move leaders,
-and let time pass. Leaders check each idempotent producer's sequences as Kafka does.
+channel (its requests may or may not have been applied), finish or fail uploads, move leaders
+(away and back too: each move bumps the leader epoch, which every entry carries), and let time
+pass. Leaders check each idempotent producer's sequences as Kafka does.
 
 Properties: per partition the leader's log holds batches in arrival order (for the partition
 whose producer is not idempotent the leader checks nothing, so only the pipeline keeps it); no
@@ -40,16 +41,27 @@ class Leaderboard:
     seq_of: dict[int, int] = field(default_factory=dict)  # batch id -> sequence
     part_of: dict[int, int] = field(default_factory=dict)
 
+    epoch: dict[int, int] = field(default_factory=dict)
+
     def route(self, key: tuple[str, int]) -> Any:
         leader = self.leader[key[1]]
         if leader < 0:
             return NoRoute.NO_LEADER
-        return (leader, self.generation.get(leader, 0))
+        return (leader, self.generation.get(leader, 0), self.epoch.get(key[1], 0))
 
-    def apply(self, node: int, batch_id: int) -> dict[str, Any]:
+    def move(self, partition: int, leader: int) -> None:
+        if self.leader[partition] != leader:
+            self.leader[partition] = leader
+            self.epoch[partition] = self.epoch.get(partition, 0) + 1
+
+    def apply(self, channel: tuple[int, int, int], batch_id: int) -> dict[str, Any]:
+        """A leader applies one entry stamped with the channel's epoch, as diskless_rpcs does."""
+        node, _, stamped = channel
         partition = self.part_of[batch_id]
         if self.leader[partition] != node:
             return {"error_code": NOT_LEADER}
+        if stamped != self.epoch.get(partition, 0):
+            return {"error_code": int(ErrorCode.fenced_leader_epoch)}
         if partition == PLAIN:  # no idempotence: the leader appends whatever comes, duplicates too
             self.log.setdefault(partition, []).append(batch_id)
             return {"error_code": 0}
@@ -156,7 +168,7 @@ def test_per_partition_order_and_liveness(steps: list[tuple[Any, ...]]) -> None:
             if live:
                 channel = live[args[0] % len(live)]
                 batch_id, _ = queues[channel].pop(0)
-                result = board.apply(channel[0], batch_id)
+                result = board.apply(channel, batch_id)
                 if args[1]:  # the answer is lost after the leader applied it
                     pipeline.lost([batch_id], now)
                 else:
@@ -168,11 +180,11 @@ def test_per_partition_order_and_liveness(steps: list[tuple[Any, ...]]) -> None:
                 lost = queues.pop(channel)
                 board.generation[channel[0]] = board.generation.get(channel[0], 0) + 1
                 for batch_id, _ in lost[:1] if args[1] else []:  # the first may have been applied
-                    board.apply(channel[0], batch_id)
+                    board.apply(channel, batch_id)
                 pipeline.lost([b for b, _ in lost], now)
         elif action == "move":
             partition, leader = args
-            board.leader[partition] = leader
+            board.move(partition, leader)
             pipeline.leaders_changed()
         elif action == "time":
             now += args[0]
@@ -180,7 +192,7 @@ def test_per_partition_order_and_liveness(steps: list[tuple[Any, ...]]) -> None:
 
     # Drain: finish uploads, bring leaders back, deliver everything, let deadlines pass.
     for partition in range(3):
-        board.leader[partition] = partition
+        board.move(partition, partition)
     while uploading:
         pipeline.uploaded(uploading.pop(), now)
     for _ in range(1000):
@@ -189,7 +201,7 @@ def test_per_partition_order_and_liveness(steps: list[tuple[Any, ...]]) -> None:
         if live:
             channel = live[0]
             batch_id, _ = queues[channel].pop(0)
-            pipeline.answered(batch_id, board.apply(channel[0], batch_id), now)
+            pipeline.answered(batch_id, board.apply(channel, batch_id), now)
         elif pipeline.pending:
             now += 1000
         else:

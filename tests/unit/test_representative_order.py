@@ -53,9 +53,11 @@ class FakeLog:
     seqs: list[int] = field(default_factory=list)  # base sequence of each appended batch, by offset
     next_seq: int = 0
 
-    def append(self, node: int, header: bytes) -> dict[str, Any]:
+    def append(self, node: int, header: bytes, stamped_epoch: int) -> dict[str, Any]:
         if node != self.leader:
             return {"error_code": NOT_LEADER}
+        if stamped_epoch != self.epoch:
+            return {"error_code": int(ErrorCode.fenced_leader_epoch)}
         h = records.parse_header(header)
         if h.base_sequence < self.next_seq:
             offset = self.seqs.index(h.base_sequence)  # a duplicate: the earlier answer
@@ -107,7 +109,7 @@ class FakeCluster:
         self.requests += 1
         if self.requests in self.faults.send:
             raise RuntimeError("injected: commit failed before the leader saw it")
-        results = [self.logs[e["partition"]].append(node, e["header"]) for e in body["entries"]]
+        results = [self.logs[e["partition"]].append(node, e["header"], e["leader_epoch"]) for e in body["entries"]]
         for result in results:
             if result["error_code"] == 0:
                 result["committed"] = next(self.replicated_after)  # acks=all must ask for the rest
@@ -259,10 +261,10 @@ async def produce_partition(
 ) -> None:
     """librdkafka's idempotent producer for one partition, max.in.flight=5.
 
-    An acknowledgement of a batch while an earlier one is unacknowledged is a gap, with one
-    exception Kafka shares: with acks=all, a batch whose append is in the log but whose leader
-    was deposed before confirming replication fails retriably (its retry is a recognised
-    duplicate) while a later batch, appended after it and confirmed by the new leader, succeeds."""
+    An acknowledgement of a batch while an earlier one is unacknowledged is a gap unless that
+    earlier batch is in the log: a failure reported for an append whose outcome was unknown
+    (its answer lost past every retry, a leader deposed before confirming acks=all replication)
+    is retried by the producer and recognised as a duplicate, as in Kafka."""
     acked: set[int] = set()
     next_to_send = 0
     inflight: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -283,7 +285,7 @@ async def produce_partition(
             if code == 0:
                 missing = [seq for seq in range(head) if seq not in acked]
                 in_log = set(cluster.logs[partition].seqs)
-                if missing and (acks != -1 or not set(missing) <= in_log):
+                if missing and not set(missing) <= in_log:
                     problems.append(f"gap: p{partition} seq {head} acknowledged before seq {missing[0]}")
                     return
                 acked.add(head)
