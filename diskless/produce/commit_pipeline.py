@@ -44,21 +44,26 @@ R5 (deadline). Every batch gets an outcome: uploads and RPCs are bounded by the 
 Why the order holds (safety rule 2). Take batches a before b in one chain. b is sent only if a is
 in flight on the same channel (a was sent first, the leader starts a first) or a has an outcome
 (R1). If a's outcome is an append, b follows it. If a failed retriably, b either fails with it
-(R2) or was appended (only for producers without idempotence, which Kafka never promised order
+(R2) or was appended (only for producers without idempotence, and only when a was refused for a
+reason other than leadership, e.g. NOT_ENOUGH_REPLICAS; Kafka never promised such producers order
 across retries). If a is retried (R3, R4), a goes back to waiting and nothing of the chain is
-sent on a new channel while b is still in flight on the old one (R1): b's answer comes first;
-if b was refused it waits behind a again; if b was appended while a was refused, the leader did
-that (leadership flapping between two adjacent requests), and for an idempotent producer it
-would have refused b with OUT_OF_ORDER_SEQUENCE (R4). Uploads finishing out of order change
-nothing: a batch of an unfinished upload blocks its chain (R1). A failed upload fails its
-batches with KAFKA_STORAGE_ERROR, which propagates (R2).
+sent on another channel while b is still in flight (R1): b's answer comes first; if b was refused
+it waits behind a again. b cannot have been appended where a was refused for leadership: the
+shell makes the leader epoch part of the channel and stamps it on every entry, the leader refuses
+entries of any other epoch, and epochs only grow, so a refusal of a at its stamp means a refusal
+of b at the same stamp, even if leadership came back to that broker in between. For an idempotent
+producer the leader's own sequence check refuses b anyway (OUT_OF_ORDER_SEQUENCE, R4). Uploads
+finishing out of order change nothing: a batch of an unfinished upload blocks its chain (R1). A
+failed upload fails its batches with KAFKA_STORAGE_ERROR, which propagates (R2).
 
 Interleavings considered: upload n fails while upload n+1 of the same partition succeeds first;
 a leader moves between sending flush n and flush n+1 (both refused by the old leader; resent in
-order to the new one); the connection to a leader drops with several flushes in flight (all
-retried in chain order on the new connection; a leader that still applies the old requests sees
-duplicates, which idempotent producers dedupe); the producer's batch n+2 arrives after batch n
-failed (R4 hint); a batch waits for a predecessor that never gets a leader (deadline, R2).
+order to the new one), and moves back (refused by epoch); the connection to a leader drops with
+several flushes in flight (all retried in chain order on the new connection; a leader that still
+applies the old requests sees duplicates, which idempotent producers dedupe); an answer is lost
+after the leader applied it while later commits are in flight (they are answered first, then it
+is resent as a duplicate); the producer's batch n+2 arrives after batch n failed (R4 hint); a
+batch waits for a predecessor that never gets a leader (deadline, R2).
 """
 
 from __future__ import annotations
