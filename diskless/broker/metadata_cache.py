@@ -11,6 +11,9 @@ most ``MAX_AGE_S`` (anything else an answer might come to depend on is that fres
 move the generation moves with every ISR change, so an answer is also reused, whatever changed,
 for ``MIN_AGE_S``: a broker's metadata is only ever a recent view (Kafka's brokers learn theirs
 asynchronously too), and a client told a leader that just moved gets NOT_LEADER and asks again.
+Only leader/ISR churn is forgiven that way: a change of topics or brokers (``topology``), such as
+the partitions a CreatePartitions just added, invalidates every answer at once, because the
+client that asked for it reads Metadata right after and must see it.
 Answers carrying an error are never reused: those may create topics on the next request.
 """
 
@@ -34,12 +37,15 @@ _CORRELATION = struct.Struct(">i")
 
 class MetadataAnswerCache:
     def __init__(self) -> None:
-        self._answers: dict[tuple[int, str | None, Hashable, Any], tuple[int, float, bytes]] = {}
+        self._answers: dict[tuple[int, str | None, Hashable, Any], tuple[tuple[int, int], float, bytes]] = {}
 
-    def get(self, header: m.RequestHeader, request: Any, generation: int, variant: Hashable = None) -> bytes | None:
+    def get(
+        self, header: m.RequestHeader, request: Any, generation: tuple[int, int], variant: Hashable = None
+    ) -> bytes | None:
         """The encoded answer frame for this request, if a fresh one is cached. ``variant`` is what
         else the answer depends on: the connection's listener and decided client AZ, taken once by
-        the caller for both ``get`` and ``put`` (a consumer's rack may change it in between)."""
+        the caller for both ``get`` and ``put`` (a consumer's rack may change it in between).
+        ``generation`` is the metadata's (generation, topology generation)."""
         try:
             cached = self._answers.get((header.api_version, header.client_id, variant, request))
         except TypeError:  # an unhashable request: never cached
@@ -48,7 +54,9 @@ class MetadataAnswerCache:
             return None
         built_generation, built_at, rest = cached
         age = time.monotonic() - built_at
-        if age > MAX_AGE_S or (built_generation != generation and age > MIN_AGE_S):
+        if age > MAX_AGE_S or built_generation[1] != generation[1]:
+            return None
+        if built_generation != generation and age > MIN_AGE_S:
             return None
         return encode_frame(_CORRELATION.pack(header.correlation_id) + rest)
 
@@ -56,7 +64,7 @@ class MetadataAnswerCache:
         self,
         header: m.RequestHeader,
         request: Any,
-        generation: int,
+        generation: tuple[int, int],
         body: dict[str, Any],
         frame: bytes,
         variant: Hashable = None,

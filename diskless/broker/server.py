@@ -249,7 +249,8 @@ class Connection:
     async def _respond_metadata(self, header: m.RequestHeader, request: Any) -> bytes:
         """Metadata answers are reused while the cluster metadata is unchanged (metadata_cache)."""
         cache = self.server.metadata_answers
-        generation = self.server.apis.broker.metadata.generation
+        metadata = self.server.apis.broker.metadata
+        generation = (metadata.generation, metadata.topology_generation)
         # The answer shows this listener's addresses and this AZ's leaders; taken once, since a
         # Fetch rack may refine the AZ while the answer is built.
         variant = (self.zone.listener, self.zone.az)

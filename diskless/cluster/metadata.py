@@ -85,6 +85,9 @@ class ClusterMetadata:
         self.controller_id = -1
         self.wal_manager: tuple[str, int] | None = None  # where representatives send commit notices
         self.generation = 0  # moves on every applied change (answers built from this copy go stale)
+        # Moves when topics or brokers change (not on leader/ISR churn): an answer built before a
+        # topic was created, grown or deleted is never reused, however young.
+        self.topology_generation = 0
         self._name_of_id: dict[str, str] = {}  # a cache for topic_by_id, checked on every hit
 
     # --- queries -------------------------------------------------------------------------------
@@ -294,6 +297,8 @@ def apply_record(metadata: ClusterMetadata, path: str, value: bytes | None) -> l
     """
     metadata.generation += 1
     parts = path.split("/")
+    if parts[0] != "partitions":
+        metadata.topology_generation += 1
     if parts[0] == "brokers" and len(parts) == 2:
         node_id = int(parts[1])
         if value is None:
@@ -370,6 +375,7 @@ class LocalBackend:
 
     async def _changed(self, changes: list[RecordKey]) -> None:
         self.metadata.generation += 1
+        self.metadata.topology_generation += 1
         self._save()
         if self.on_change is not None:
             await self.on_change(changes)

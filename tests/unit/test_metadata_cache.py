@@ -1,5 +1,6 @@
 """Encoded Metadata answers are reused only for the same request, client and version, while the
-cluster metadata's generation holds and for at most MAX_AGE_S; error answers never."""
+cluster metadata's generation holds and for at most MAX_AGE_S; error answers never; a change of
+topics or brokers invalidates at once."""
 
 from __future__ import annotations
 
@@ -27,17 +28,17 @@ def test_reused_with_the_callers_correlation_id_until_the_generation_moves(monke
     monkeypatch.setattr(mc.time, "monotonic", lambda: now[0])
     first = m.RequestHeader(m.API_METADATA, 12, 7, "client")
     body, frame = answer(first)
-    cache.put(first, request("t"), 5, body, frame)
+    cache.put(first, request("t"), (5, 0), body, frame)
     again = m.RequestHeader(m.API_METADATA, 12, 8, "client")
-    reused = cache.get(again, request("t"), 5)
+    reused = cache.get(again, request("t"), (5, 0))
     assert reused == m.encode_response(again, body)
-    assert cache.get(again, request("t"), 6) is not None  # metadata changed, but the answer is that young
+    assert cache.get(again, request("t"), (6, 0)) is not None  # metadata changed, but the answer is that young
     now[0] += mc.MIN_AGE_S * 1.5
-    assert cache.get(again, request("t"), 5) is not None
-    assert cache.get(again, request("t"), 6) is None  # metadata changed
-    assert cache.get(again, request("u"), 5) is None  # another request
-    assert cache.get(m.RequestHeader(m.API_METADATA, 11, 8, "client"), request("t"), 5) is None
-    assert cache.get(m.RequestHeader(m.API_METADATA, 12, 8, "other diskless_az=b"), request("t"), 5) is None
+    assert cache.get(again, request("t"), (5, 0)) is not None
+    assert cache.get(again, request("t"), (6, 0)) is None  # metadata changed
+    assert cache.get(again, request("u"), (5, 0)) is None  # another request
+    assert cache.get(m.RequestHeader(m.API_METADATA, 11, 8, "client"), request("t"), (5, 0)) is None
+    assert cache.get(m.RequestHeader(m.API_METADATA, 12, 8, "other diskless_az=b"), request("t"), (5, 0)) is None
 
 
 def test_never_older_than_max_age(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,15 +46,25 @@ def test_never_older_than_max_age(monkeypatch: pytest.MonkeyPatch) -> None:
     header = m.RequestHeader(m.API_METADATA, 12, 1, "c")
     now = [100.0]
     monkeypatch.setattr(mc.time, "monotonic", lambda: now[0])
-    cache.put(header, request("t"), 1, *answer(header))
+    cache.put(header, request("t"), (1, 0), *answer(header))
     now[0] += mc.MAX_AGE_S / 2
-    assert cache.get(header, request("t"), 1) is not None
+    assert cache.get(header, request("t"), (1, 0)) is not None
     now[0] += mc.MAX_AGE_S
-    assert cache.get(header, request("t"), 1) is None
+    assert cache.get(header, request("t"), (1, 0)) is None
 
 
 def test_error_answers_are_not_reused() -> None:
     cache = mc.MetadataAnswerCache()
     header = m.RequestHeader(m.API_METADATA, 12, 1, "c")
-    cache.put(header, request("t"), 1, *answer(header, code=3))  # UNKNOWN_TOPIC_OR_PARTITION
-    assert cache.get(header, request("t"), 1) is None
+    cache.put(header, request("t"), (1, 0), *answer(header, code=3))  # UNKNOWN_TOPIC_OR_PARTITION
+    assert cache.get(header, request("t"), (1, 0)) is None
+
+
+def test_a_change_of_topics_invalidates_even_a_young_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CreatePartitions then Metadata: the client must see the new partitions, not a 250 ms old answer."""
+    cache = mc.MetadataAnswerCache()
+    header = m.RequestHeader(m.API_METADATA, 12, 1, "c")
+    monkeypatch.setattr(mc.time, "monotonic", lambda: 100.0)
+    cache.put(header, request("t"), (5, 2), *answer(header))
+    assert cache.get(header, request("t"), (6, 2)) is not None  # leader/ISR churn: forgiven while young
+    assert cache.get(header, request("t"), (6, 3)) is None  # a topic changed
