@@ -51,6 +51,10 @@ from .txn_shell import TxnShell
 log = structlog.get_logger(__name__)
 
 HW_CHECKPOINT_INTERVAL_S = 5.0
+# Longest stretch of applying metadata changes before the event loop gets a turn. Bounded in time,
+# not in changes: one change can cost milliseconds of disk under load (a new log), and the etcd
+# lease refresh (its own task) needs several loop turns to complete within the session timeout.
+APPLY_SLICE_S = 0.02
 
 
 class Broker:
@@ -271,6 +275,8 @@ class Broker:
         return LogConfig.from_values({name: value for name, (value, _) in values.items()})
 
     async def _apply_all(self) -> None:
+        """Every partition of the metadata (at start: thousands of logs to open or create); the
+        application yields to the event loop every ``APPLY_SLICE_S`` (``_on_metadata_change``)."""
         changes: list[RecordKey] = []
         for topic in self.metadata.topics.values():
             changes += [("partition", topic.name, str(i)) for i in range(len(topic.partitions))]
@@ -287,7 +293,14 @@ class Broker:
         if self.representative is not None and any(c[0] == "broker" for c in changes):
             await self.representative.connect_leaders()
         now = self.now_ms()
+        slice_started = time.monotonic()
         for change in changes:
+            if time.monotonic() - slice_started > APPLY_SLICE_S:
+                # Safe to interleave with other metadata changes: each change is applied from the
+                # metadata as it is now, not as it was when the change was listed.
+                await asyncio.sleep(0)
+                slice_started = time.monotonic()
+                now = self.now_ms()
             kind = change[0]
             if kind == "topic":
                 name = change[1]

@@ -6,6 +6,17 @@ metadata shows the name under another id (a deletion and re-creation, possibly n
 after a lost etcd watch), the old replica is deleted and a fresh log created, never reused.
 ``apply`` follows the metadata store: it creates replicas this broker was assigned, switches
 their roles (leader, follower, offline) and moves followers between per-leader fetchers.
+
+High watermarks of all hosted replicas are checkpointed in ONE file per log directory, as Kafka's
+``replication-offset-checkpoint`` (a file per partition rewritten every few seconds is 10,000
+writes per pass on a big broker). Format, text: a version line (``1``), a count line, then one
+line per replica ``<topic> <partition> <high watermark> <topic id>``; Kafka's version 0 has no
+topic id, which we add so a topic re-created under the same name never inherits the old
+incarnation's HW. Written to a temporary file, fsynced, renamed over the old one and the directory
+fsynced: a crash leaves the previous or the new checkpoint whole. A stale checkpoint only
+under-reports (HWs only grow; the leader recomputes its HW from the ISR, a follower learns it from
+the leader), and a replica with no entry starts at 0 or at the per-partition file older versions
+wrote, which is read once and deleted after the first checkpoint here.
 """
 
 from __future__ import annotations
@@ -21,13 +32,15 @@ import structlog
 
 from diskless.cluster.metadata import BrokerInfo, PartitionState, TopicMetadata
 from diskless.log.config import LogConfig
-from diskless.log.partition_log import PartitionLog
+from diskless.log.partition_log import HW_FILE, PartitionLog
 from diskless.replication.fetcher import ReplicaFetcher
 from diskless.replication.partition import FOLLOWER, Partition
 
 log = structlog.get_logger(__name__)
 
 PARTITION_METADATA = "partition.metadata"
+HW_CHECKPOINT_FILE = "replication-offset-checkpoint"
+_HW_CHECKPOINT_VERSION = 1
 
 
 class ReplicaManager:
@@ -56,6 +69,8 @@ class ReplicaManager:
         self.fetchers: dict[int, ReplicaFetcher] = {}
         self._appended = asyncio.Event()
         self._closed = False
+        self._checkpointed: list[str] | None = None  # lines of the last HW checkpoint written
+        self._legacy_hw_files: list[str] = []  # per-partition HW files of older versions
 
     # --- opening and deleting logs ------------------------------------------------------------
 
@@ -63,6 +78,7 @@ class ReplicaManager:
         self, topics: dict[str, TopicMetadata], config_for: Callable[[TopicMetadata], LogConfig], now_ms: int
     ) -> None:
         """Open logs found on disk that belong to live topics; delete those of topics that are gone."""
+        checkpointed = self._read_hw_checkpoint()
         for name in sorted(os.listdir(self.log_dir)):
             path = os.path.join(self.log_dir, name)
             if name.endswith("-delete") and os.path.isdir(path):
@@ -82,7 +98,12 @@ class ReplicaManager:
                 log.info("deleting stale log directory", dir=name)
                 shutil.rmtree(path, ignore_errors=True)
                 continue
-            plog = PartitionLog(path, config_for(meta), now_ms)
+            plog = PartitionLog(path, config_for(meta), now_ms, hw_file=False)
+            hw = checkpointed.get((topic, int(part), meta.topic_id))
+            if hw is not None:
+                plog.high_watermark = min(hw, plog.log_end_offset)
+            if os.path.exists(os.path.join(path, HW_FILE)):
+                self._legacy_hw_files.append(os.path.join(path, HW_FILE))
             if plog.recovered_bytes_truncated:
                 log.warning("truncated torn log tail", dir=name, bytes=plog.recovered_bytes_truncated)
             self.partitions[(topic, int(part))] = Partition(topic, int(part), plog, self.node_id, meta.topic_id)
@@ -110,7 +131,7 @@ class ReplicaManager:
             os.makedirs(path, exist_ok=True)
             with open(os.path.join(path, PARTITION_METADATA), "w") as f:
                 f.write(f"version: 0\ntopic_id: {topic.topic_id}\n")
-            plog = PartitionLog(path, config, now_ms)
+            plog = PartitionLog(path, config, now_ms, hw_file=False)
             partition = Partition(topic.name, index, plog, self.node_id, topic.topic_id)
             self.partitions[key] = partition
             self.topic_ids[key] = topic.topic_id
@@ -170,7 +191,8 @@ class ReplicaManager:
         partition = self._ensure(topic, index, config, now_ms)
         changed = partition.apply_state(state, now_ms)
         if changed is not None:
-            log.info(
+            # Debug: a broker takes thousands of roles at once when a big topic is created.
+            log.debug(
                 "partition role",
                 topic=topic.name,
                 partition=index,
@@ -212,14 +234,53 @@ class ReplicaManager:
         for fetcher in self.fetchers.values():
             await fetcher.stop()
         self.fetchers.clear()
+        with contextlib.suppress(OSError):
+            self.checkpoint_high_watermarks()
         for partition in self.partitions.values():
             partition.log.close(clean=True)
         self.partitions.clear()
 
     def checkpoint_high_watermarks(self) -> None:
-        for partition in self.partitions.values():
+        """Write every hosted replica's HW to the log directory's checkpoint file (when changed)."""
+        lines = [
+            f"{topic} {index} {partition.log.high_watermark} {self.topic_ids[(topic, index)]}\n"
+            for (topic, index), partition in self.partitions.items()
+        ]
+        if lines == self._checkpointed:
+            return
+        path = os.path.join(self.log_dir, HW_CHECKPOINT_FILE)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(f"{_HW_CHECKPOINT_VERSION}\n{len(lines)}\n")
+            f.writelines(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        _fsync_directory(self.log_dir)
+        self._checkpointed = lines
+        for legacy in self._legacy_hw_files:
             with contextlib.suppress(OSError):
-                partition.log.checkpoint_high_watermark()
+                os.unlink(legacy)
+        self._legacy_hw_files.clear()
+
+    def _read_hw_checkpoint(self) -> dict[tuple[str, int, str], int]:
+        """(topic, partition, topic id) -> HW from the checkpoint file; empty if none is usable."""
+        try:
+            with open(os.path.join(self.log_dir, HW_CHECKPOINT_FILE)) as f:
+                lines = f.read().splitlines()
+            if int(lines[0]) != _HW_CHECKPOINT_VERSION:
+                raise ValueError(f"unknown version {lines[0]}")
+            entries = {}
+            for line in lines[2 : 2 + int(lines[1])]:
+                topic, index, hw, topic_id = line.split()
+                entries[(topic, int(index), topic_id)] = int(hw)
+            return entries
+        except FileNotFoundError:
+            return {}
+        except (IndexError, ValueError) as exc:
+            # Only reachable by outside damage (writes are atomic); HWs are relearned from leaders.
+            log.warning("ignoring unreadable high watermark checkpoint", error=str(exc))
+            return {}
 
     # --- long-poll wake-ups -------------------------------------------------------------------
 
@@ -231,6 +292,15 @@ class ReplicaManager:
         self._appended.clear()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._appended.wait(), timeout)
+
+
+def _fsync_directory(path: str) -> None:
+    """Make a rename in ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _delete_directory(path: str) -> None:

@@ -1,6 +1,18 @@
 """Leader epoch cache: which epoch started at which offset (Kafka's leader-epoch-checkpoint).
 
 Answers OffsetForLeaderEpoch and lets a follower find where its log diverges from a new leader.
+
+Durability, as Kafka since KAFKA-15046: a new epoch (``assign``) rewrites the file atomically
+(temporary file, rename) but does not fsync it; a broker becoming leader of thousands of
+partitions at once must not wait for a disk flush each. ``flush`` forces it to disk; the log
+calls it when it rolls or flushes a segment and at a clean close. A process crash loses nothing
+(the page cache survives). A machine crash can lose unsynced versions, like the unsynced log tail
+itself: the log rebuilds the entries of its active segment from the batch headers on an unclean
+start, and older segments' entries were synced when those segments rolled. An entry lost with no
+batch of its epoch in the log (a leadership that appended nothing) is harmless: that broker's
+leadership was fenced by a higher epoch before it serves again, and nothing diverges at an epoch
+that wrote nothing. Truncations stay synced at once: they are rare (a diverged follower,
+retention), and a truncation undone by a crash would resurrect entries for removed offsets.
 """
 
 from __future__ import annotations
@@ -16,6 +28,7 @@ class LeaderEpochCache:
     def __init__(self, path: str) -> None:
         self._path = path
         self._entries: list[tuple[int, int]] = []  # (epoch, start offset), both increasing
+        self.dirty = False  # the file holds the entries, possibly not yet on disk (see flush)
         try:
             with open(path) as f:
                 lines = f.read().split()
@@ -36,7 +49,7 @@ class LeaderEpochCache:
         while self._entries and self._entries[-1][1] >= start_offset:
             self._entries.pop()
         self._entries.append((epoch, start_offset))
-        self._save()
+        self._save(durable=False)
 
     def epoch_for_offset(self, offset: int) -> int:
         """The epoch in which ``offset`` was written (-1 if unknown)."""
@@ -78,12 +91,22 @@ class LeaderEpochCache:
             self._entries = kept
             self._save()
 
-    def _save(self) -> None:
+    def flush(self) -> None:
+        """Force the last written version to disk (a no-op when it already is)."""
+        if not self.dirty:
+            return
+        with open(self._path, "rb") as f:
+            os.fsync(f.fileno())
+        self.dirty = False
+
+    def _save(self, durable: bool = True) -> None:
         tmp = self._path + ".tmp"
         with open(tmp, "w") as f:
             f.write(f"0\n{len(self._entries)}\n")
             for epoch, offset in self._entries:
                 f.write(f"{epoch} {offset}\n")
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, self._path)
+        self.dirty = not durable

@@ -62,9 +62,13 @@ class ReadResult:
 
 
 class PartitionLog:
-    def __init__(self, directory: str, config: LogConfig, now_ms: int) -> None:
+    def __init__(self, directory: str, config: LogConfig, now_ms: int, hw_file: bool = True) -> None:
+        """``hw_file``: keep the high watermark in a file of this log's own (standalone logs); a
+        broker passes False and checkpoints all its logs' HWs in one file (replica_manager.py).
+        An existing file is read either way (logs written before that file existed)."""
         self.directory = directory
         self.config = config
+        self._hw_file = hw_file
         os.makedirs(directory, exist_ok=True)
         self.epochs = LeaderEpochCache(os.path.join(directory, EPOCH_FILE))
         self.segments: list[LogSegment] = []
@@ -105,12 +109,23 @@ class PartitionLog:
         self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
         self._apply_ref_floor(self.log_start_offset)
         self.epochs.truncate_from_end(self.log_end_offset)
+        if not clean:
+            self._recover_epochs()
         # A stale checkpoint only under-reports; the leader role recomputes the HW from the ISR.
         self.high_watermark = min(self._read_checkpointed_hw(), self.log_end_offset)
         self._rebuild_producer_state()
         self._rebuild_txn_index()
         if clean:
             os.unlink(clean_marker)
+
+    def _recover_epochs(self) -> None:
+        """After an unclean shutdown, the active segment's epochs from its batch headers: new
+        epochs are written to the checkpoint without fsync (leader_epoch.py), so a machine crash
+        may have lost them; older segments' epochs were synced when those segments rolled."""
+        segment = self.active_segment
+        for _, header in segment.iter_headers(segment.offset_index.lookup(self.log_start_offset)):
+            if header.last_offset >= self.log_start_offset:
+                self.epochs.assign(header.partition_leader_epoch, max(header.base_offset, self.log_start_offset))
 
     def _read_checkpointed_hw(self) -> int:
         try:
@@ -381,6 +396,7 @@ class PartitionLog:
         if old.size == 0:
             return old
         old.on_roll()
+        self.epochs.flush()  # the rolled segment's epochs will not be rebuilt after a crash
         write_snapshot(self.directory, self.log_end_offset, self.producer_state)
         segment = LogSegment(
             self.directory, self.log_end_offset, self.config.index_interval_bytes, now_ms, kind or old.kind
@@ -635,16 +651,19 @@ class PartitionLog:
 
     def flush(self) -> None:
         self.active_segment.fsync()
+        self.epochs.flush()
 
     def close(self, clean: bool = True) -> None:
         if clean:
-            self.checkpoint_high_watermark()
+            if self._hw_file:
+                self.checkpoint_high_watermark()
             write_snapshot(self.directory, self.log_end_offset, self.producer_state)
         for segment in self.segments:
             if clean:
                 segment.fsync()
             segment.close()
         if clean:
+            self.epochs.flush()
             open(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), "w").close()
 
     def delete(self) -> None:
