@@ -41,16 +41,17 @@ def rss_mb(pid: int | None) -> float:
 
 
 def last_role_change(log_path: Path, topics: set[str]) -> float:
-    """When a broker last logged a replica of ``topics`` taking its first role (epoch 0)."""
+    """When a broker last logged a replica of ``topics`` taking its first role (epoch 0): the
+    "partition roles" summary line of each batch of metadata changes."""
     last = 0.0
     for line in log_path.read_text(errors="replace").splitlines():
-        if '"partition role"' not in line:
+        if '"partition roles"' not in line:
             continue
         try:
             event = json.loads(line)
         except ValueError:
             continue
-        if event.get("topic") in topics and event.get("epoch") == 0:
+        if topics.intersection(event.get("first_role_topics", ())):
             stamp = datetime.datetime.fromisoformat(event["timestamp"].replace("Z", "+00:00"))
             last = max(last, stamp.timestamp())
     return last

@@ -323,6 +323,7 @@ class Broker:
                 await self._campaign()
             elif kind == "broker" and self.clustered and self._is_controller():
                 await self._reconcile()
+        self.replicas.log_role_summary()
         if self.representative is not None:
             self.representative.leaders_changed()  # commits waiting for a leader may go now
 

@@ -26,6 +26,7 @@ import contextlib
 import os
 import shutil
 import uuid
+from collections import Counter
 from collections.abc import Callable
 
 import structlog
@@ -71,6 +72,10 @@ class ReplicaManager:
         self._closed = False
         self._checkpointed: list[str] | None = None  # lines of the last HW checkpoint written
         self._legacy_hw_files: list[str] = []  # per-partition HW files of older versions
+        # Roles taken since the last summary: topic -> role -> count, and topics that had a replica
+        # take its first role (epoch 0). One info line per batch of changes, not per partition.
+        self._roles_taken: dict[str, Counter[str]] = {}
+        self._first_roles: set[str] = set()
 
     # --- opening and deleting logs ------------------------------------------------------------
 
@@ -191,7 +196,11 @@ class ReplicaManager:
         partition = self._ensure(topic, index, config, now_ms)
         changed = partition.apply_state(state, now_ms)
         if changed is not None:
-            # Debug: a broker takes thousands of roles at once when a big topic is created.
+            self._roles_taken.setdefault(topic.name, Counter())[changed] += 1
+            if state.leader_epoch == 0:
+                self._first_roles.add(topic.name)
+            # Debug: a broker takes thousands of roles at once when a big topic is created; the
+            # info line is log_role_summary's.
             log.debug(
                 "partition role",
                 topic=topic.name,
@@ -208,6 +217,20 @@ class ReplicaManager:
         if changed is not None:
             self.notify_append()  # wake long polls so they re-check leadership
         return partition
+
+    def log_role_summary(self) -> None:
+        """One info line for the roles taken since the last call (if any)."""
+        if not self._roles_taken:
+            return
+        log.info(
+            "partition roles",
+            topics={name: dict(roles) for name, roles in sorted(self._roles_taken.items())[:20]},
+            topic_count=len(self._roles_taken),
+            replicas=sum(sum(roles.values()) for roles in self._roles_taken.values()),
+            first_role_topics=sorted(self._first_roles)[:20],
+        )
+        self._roles_taken.clear()
+        self._first_roles.clear()
 
     def _fetcher_for(self, leader_id: int) -> ReplicaFetcher:
         fetcher = self.fetchers.get(leader_id)

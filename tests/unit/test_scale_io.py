@@ -167,8 +167,12 @@ def test_a_partition_taking_a_role_is_not_an_info_line(tmp_path: Path) -> None:
     with structlog.testing.capture_logs() as logs:
         for index in range(3):
             manager.apply(topic, index, LogConfig(), 0)
+        manager.log_role_summary()
     roles = [entry for entry in logs if entry["event"] == "partition role"]
     assert len(roles) == 3 and {entry["log_level"] for entry in roles} == {"debug"}
+    (summary,) = [entry for entry in logs if entry["log_level"] == "info"]
+    assert summary["event"] == "partition roles" and summary["topics"] == {"t": {"leader": 3}}
+    assert summary["first_role_topics"] == ["t"]
     asyncio.run(manager.close())
 
 
