@@ -1,12 +1,12 @@
-/* LD_PRELOAD shim for the benchmark's load generators: TCP connections leave from $DISKLESS_SOURCE_ADDR.
+/* LD_PRELOAD shim for the benchmark's load generators and the client-AZ tests: TCP connections
+ * leave from $DISKLESS_SOURCE_ADDR.
  *
  * Each load-generator process plays a client in one AZ, and each AZ of the dev cluster is a
  * loopback network (127.0.<az>.x). An unbound socket connecting to 127.0.2.1 leaves from
  * 127.0.0.1, and librdkafka cannot bind a source address, so the brokers could not tell by
  * address which AZ a client is in. This binds every not-yet-bound IPv4 socket to the given
  * address just before connect(); brokers then count bytes by the client's real AZ network.
- * (The same shim as tests/integration/bind_source.c; the benchmark ships its own copy because
- * it runs from an installed package, without the tests.) */
+ * It ships in the package: the benchmark runs from an installed package, without the tests. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <dlfcn.h>

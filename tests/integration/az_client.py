@@ -1,7 +1,7 @@
 """One client of the client-AZ tests (test_client_az.py), run as its own process.
 
 Each process plays a client in one AZ: the test starts it with ``LD_PRELOAD`` of
-``bind_source.c`` so its connections leave from its AZ's loopback network. Client ids are the
+``diskless/bench/bind_source.c`` so its connections leave from its AZ's loopback network. Client ids are the
 libraries' own defaults: nothing here tells a broker which AZ the client is in, except, where
 asked, the consumer's ``client.rack`` (KIP-392).
 

@@ -3,7 +3,7 @@
 ``diskless dev``'s cluster (3 brokers in 3 AZs, each AZ its own loopback network 127.0.<az>.x),
 a diskless topic, and per AZ one producer and one consumer process, each bootstrapped through the
 addresses ``cluster.json`` lists for its AZ, with its library's default client.id. Every client
-process leaves from its AZ's network (``bind_source.c`` as LD_PRELOAD), so the bytes that cross
+process leaves from its AZ's network (``diskless/bench/bind_source.c`` as LD_PRELOAD), so the bytes that cross
 AZs are counted from the brokers' socket counters by address (``diskless_connection_network_bytes``:
 the socket's own local and peer networks), not from the AZ a broker decided for a client.
 
@@ -47,9 +47,11 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def shim(tmp_path_factory: pytest.TempPathFactory) -> str:
-    out = tmp_path_factory.mktemp("shim") / "bind_source.so"
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(out), str(HERE / "bind_source.c"), "-ldl"], check=True)
-    return str(out)
+    from diskless.bench.cluster import build_shim
+
+    built = build_shim(tmp_path_factory.mktemp("shim"))
+    assert built is not None
+    return str(built)
 
 
 @pytest.fixture
