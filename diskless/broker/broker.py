@@ -55,6 +55,12 @@ HW_CHECKPOINT_INTERVAL_S = 5.0
 # not in changes: one change can cost milliseconds of disk under load (a new log), and the etcd
 # lease refresh (its own task) needs several loop turns to complete within the session timeout.
 APPLY_SLICE_S = 0.02
+# ISR changes (etcd transactions) in flight at once. A pass can shrink thousands of ISRs (a big
+# topic whose followers are still being created); sent all at once they queue ahead of the lease
+# refresh on the etcd connection and in etcd (a renewal waits for pending applies), which then
+# times out and fences the broker. The rest wait their turn; each still CASes against the state
+# it was decided from, so a late one loses to any newer change.
+ISR_PROPOSALS_IN_FLIGHT = 8
 
 
 class Broker:
@@ -101,6 +107,7 @@ class Broker:
         self._pid_block = ProducerIdBlock()
         self._pid_lock = asyncio.Lock()
         self._isr_updates: set[tuple[str, int]] = set()
+        self._isr_slots = asyncio.Semaphore(ISR_PROPOSALS_IN_FLIGHT)
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.port = -1
@@ -364,12 +371,16 @@ class Broker:
 
     def _shrink_isrs(self) -> None:
         now = self.now_ms()
+        shrunk: list[tuple[str, int, list[int]]] = []
         for partition in self.replicas.leading():
             assert partition.leader_state is not None
             lagging = partition.leader_state.isr_to_shrink(now, self.config.replica_lag_time_max_ms)
             if lagging:
-                log.info("shrinking ISR", topic=partition.topic, partition=partition.index, lagging=lagging)
+                shrunk.append((partition.topic, partition.index, lagging))
                 self._propose_isr(partition, [r for r in partition.isr if r not in lagging])
+        if shrunk:
+            # One line per pass: a pass can shrink thousands of partitions.
+            log.info("shrinking ISR", partitions=len(shrunk), first=shrunk[:10])
 
     def _propose_isr(self, partition: Partition, isr: list[int]) -> None:
         """AlterPartition: CAS a new ISR into the store, once at a time per partition."""
@@ -385,7 +396,8 @@ class Broker:
 
         async def propose() -> None:
             try:
-                ok = await self.backend.update_partition(partition.topic, partition.index, state, expected)
+                async with self._isr_slots:
+                    ok = await self.backend.update_partition(partition.topic, partition.index, state, expected)
                 if ok:
                     log.info("ISR changed", topic=partition.topic, partition=partition.index, isr=isr)
             finally:
