@@ -147,10 +147,10 @@ def test_metadata_answers_are_cached_per_listener_and_client_az() -> None:
     header = m.RequestHeader(m.API_METADATA, 12, 7, "rdkafka")
     body = {"brokers": [], "controller_id": 1, "topics": [{"error_code": 0, "name": "t", "partitions": []}]}
     cache = MetadataAnswerCache()
-    cache.put(header, request, 1, body, m.encode_response(header, body), ("AZ_1", "az-1"))
-    assert cache.get(header, request, 1, ("AZ_1", "az-1")) is not None
-    assert cache.get(header, request, 1, ("AZ_2", "az-2")) is None
-    assert cache.get(header, request, 1, ("AZ_1", "az-2")) is None  # same listener, rack said otherwise
+    cache.put(header, request, (1, 0), body, m.encode_response(header, body), ("AZ_1", "az-1"))
+    assert cache.get(header, request, (1, 0), ("AZ_1", "az-1")) is not None
+    assert cache.get(header, request, (1, 0), ("AZ_2", "az-2")) is None
+    assert cache.get(header, request, (1, 0), ("AZ_1", "az-2")) is None  # same listener, rack said otherwise
 
 
 def test_listener_settings() -> None:
