@@ -26,7 +26,7 @@ run: install
 
 # The outer limit only guards CI against a hang no per-test timeout could catch.
 test: install
-	timeout --kill-after=30 2700 $(PY) -m pytest -q -p no:cacheprovider
+	timeout --kill-after=30 2700 $(PY) -m pytest -q -p no:cacheprovider --durations=30
 
 unit: install
 	$(PY) -m pytest -q tests/unit
