@@ -199,7 +199,6 @@ class ReplicaFetcher:
                     ErrorCode.unknown_leader_epoch,
                     ErrorCode.unknown_topic_or_partition,
                     ErrorCode.unknown_topic_id,  # one of us has not seen the re-creation yet
-                    ErrorCode.leader_not_available,  # offline in the leader's view: being re-elected
                 ):
                     leadership_errors = True
                 else:

@@ -337,38 +337,3 @@ async def test_isr_proposals_are_bounded_in_flight(tmp_path: Path, monkeypatch: 
     assert peak <= 32, f"{peak} ISR transactions in flight at once"
     assert peak <= broker_module.ISR_PROPOSALS_IN_FLIGHT
     await broker.replicas.close()
-
-
-def test_leader_not_available_answers_back_the_fetcher_off_quietly(tmp_path: Path) -> None:
-    """A leader whose metadata shows the partition offline (a broker's lease lost under load)
-    answers LEADER_NOT_AVAILABLE: it was logged as a warning per partition and fetched again at
-    once, 44,000 lines in a minute on a 10,000-partition cluster. Leadership is moving: back off."""
-    from types import SimpleNamespace
-
-    import structlog
-    from kio.schema.errors import ErrorCode
-
-    from diskless.replication.fetcher import ReplicaFetcher
-    from diskless.replication.partition import Partition
-
-    follower, leader = 1, 0
-    state = PartitionState(replicas=[leader, follower], leader=leader, leader_epoch=0, isr=[leader, follower])
-    topic_id = uuid.uuid4()
-    replicas = []
-    for index in range(50):
-        plog = PartitionLog(str(tmp_path / f"t-{index}"), LogConfig(), 0)
-        partition = Partition("t", index, plog, follower, str(topic_id))
-        partition.apply_state(state, 0)
-        replicas.append(partition)
-    fetcher = ReplicaFetcher(follower, leader, lambda node: None, 500, 1 << 20, lambda: None)
-    for partition in replicas:
-        fetcher.add(partition)
-    fetcher._request(replicas)
-    answers = [
-        SimpleNamespace(partition_index=p.index, error_code=ErrorCode.leader_not_available, diverging_epoch=None)
-        for p in replicas
-    ]
-    with structlog.testing.capture_logs() as logs:
-        backs_off = fetcher._handle(SimpleNamespace(responses=[SimpleNamespace(topic_id=topic_id, partitions=answers)]))
-    assert backs_off
-    assert [entry for entry in logs if entry["event"] == "replica fetch error"] == []
