@@ -44,9 +44,6 @@ from .quiet_fetches import QuietReplicaFetches
 log = structlog.get_logger(__name__)
 
 
-log = structlog.get_logger(__name__)
-
-
 @dataclass(frozen=True, slots=True)
 class NamedFetchTopic:
     """A topic of a Fetch v13+ request (named by id) with the name its id has here now."""
@@ -129,19 +126,7 @@ class FetchApis(ApiFamily):
             if meta is not None:
                 named.append(NamedFetchTopic(meta.name, topic_id, tuple(topic.partitions)))
                 continue
-            parts = [
-                {
-                    "partition_index": p.partition,
-                    "error_code": ErrorCode.unknown_topic_id,
-                    "high_watermark": -1,
-                    "last_stable_offset": -1,
-                    "log_start_offset": -1,
-                    "aborted_transactions": [] if committed else None,
-                    "preferred_read_replica": -1,
-                    "records": b"",
-                }
-                for p in topic.partitions
-            ]
+            parts = [_partition_answer(p.partition, ErrorCode.unknown_topic_id, committed) for p in topic.partitions]
             unknown.append({"topic_id": topic_id, "partitions": parts})
         return dataclasses.replace(request, topics=tuple(named)), unknown
 
@@ -278,16 +263,7 @@ class FetchApis(ApiFamily):
                 code, plog, replica = self._leader_log(
                     topic.topic, p.partition, getattr(p, "current_leader_epoch", -1), any_replica
                 )
-                entry: dict[str, Any] = {
-                    "partition_index": p.partition,
-                    "error_code": code,
-                    "high_watermark": -1,
-                    "last_stable_offset": -1,
-                    "log_start_offset": -1,
-                    "aborted_transactions": [] if committed else None,
-                    "preferred_read_replica": -1,
-                    "records": b"",
-                }
+                entry = _partition_answer(p.partition, code, committed)
                 preferred = self._preferred_read_replica(replica, rack)
                 state = self._meta.partition(topic.topic, p.partition)
                 # A follower shown to its AZ's clients as the leader answers only what the leader would.
@@ -528,3 +504,17 @@ class FetchApis(ApiFamily):
                     continue
                 entry.update(error_code=found.error_code, leader_epoch=found.leader_epoch, end_offset=found.end_offset)
         return {"throttle_time": 0, "topics": topics}
+
+
+def _partition_answer(index: int, code: ErrorCode, committed: bool) -> dict[str, Any]:
+    """A Fetch answer for one partition with nothing read yet (filled in as it is served)."""
+    return {
+        "partition_index": index,
+        "error_code": code,
+        "high_watermark": -1,
+        "last_stable_offset": -1,
+        "log_start_offset": -1,
+        "aborted_transactions": [] if committed else None,
+        "preferred_read_replica": -1,
+        "records": b"",
+    }
