@@ -19,7 +19,14 @@ $(STAMP): pyproject.toml
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq kcat >/dev/null; }
 
-install: $(STAMP) .kcat
+# PySpark needs a Java runtime; Debian's JRE 17 where `java` is missing.
+.PHONY: .java
+.java:
+	@command -v java >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq openjdk-17-jre-headless >/dev/null; }
+
+install: $(STAMP) .kcat .java
 
 run: install
 	$(PY) -m diskless dev --data-dir ./data
