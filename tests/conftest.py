@@ -47,3 +47,13 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     yield make
     for cluster in started:
         cluster.kill_all()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[object]:
+    """One local SparkSession for the whole run: starting one costs ~15 s of JVM start-up."""
+    from diskless.spark.session import build_session
+
+    session = build_session()
+    yield session
+    session.stop()
