@@ -36,6 +36,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from diskless.aio import cancel_and_wait
 
 from .lease import LeaseFence
+from .lease_keeper import LeaseKeeper
 from .metadata import (
     BrokerInfo,
     ClusterMetadata,
@@ -78,12 +79,14 @@ class EtcdMetadataStore:
     def __init__(self, endpoint: str, cluster_id: str, metadata: ClusterMetadata) -> None:
         host, _, port = endpoint.replace("http://", "").rpartition(":")
         self.client = aetcd.Client(host=host or "127.0.0.1", port=int(port), timeout=10)
+        self._target = f"{host or '127.0.0.1'}:{int(port)}"  # the keepalive thread's own connection
         self.prefix = f"/diskless/{cluster_id}/"
         self.metadata = metadata
         self.revisions: dict[str, int] = {}
         self.created: dict[str, int] = {}  # topic path -> create revision of its incarnation
         self._lease: aetcd.leases.Lease | None = None
-        self._keepalive: asyncio.Task[None] | None = None
+        self._keeper: LeaseKeeper | None = None  # refreshes the lease from its own thread
+        self._reregistering: asyncio.Task[None] | None = None
         self._watch_task: asyncio.Task[None] | None = None
         self.on_change: ChangeCallback | None = None
         self._registration: tuple[BrokerInfo, int] = (BrokerInfo(-1, "", 0), 1)
@@ -101,7 +104,8 @@ class EtcdMetadataStore:
                 await self.client.status()
 
     async def close(self) -> None:
-        await cancel_and_wait(self._keepalive, self._watch_task)
+        await self._stop_keeper()
+        await cancel_and_wait(self._reregistering, self._watch_task)
         with contextlib.suppress(Exception):
             await self.client.close()
 
@@ -210,8 +214,19 @@ class EtcdMetadataStore:
         if self.fence is None:
             self.fence = LeaseFence(ttl_seconds * 1000)
         await self._grant_and_put(info, ttl_seconds)
-        if self._keepalive is None:
-            self._keepalive = asyncio.create_task(self._keep_alive(max(ttl_seconds / 3, 0.2)))
+        if self._keeper is None:
+            # Keepalives on their own thread and connection: a busy event loop cannot lose the lease
+            # (lease_keeper.py). The fence stops leader duties once none succeeded for the TTL.
+            loop = asyncio.get_running_loop()
+            self._keeper = LeaseKeeper(
+                self._target,
+                self.fence,
+                max(ttl_seconds / 3, 0.2),
+                on_expired=lambda: loop.call_soon_threadsafe(self._register_again),
+            )
+            assert self._lease is not None
+            self._keeper.keep(int(self._lease.id))
+            self._keeper.start()
 
     async def _grant_and_put(self, info: BrokerInfo, ttl_seconds: int) -> None:
         """A new lease and our broker key under it; the fence learns when the lease started."""
@@ -220,34 +235,34 @@ class EtcdMetadataStore:
         put = await self.client.put(self._key(f"brokers/{info.node_id}"), broker_record(info), lease=self._lease)
         assert self.fence is not None
         self.fence.on_registered(sent, int(put.header.revision))
+        if self._keeper is not None:
+            self._keeper.keep(int(self._lease.id))
 
-    async def _keep_alive(self, interval: float) -> None:
-        """Refresh the lease every ``interval``; report every outcome to the fence, which stops
-        leader duties once no refresh has succeeded for the TTL (a refresh that hangs is given up
-        after the TTL, so the next one is tried; a slow success still counts from its sending)."""
-        while True:
-            await asyncio.sleep(interval)
+    def _register_again(self) -> None:
+        """The keeper saw our lease expire: register under a new one (on the event loop)."""
+        if self._reregistering is not None and not self._reregistering.done():
+            return
+        expired = int(self._lease.id) if self._lease is not None else -1
+
+        async def register() -> None:
             try:
-                assert self._lease is not None and self.fence is not None
-                sent = _monotonic_ms()
-                reply = await asyncio.wait_for(self._lease.refresh(), timeout=3 * interval)
-                if reply is not None and getattr(reply, "TTL", 1) > 0:
-                    self.fence.on_refreshed(sent)
-                elif reply is not None:
-                    # Expired (e.g. a long pause): the controller moves our partitions away; come
-                    # back as a new incarnation, leading nothing until our metadata shows it.
-                    log.error("broker lease expired; registering again")
-                    self.fence.on_expired()
-                    await self._grant_and_put(*self._registration)
-            except asyncio.CancelledError:
-                raise
+                await self._grant_and_put(*self._registration)
             except Exception as exc:
-                log.warning("lease refresh failed", error=str(exc) or type(exc).__name__)
+                log.warning("registering again failed", error=str(exc) or type(exc).__name__)
+                if self._keeper is not None:
+                    self._keeper.registration_failed(expired)  # the next refresh reports it again
+
+        self._reregistering = asyncio.create_task(register())
+
+    async def _stop_keeper(self) -> None:
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.forget()
+            await asyncio.to_thread(keeper.stop)
 
     async def deregister_broker(self, node_id: int) -> None:
         """Controlled shutdown: drop our lease so the controller moves leadership away now."""
-        if self._keepalive is not None:
-            self._keepalive.cancel()
+        await self._stop_keeper()
         if self._lease is not None:
             with contextlib.suppress(Exception):
                 await self._lease.revoke()

@@ -14,11 +14,17 @@ It resumes only once its metadata view has caught up with that registration (the
 a revision at least that of the put): every election made while it was away is then known, so a
 replica that lost leadership has been told before it can act as a leader again.
 
+The watch may deliver the registration's own put before the put's answer arrives, so the fence
+remembers the highest revision the metadata reached: a registration at or below it is seen already.
+
 Sans-IO: the etcd store reports what happened with monotonic milliseconds; ``fenced`` takes the
-current time. Not registered at all means fenced.
+current time. Not registered at all means fenced. Keepalives are reported from the store's
+keepalive thread (``lease_keeper.py``) and the rest from the event loop, so every method holds a lock.
 """
 
 from __future__ import annotations
+
+import threading
 
 
 class LeaseFence:
@@ -30,34 +36,43 @@ class LeaseFence:
         self.ttl_ms = ttl_ms
         self._valid_until: int | None = None  # None: no lease known to be alive
         self._awaiting_revision: int | None = None  # registered again: metadata must reach this
+        self._seen_revision = -1  # the highest revision the metadata view reflects
+        self._lock = threading.Lock()
 
     def on_registered(self, sent_ms: int, revision: int) -> None:
         """A lease was granted (its request sent at ``sent_ms``) and the broker key put under it at
         etcd ``revision``."""
-        self._valid_until = sent_ms + self.ttl_ms
-        self._awaiting_revision = revision
+        with self._lock:
+            self._valid_until = sent_ms + self.ttl_ms
+            self._awaiting_revision = revision if revision > self._seen_revision else None
 
     def on_refreshed(self, sent_ms: int) -> None:
         """A keepalive sent at ``sent_ms`` was answered with a positive TTL: the lease lives on."""
-        if self._valid_until is not None:
-            self._valid_until = max(self._valid_until, sent_ms + self.ttl_ms)
+        with self._lock:
+            if self._valid_until is not None:
+                self._valid_until = max(self._valid_until, sent_ms + self.ttl_ms)
 
     def on_expired(self) -> None:
         """etcd answered that the lease no longer exists: fenced until registered again."""
-        self._valid_until = None
-        self._awaiting_revision = None
+        with self._lock:
+            self._valid_until = None
+            self._awaiting_revision = None
 
     def on_metadata_revision(self, revision: int) -> None:
         """The metadata view now reflects everything up to etcd ``revision``."""
-        if self._awaiting_revision is not None and revision >= self._awaiting_revision:
-            self._awaiting_revision = None
+        with self._lock:
+            self._seen_revision = max(self._seen_revision, revision)
+            if self._awaiting_revision is not None and revision >= self._awaiting_revision:
+                self._awaiting_revision = None
 
     def fenced(self, now_ms: int) -> bool:
         """Whether the broker must not act as a leader at ``now_ms``."""
-        return self._valid_until is None or now_ms >= self._valid_until or self._awaiting_revision is not None
+        with self._lock:
+            return self._valid_until is None or now_ms >= self._valid_until or self._awaiting_revision is not None
 
     def remaining_ms(self, now_ms: int) -> int:
         """How long the broker may still act as a leader without another successful keepalive."""
-        if self._valid_until is None or self._awaiting_revision is not None:
-            return 0
-        return max(0, self._valid_until - now_ms)
+        with self._lock:
+            if self._valid_until is None or self._awaiting_revision is not None:
+                return 0
+            return max(0, self._valid_until - now_ms)

@@ -97,3 +97,18 @@ def test_never_acts_as_leader_past_ttl_after_its_last_successful_keepalive(event
         if not fence.fenced(now):
             assert alive and last_ok is not None and now - last_ok < TTL
             assert pending is None
+
+
+def test_registration_seen_by_the_watch_before_its_put_returns_still_opens_the_fence() -> None:
+    # The watch may deliver the broker key's put (revision 10) while the put's own answer is still
+    # on its way; nothing else may change afterwards in a quiet cluster.
+    fence = LeaseFence(TTL)
+    fence.on_metadata_revision(10)
+    fence.on_registered(0, 10)
+    assert not fence.fenced(1)
+    # A registration the metadata has not reached yet still waits for it.
+    fence.on_expired()
+    fence.on_registered(100, 12)
+    assert fence.fenced(101)
+    fence.on_metadata_revision(12)
+    assert not fence.fenced(102)
