@@ -98,6 +98,14 @@ class BrokerConfig:
     diskless_s3_access_key: str = field(default="diskless", metadata=_prop("diskless.s3.access.key"))
     diskless_s3_secret_key: str = field(default="diskless-secret", metadata=_prop("diskless.s3.secret.key"))
     diskless_s3_region: str = field(default="us-east-1", metadata=_prop("diskless.s3.region"))
+    diskless_cluster_secret: str | None = field(
+        default=None,
+        metadata=_prop(
+            "diskless.cluster.secret",
+            "Secret brokers, the WAL manager and pipeline jobs prove (HMAC challenge) before sending"
+            " internal requests; unset, one is created in etcd (security/cluster_secret.py).",
+        ),
+    )
     diskless_wal_linger_ms: int = field(default=100, metadata=_prop("diskless.wal.linger.ms"))
     diskless_wal_max_bytes: int = field(default=8 * 1024 * 1024, metadata=_prop("diskless.wal.max.bytes"))
     diskless_produce_buffer_max_bytes: int = field(

@@ -40,6 +40,8 @@ from diskless.protocol import internal
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError, KafkaClientConnection
 from diskless.protocol.framing import FrameDecoder, FrameError
+from diskless.security.cluster_secret import configured_secret, load_cluster_secret
+from diskless.security.internal_auth import ClusterSecret, InternalAuthState
 from diskless.storage.object_store import InvalidRange, NoSuchKey, ObjectStore
 from diskless.storage.wal_format import TAIL_READ_HINT, WAL_KEY_ROOT, CorruptWalObject, parse_tail
 
@@ -102,6 +104,8 @@ class WalManagerService:
         self.metrics_port = -1
         self._server: asyncio.Server | None = None
         self._leaders: dict[int, KafkaClientConnection] = {}
+        # Proved to the brokers (WalReferences) and checked on representatives' notices.
+        self.cluster_secret = ClusterSecret(configured_secret(config))
         self._stop = asyncio.Event()
         self.deleted_total = 0
 
@@ -116,6 +120,7 @@ class WalManagerService:
 
     async def start(self) -> None:
         await self.etcd.connect()
+        self.cluster_secret.set(await load_cluster_secret(self.config, self.etcd.client))
         await self.etcd.load_and_watch()
         await self.store.ensure_bucket()
         listener = self.config.listener
@@ -335,7 +340,9 @@ class WalManagerService:
         if conn is None or not conn.connected or (conn.host, conn.port) != (info.host, info.port):
             if conn is not None:
                 await conn.close()
-            conn = KafkaClientConnection(info.host, info.port, f"diskless-wal-manager-{self.instance}")
+            conn = KafkaClientConnection(
+                info.host, info.port, f"diskless-wal-manager-{self.instance}", credentials=self.cluster_secret
+            )
             await conn.connect()
             self._leaders[broker] = conn
         return conn
@@ -375,14 +382,30 @@ class WalManagerService:
 
     async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         decoder = FrameDecoder(16 * 1024 * 1024)
+        # Notices only from connections that proved the cluster secret (security/internal_auth.py).
+        auth = InternalAuthState(self.cluster_secret)
         try:
             while data := await reader.read(65536):
                 decoder.feed(data)
                 for frame in decoder.frames():
                     header, pos = m.parse_header(frame)
+                    body = internal.unpack(memoryview(frame)[pos:])
+                    if header.api_key == internal.INTERNAL_AUTH_CHALLENGE:
+                        writer.write(internal.encode_response(header.correlation_id, auth.challenge()))
+                        continue
+                    if header.api_key == internal.INTERNAL_AUTH_PROVE:
+                        answer, close = auth.prove(body, header.client_id)
+                        writer.write(internal.encode_response(header.correlation_id, answer))
+                        if close:
+                            log.warning("internal authentication failed", client_id=header.client_id)
+                            return
+                        continue
                     if header.api_key != internal.INTERNAL_WAL_NOTICE:
                         return
-                    self._on_notice(internal.unpack(memoryview(frame)[pos:]))
+                    if not auth.authenticated:
+                        writer.write(internal.encode_response(header.correlation_id, auth.refusal()))
+                        continue
+                    self._on_notice(body)
                     writer.write(internal.encode_response(header.correlation_id, {}))
         except (FrameError, m.MalformedRequest, ValueError, ConnectionError):
             pass

@@ -38,6 +38,8 @@ from diskless.log.segment import POINTERS, BatchLocation, LogSegment
 from diskless.metrics import RETENTION_DELETED_SEGMENTS, serve_metrics
 from diskless.produce.representative import Representative
 from diskless.replication.partition import Partition
+from diskless.security.cluster_secret import configured_secret, load_cluster_secret
+from diskless.security.internal_auth import ClusterSecret
 from diskless.storage import pointer
 from diskless.storage.object_store import ObjectStore
 
@@ -76,6 +78,9 @@ class Broker:
         else:
             self.backend = LocalBackend(os.path.join(config.log_dirs, "cluster-metadata.json"), self.metadata)
         self.backend.on_change = self._on_metadata_change
+        # What this broker proves to its peers and checks on every internal request; known at
+        # start (from config, or etcd: security/cluster_secret.py), shared by every connection.
+        self.cluster_secret = ClusterSecret(configured_secret(config))
         self.replicas = ReplicaManager(
             config.log_dirs,
             self.node_id,
@@ -84,8 +89,9 @@ class Broker:
             config.replica_fetch_max_bytes,
             self.prefetch_entries,
             self._source_host(),
+            credentials=self.cluster_secret,
         )
-        self.peers = PeerPool(self.node_id, self.metadata.brokers.get, self._source_host())
+        self.peers = PeerPool(self.node_id, self.metadata.brokers.get, self._source_host(), self.cluster_secret)
         self.store: ObjectStore | None = None
         self.wal_reader: WalReader | None = None
         self.representative: Representative | None = None
@@ -103,7 +109,7 @@ class Broker:
         self.groups = GroupShell(self)
         self.txns = TxnShell(self)
         self.apis = KafkaApis(self)
-        self.server = KafkaServer(self.apis, config.socket_request_max_bytes)
+        self.server = KafkaServer(self.apis, config.socket_request_max_bytes, self.cluster_secret)
         self._pid_block = ProducerIdBlock()
         self._pid_lock = asyncio.Lock()
         self._isr_updates: set[tuple[str, int]] = set()
@@ -145,8 +151,10 @@ class Broker:
         listener = self.config.listener
         if self.clustered:
             await self.backend.connect()
+            self.cluster_secret.set(await load_cluster_secret(self.config, self.backend.client))
             await self.backend.load_and_watch()
         else:
+            self.cluster_secret.set(await load_cluster_secret(self.config, None))
             self.backend.load()
             self.metadata.controller_id = self.node_id
         self.replicas.load(self.metadata.topics, self.log_config, self.now_ms())

@@ -14,11 +14,19 @@ from collections.abc import Callable
 from diskless.cluster.metadata import BrokerInfo
 from diskless.protocol import internal
 from diskless.protocol.client import ClientError, KafkaClientConnection
+from diskless.security.internal_auth import ClusterSecret
 
 
 class PeerPool:
-    def __init__(self, node_id: int, lookup: Callable[[int], BrokerInfo | None], local_host: str | None = None) -> None:
+    def __init__(
+        self,
+        node_id: int,
+        lookup: Callable[[int], BrokerInfo | None],
+        local_host: str | None = None,
+        credentials: ClusterSecret | None = None,
+    ) -> None:
         self.node_id = node_id
+        self.credentials = credentials  # peer connections carry internal requests: they prove the secret
         self.local_host = local_host
         self.lookup = lookup
         self._connections: dict[int, KafkaClientConnection] = {}
@@ -45,7 +53,11 @@ class PeerPool:
             if old is not None:
                 await old.close()
             conn = KafkaClientConnection(
-                info.host, info.port, internal.broker_client_id(self.node_id, "peer"), local_host=self.local_host
+                info.host,
+                info.port,
+                internal.broker_client_id(self.node_id, "peer"),
+                local_host=self.local_host,
+                credentials=self.credentials,
             )
             try:
                 await conn.connect()

@@ -36,6 +36,7 @@ from diskless.log.config import LogConfig
 from diskless.log.partition_log import HW_FILE, PartitionLog
 from diskless.replication.fetcher import ReplicaFetcher
 from diskless.replication.partition import FOLLOWER, Partition
+from diskless.security.internal_auth import ClusterSecret
 
 log = structlog.get_logger(__name__)
 
@@ -54,8 +55,10 @@ class ReplicaManager:
         fetch_max_bytes: int = 1048576,
         on_pointers: Callable[[bytes], None] = lambda entries: None,
         local_host: str | None = None,
+        credentials: ClusterSecret | None = None,
     ) -> None:
         self.local_host = local_host
+        self.credentials = credentials  # replica fetches are internal: their connections prove the secret
         self.log_dir = log_dir
         self.node_id = node_id
         self.lookup = lookup
@@ -244,6 +247,7 @@ class ReplicaManager:
                 self.notify_append,
                 self.on_pointers,
                 self.local_host,
+                self.credentials,
             )
             fetcher.start()
             self.fetchers[leader_id] = fetcher

@@ -12,6 +12,10 @@ correlation id, and in-order answers would let one slow request (an acks=all wai
 follower) hold back every answer behind it on the shared peer connection for seconds. At most
 ``MAX_INTERNAL_IN_FLIGHT`` of them run per connection; beyond it reading pauses.
 
+Internal requests, replica fetches (``replica_id`` >= 0) and WriteTxnMarkers are served only on a
+connection that proved the cluster secret at its start (``security/internal_auth.py``); on any
+other they are answered CLUSTER_AUTHORIZATION_FAILED and change nothing.
+
 Anything undecodable, an oversized frame, or an unsupported version of any API
 other than ApiVersions closes that connection only. A handler that fails unexpectedly is answered
 with the API's error code (``error_responses``); the connection stays open.
@@ -42,6 +46,7 @@ from diskless.metrics import (
 from diskless.protocol import error_responses, internal
 from diskless.protocol import messages as m
 from diskless.protocol.framing import FrameDecoder, FrameError
+from diskless.security.internal_auth import ClusterSecret, InternalAuthState
 
 from .apis import CloseConnection, KafkaApis, api_version_entries
 from .client_zone import CURRENT_ZONE
@@ -54,8 +59,11 @@ MAX_INTERNAL_IN_FLIGHT = 1024  # per connection, internal requests answered out 
 
 
 class KafkaServer:
-    def __init__(self, apis: KafkaApis, max_frame_bytes: int) -> None:
+    def __init__(self, apis: KafkaApis, max_frame_bytes: int, secret: ClusterSecret | None = None) -> None:
         self.apis = apis
+        # Without a secret (unit-test stand-ins) no connection can prove one: internal requests
+        # are refused on every connection.
+        self.secret = secret if secret is not None else ClusterSecret()
         self.max_frame_bytes = max_frame_bytes
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[Any]] = set()
@@ -130,6 +138,8 @@ class Connection:
         self._networks = (_network_of(local_host), _network_of(peer_host))
         self.internal_slots = asyncio.Semaphore(MAX_INTERNAL_IN_FLIGHT)
         self.internal_tasks: set[asyncio.Task[None]] = set()
+        self.internal_auth = InternalAuthState(server.secret)
+        self._refusal_logged = False
 
     async def run(self) -> None:
         # Every handler task started from here inherits this connection's zone (client_zone.py).
@@ -205,6 +215,12 @@ class Connection:
             except Exception as exc:
                 raise m.MalformedRequest(f"undecodable internal request: {exc}") from exc
             REQUESTS.labels(api=str(header.api_key)).inc()
+            if header.api_key in internal.AUTH_APIS:
+                self._answer_auth(header, body)
+                return
+            if not self.internal_auth.authenticated:
+                self._refuse_internal(header)
+                return
             await self.internal_slots.acquire()
             # Started now, in arrival order (the task's first step runs before any later one's).
             task = asyncio.ensure_future(self._answer_internal(header, body))
@@ -219,11 +235,50 @@ class Connection:
         if not m.is_supported(header.api_key, header.api_version):
             raise m.MalformedRequest(f"unsupported api {header.api_key} version {header.api_version}")
         request = m.decode_request(header, frame, body_pos)
+        if not self.internal_auth.authenticated and _needs_cluster_action(header.api_key, request):
+            self._log_refusal(header)
+            body = error_responses.error_response(
+                header.api_key, header.api_version, request, ErrorCode.cluster_authorization_failed
+            )
+            await self.pending.put((header, _ready(m.encode_response(header, body))))
+            return
         if header.api_key == m.API_FETCH and self.zone.may_take_rack:
             self._observe_rack(request)
         REQUESTS.labels(api=str(header.api_key)).inc()
         task = asyncio.ensure_future(self._respond(header, request))
         await self.pending.put((header, task))
+
+    def _answer_auth(self, header: m.RequestHeader, body: dict[str, Any]) -> None:
+        """The internal handshake, answered here and now: requests behind it see its outcome."""
+        if header.api_key == internal.INTERNAL_AUTH_CHALLENGE:
+            answer, close = self.internal_auth.challenge(), False
+        else:
+            answer, close = self.internal_auth.prove(body, header.client_id)
+        self._write_internal(internal.encode_response(header.correlation_id, answer))
+        if close:
+            REQUEST_ERRORS.labels(reason="internal_auth_failed").inc()
+            log.warning("internal authentication failed; closing", peer=self.peer, client_id=header.client_id)
+            self.writer.close()  # after the answer: a transport flushes what it holds before closing
+
+    def _refuse_internal(self, header: m.RequestHeader) -> None:
+        self._log_refusal(header)
+        self._write_internal(internal.encode_response(header.correlation_id, self.internal_auth.refusal()))
+
+    def _log_refusal(self, header: m.RequestHeader) -> None:
+        REQUEST_ERRORS.labels(reason="cluster_authorization_failed").inc()
+        if not self._refusal_logged:  # once per connection: a hostile client must not flood the log
+            self._refusal_logged = True
+            log.warning(
+                "internal request on a connection that did not prove the cluster secret; refused",
+                peer=self.peer,
+                api=header.api_key,
+                client_id=header.client_id,
+            )
+
+    def _write_internal(self, frame: bytes) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(frame)
+            self._count("out", len(frame))
 
     async def _respond(self, header: m.RequestHeader, request: Any) -> bytes | None:
         try:
@@ -306,6 +361,13 @@ class Connection:
                 await self.writer.drain()
         except (ConnectionError, asyncio.CancelledError):
             return
+
+
+def _needs_cluster_action(api_key: int, request: Any) -> bool:
+    """Kafka APIs only brokers send (Kafka's CLUSTER_ACTION): replica fetches, WriteTxnMarkers."""
+    if api_key == m.API_FETCH:
+        return int(getattr(request, "replica_id", -1)) >= 0
+    return api_key == m.API_WRITE_TXN_MARKERS
 
 
 async def _ready(value: bytes) -> bytes:

@@ -512,7 +512,10 @@ class Representative:
                 if conn is not None:
                     await conn.close()
                 conn = KafkaClientConnection(
-                    address[0], address[1], internal.broker_client_id(self.broker.node_id, "notice")
+                    address[0],
+                    address[1],
+                    internal.broker_client_id(self.broker.node_id, "notice"),
+                    credentials=self.broker.cluster_secret,
                 )
                 await conn.connect(timeout=2)
                 self._manager_conn = conn

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import io
+import os
 import struct
 from typing import Any
 
@@ -16,6 +18,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.serial import entity_reader, entity_writer
 
 from diskless.aio import cancel_and_wait
+from diskless.security.internal_auth import NONCE_BYTES, ClusterSecret, client_proof, server_proof
 
 from . import internal
 from . import messages as m
@@ -36,8 +39,12 @@ class KafkaClientConnection:
         client_id: str,
         max_frame_bytes: int = 200 * 1024 * 1024,
         local_host: str | None = None,
+        credentials: ClusterSecret | None = None,
     ) -> None:
         self.host = host
+        # With credentials the connection proves the cluster secret before anything else, which
+        # internal requests (and replica fetches) need (security/internal_auth.py).
+        self.credentials = credentials
         self.local_host = local_host  # bind here so peers see which AZ a connection comes from
         self.port = port
         self.client_id = client_id
@@ -58,6 +65,31 @@ class KafkaClientConnection:
             asyncio.open_connection(self.host, self.port, local_addr=local), timeout
         )
         self._read_task = asyncio.create_task(self._read_loop())
+        if self.credentials is not None:
+            try:
+                await self._authenticate(timeout)
+            except BaseException:
+                await self.close()
+                raise
+
+    async def _authenticate(self, timeout: float) -> None:
+        """The internal handshake: prove the cluster secret, and check the server knows it too."""
+        assert self.credentials is not None
+        secret = self.credentials.value
+        if secret is None:
+            raise ClientError("internal authentication: the cluster secret is not known yet")
+        challenge = await self.wait(self.send_internal(internal.INTERNAL_AUTH_CHALLENGE, {}), timeout)
+        server_nonce = challenge.get("nonce")
+        if challenge.get("error_code") or not isinstance(server_nonce, bytes):
+            raise ClientError(f"internal authentication refused by the server: {challenge.get('error_code')}")
+        client_nonce = os.urandom(NONCE_BYTES)
+        proof = client_proof(secret, server_nonce, client_nonce, self.client_id)
+        body = {"nonce": client_nonce, "proof": proof}
+        answer = await self.wait(self.send_internal(internal.INTERNAL_AUTH_PROVE, body), timeout)
+        expected = server_proof(secret, server_nonce, client_nonce, self.client_id)
+        theirs = answer.get("proof")
+        if answer.get("error_code") or not isinstance(theirs, bytes) or not hmac.compare_digest(theirs, expected):
+            raise ClientError(f"internal authentication failed (error {answer.get('error_code')})")
 
     async def close(self) -> None:
         if self._writer is not None:

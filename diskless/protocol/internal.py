@@ -20,8 +20,20 @@ INTERNAL_FETCH_POINTERS = 32002  # broker without a replica -> leader: pointer e
 INTERNAL_WAL_REFERENCES = 32003  # WAL file manager -> leader: does a partition reference a WAL object
 INTERNAL_WAL_NOTICE = 32004  # representative -> WAL file manager: a WAL object was committed (best effort)
 INTERNAL_AWAIT_REPLICATED = 32005  # representative -> leader: acks=all, are these appends replicated yet
+# Proof of the cluster secret at a connection's start (security/internal_auth.py); every other
+# internal request is refused on a connection that has not passed it.
+INTERNAL_AUTH_CHALLENGE = 32030  # -> a fresh server nonce
+INTERNAL_AUTH_PROVE = 32031  # HMAC proof of the secret over both nonces -> the server's proof back
+AUTH_APIS = frozenset({INTERNAL_AUTH_CHALLENGE, INTERNAL_AUTH_PROVE})
 INTERNAL_APIS = frozenset(
-    {INTERNAL_COMMIT_BATCHES, INTERNAL_FETCH_POINTERS, INTERNAL_WAL_REFERENCES, INTERNAL_AWAIT_REPLICATED}
+    {
+        INTERNAL_COMMIT_BATCHES,
+        INTERNAL_FETCH_POINTERS,
+        INTERNAL_WAL_REFERENCES,
+        INTERNAL_AWAIT_REPLICATED,
+        INTERNAL_AUTH_CHALLENGE,
+        INTERNAL_AUTH_PROVE,
+    }
 )
 
 BROKER_CLIENT_PREFIX = "diskless-broker-"

@@ -26,6 +26,7 @@ from diskless.cluster.metadata import BrokerInfo
 from diskless.protocol import internal
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError, KafkaClientConnection
+from diskless.security.internal_auth import ClusterSecret
 
 from .partition import FOLLOWER, DivergingEpoch, Partition
 
@@ -49,8 +50,10 @@ class ReplicaFetcher:
         on_progress: Callable[[], None],
         on_pointers: Callable[[bytes], None] = lambda entries: None,
         local_host: str | None = None,
+        credentials: ClusterSecret | None = None,
     ) -> None:
         self.local_host = local_host
+        self.credentials = credentials
         self.node_id = node_id
         self.leader_id = leader_id
         self.lookup = lookup
@@ -95,11 +98,17 @@ class ReplicaFetcher:
         if info is None:
             return None
         conn = KafkaClientConnection(
-            info.host, info.port, internal.broker_client_id(self.node_id, "replica-fetcher"), local_host=self.local_host
+            info.host,
+            info.port,
+            internal.broker_client_id(self.node_id, "replica-fetcher"),
+            local_host=self.local_host,
+            credentials=self.credentials,
         )
         try:
             await conn.connect()
-        except (OSError, TimeoutError):
+        except (OSError, TimeoutError, ClientError) as exc:
+            if isinstance(exc, ClientError):
+                log.warning("replica fetcher cannot authenticate to its leader", leader=self.leader_id, error=str(exc))
             return None
         return conn
 

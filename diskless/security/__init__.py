@@ -1,0 +1,1 @@
+"""Security: the cluster secret internal connections prove, SASL, TLS and ACLs."""
