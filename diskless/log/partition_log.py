@@ -10,24 +10,30 @@ timestamp, truncation, and recovery after a crash.
 
 from __future__ import annotations
 
+import bisect
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
+import msgpack
+
 from diskless.protocol import records
-from diskless.storage import pointer
+from diskless.storage import pointer, segment_object
+from diskless.tiering.entry import Tier, TierCommitError, decode_tier_batch, may_be_tier, tier_batch
 
 from .config import LogConfig
 from .leader_epoch import LeaderEpochCache
 from .producer_state import ProducerStateManager, load_latest_snapshot, write_snapshot
 from .segment import POINTERS, RECORDS, SUFFIXES, BatchLocation, LogSegment
-from .txn_index import CONTROL_ABORT, CONTROL_COMMIT, TxnIndex, control_type, marker_batch
+from .txn_index import CONTROL_ABORT, CONTROL_COMMIT, AbortedTxn, TxnIndex, control_type, marker_batch
 
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 LOG_START_FILE = "log-start-offset"
 EPOCH_FILE = "leader-epoch-checkpoint"
 HW_FILE = "high-watermark-checkpoint"
+TIER_FILE = "tier-manifest"
+TIERED = "tiered"  # a ReadResult whose ``records`` describe a read of a tiered segment object
 _OFFSET_INDEX_ENTRY = 8
 
 
@@ -42,6 +48,10 @@ def timestamp_allowed(header: records.BatchHeader, config: LogConfig, now_ms: in
 
 class OffsetOutOfRange(Exception):
     pass
+
+
+class OffsetMovedToTiered(OffsetOutOfRange):
+    """A replica read below the pointer entries a log still has: the range lives in segment objects."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +83,12 @@ class PartitionLog:
         self.epochs = LeaderEpochCache(os.path.join(directory, EPOCH_FILE))
         self.segments: list[LogSegment] = []
         self.log_start_offset = 0
-        self.high_watermark = 0
+        self._high_watermark = 0
+        # Tier entries (diskless/tiering/entry.py) by offset; those below the high watermark are in
+        # effect up to ``_tier_floor`` (the end of the last of them).
+        self.tiers: list[Tier] = []
+        self._tier_floor = 0
+        self._tiered_aborts: list[AbortedTxn] = []  # aborted txns of ranges whose pointers are gone
         self.recovered_bytes_truncated = 0
         self.producer_state = ProducerStateManager()
         self.txns = TxnIndex()
@@ -106,7 +121,11 @@ class PartitionLog:
                 self.log_start_offset = int(f.read().strip() or 0)
         except (FileNotFoundError, ValueError):
             self.log_start_offset = 0
-        self.log_start_offset = max(self.log_start_offset, self.segments[0].base_offset)
+        self._load_tiers()
+        first = self.segments[0].base_offset
+        if self.tiers:
+            first = min(first, self.tiers[0].base_offset)
+        self.log_start_offset = max(self.log_start_offset, first)
         self._apply_ref_floor(self.log_start_offset)
         self.epochs.truncate_from_end(self.log_end_offset)
         if not clean:
@@ -154,6 +173,10 @@ class PartitionLog:
                 if header is None or not header.is_transactional:
                     continue
                 self.txns.on_batch(header, self._marker_of(segment, location) if header.is_control else None)
+        if self._tiered_aborts:
+            known = set(self.txns.aborted)
+            merged = [a for a in self._tiered_aborts if a.last_offset >= self.log_start_offset and a not in known]
+            self.txns.aborted = sorted(self.txns.aborted + merged, key=lambda a: a.last_offset)
 
     @staticmethod
     def _marker_of(segment: LogSegment, location: BatchLocation) -> int | None:
@@ -164,6 +187,16 @@ class PartitionLog:
                 return None
             raw = entry.batch
         return control_type(raw)
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @high_watermark.setter
+    def high_watermark(self, value: int) -> None:
+        self._high_watermark = value
+        if self.tiers and self.tiers[-1].last_offset >= self._tier_floor:
+            self._activate_tiers()
 
     @property
     def last_stable_offset(self) -> int:
@@ -196,7 +229,7 @@ class PartitionLog:
     @property
     def data_bytes(self) -> int:
         """Bytes of the batches in the log, wherever they live (``retention.bytes`` limits this)."""
-        return sum(s.data_bytes for s in self.segments)
+        return sum(s.data_bytes for s in self.segments) + sum(t.info.size for t in self._detached_tiers())
 
     # --- appending -----------------------------------------------------------------------------
 
@@ -303,8 +336,13 @@ class PartitionLog:
             header = records.parse_header(entry, pointer.ENTRY_HEADER_POS)
             if header.base_offset < self.log_end_offset:
                 continue
+            tier = self._tier_of_entry(entry, header)
+            if tier is not None:
+                self.roll(now_ms)  # a tier entry starts a segment: what it tiers can be deleted whole
             self.epochs.assign(header.partition_leader_epoch, header.base_offset)
             self._append(entry, header.base_offset, header.last_offset, header.max_timestamp, now_ms, POINTERS)
+            if tier is not None:
+                self._add_tier(Tier(tier, header.base_offset))
             self._note_pointer(entry)
             self.producer_state.record(header, header.base_offset, header.max_timestamp)
             marker = None
@@ -406,11 +444,33 @@ class PartitionLog:
 
     # --- reading -------------------------------------------------------------------------------
 
-    def read(self, offset: int, max_bytes: int, max_offset: int | None = None, min_one: bool = True) -> ReadResult:
-        """Batches from ``offset`` up to ``max_bytes``, never at or past ``max_offset`` (default HW)."""
+    def read(
+        self, offset: int, max_bytes: int, max_offset: int | None = None, min_one: bool = True, tiered: bool = True
+    ) -> ReadResult:
+        """Batches from ``offset`` up to ``max_bytes``, never at or past ``max_offset`` (default HW).
+
+        Offsets of a tier in effect are answered (``tiered``) with kind TIERED: ``records`` is then
+        a msgpack map (``segment``: the SegmentInfo, ``offset``, ``max_bytes``, ``max_offset``,
+        ``min_one``) telling the caller what to read from the segment object. Without ``tiered``
+        (replica fetches) the pointer entries are read while they exist; below them
+        ``OffsetMovedToTiered`` is raised."""
         limit = self.high_watermark if max_offset is None else max_offset
         if offset < self.log_start_offset or offset > self.log_end_offset:
             raise OffsetOutOfRange(f"offset {offset} outside [{self.log_start_offset}, {self.log_end_offset}]")
+        if offset < self._tier_floor and (tiered or offset < self.segments[0].base_offset):
+            if not tiered:
+                raise OffsetMovedToTiered(f"offset {offset} is tiered and its pointers are gone")
+            if offset >= limit:
+                return ReadResult(b"", self.log_start_offset, self.log_end_offset)
+            tier = self.tier_at(offset)
+            descriptor = {
+                "segment": tier.info.to_dict(),
+                "offset": offset,
+                "max_bytes": max_bytes,
+                "max_offset": limit,
+                "min_one": min_one,
+            }
+            return ReadResult(msgpack.packb(descriptor), self.log_start_offset, self.log_end_offset, TIERED)
         data = b""
         kind = RECORDS
         for segment in self._segments_from(offset):
@@ -511,11 +571,25 @@ class PartitionLog:
         """Delete segments past retention.ms / retention.bytes; returns how many were deleted."""
         deleted = 0
         if self.config.retention_ms >= 0:
-            deleted += self._delete_oldest(lambda seg: now_ms - seg.max_timestamp > self.config.retention_ms, now_ms)
+            expired_tier = self._expire_tiers(lambda info: now_ms - info.max_timestamp > self.config.retention_ms)
+            if not expired_tier:
+                deleted += self._delete_oldest(
+                    lambda seg: now_ms - seg.max_timestamp > self.config.retention_ms, now_ms
+                )
         if self.config.retention_bytes >= 0:
             # A diskless partition is as big as the batches it points to: a pointer entry is ~100
             # bytes whatever the batch, so counting entries would keep ~100x the data asked for.
             excess = self.data_bytes - self.config.retention_bytes
+
+            def tier_over_size(info: segment_object.SegmentInfo) -> bool:
+                nonlocal excess
+                if excess - info.size < 0:
+                    return False
+                excess -= info.size
+                return True
+
+            if self._expire_tiers(tier_over_size):
+                return deleted + self._delete_segments_below_start()
 
             def over_size(seg: LogSegment) -> bool:
                 nonlocal excess
@@ -567,6 +641,8 @@ class PartitionLog:
         Kept incrementally on append; rebuilt from the segments' counts after the rare changes that
         drop references (retention, DeleteRecords, truncation), so answers are O(1).
         """
+        if object_key.startswith(segment_object.SEGMENTS_PREFIX):
+            return any(object_key in (t.info.log_key, t.info.index_key) for t in self.tiers)
         return self._refs()[object_key] > 0
 
     def _refs(self) -> Counter[str]:
@@ -586,6 +662,10 @@ class PartitionLog:
 
     def _set_log_start(self, offset: int) -> None:
         self._apply_ref_floor(offset)
+        if self.tiers and self.tiers[0].last_offset < offset:
+            self.tiers = [t for t in self.tiers if t.last_offset >= offset]
+            self._tiered_aborts = [a for a in self._tiered_aborts if a.last_offset >= offset]
+            self._write_tier_manifest()
         self.txns.drop_before(offset)
         self.log_start_offset = offset
         self.epochs.truncate_from_start(offset)
@@ -606,6 +686,197 @@ class PartitionLog:
             else:
                 segment.set_ref_floor(offset)
 
+    # --- tiering (diskless/tiering/entry.py) ------------------------------------------------------
+
+    @property
+    def tier_end(self) -> int:
+        """The first offset a next TierCommit must start at (tiers appended, in effect or not)."""
+        if self.tiers:
+            return self.tiers[-1].last_offset + 1
+        location = None
+        for segment in self._segments_from(self.log_start_offset):
+            location = segment.locate(self.log_start_offset)
+            if location is not None:
+                break
+        return location.base_offset if location is not None else self.log_start_offset
+
+    @property
+    def tiered_end(self) -> int:
+        """Offsets below this (and at or after the log start) are served from segment objects."""
+        return self._tier_floor
+
+    def tier_at(self, offset: int) -> Tier:
+        i = bisect.bisect_left([t.last_offset for t in self.tiers], offset)
+        return self.tiers[min(i, len(self.tiers) - 1)]
+
+    def pointer_bytes(self) -> int:
+        """Bytes of pointer segments on disk (what tiering bounds)."""
+        return sum(s.size for s in self.segments if s.kind == POINTERS)
+
+    def range_digest(self, base: int, last: int) -> tuple[int, int, int]:
+        """(digest, batches, bytes) of the entries [base, last] exactly (segment_object's digest).
+
+        Raises TierCommitError when the range does not start and end on entries of pointer segments."""
+        digest = batches = size = 0
+        expected = base
+        for segment in self._segments_from(base):
+            if segment.base_offset > last:
+                break
+            for _, header, _ in segment.iter_entries(segment.offset_index.lookup(base)):
+                if header.last_offset < base:
+                    continue
+                if header.base_offset > last:
+                    break
+                if segment.kind != POINTERS:
+                    raise TierCommitError(
+                        "invalid_request", f"offset {header.base_offset} is not in a diskless segment"
+                    )
+                if header.base_offset != expected or header.last_offset > last:
+                    raise TierCommitError(
+                        "invalid_request", f"[{base}, {last}] does not fall on batch boundaries at {header.base_offset}"
+                    )
+                digest = segment_object.digest_update(digest, header)
+                batches += 1
+                size += header.size
+                expected = header.last_offset + 1
+        if expected != last + 1:
+            raise TierCommitError("invalid_request", f"the log holds no batches [{expected}, {last}]")
+        return digest, batches, size
+
+    def append_tier_as_leader(self, info: segment_object.SegmentInfo, leader_epoch: int, now_ms: int) -> int | None:
+        """Validate a TierCommit and append its tier entry; returns the entry's offset, or None when
+        exactly this segment is already tiered here (a rerun of a job that committed it).
+
+        Raises TierCommitError (nothing changed) for a range not contiguous with what is tiered,
+        not below the last stable offset, not on batch boundaries, or whose digest, batch count or
+        size differ from the log's entries."""
+        if any(t.info == info for t in self.tiers):
+            return None
+        if self.active_segment.kind != POINTERS:
+            raise TierCommitError("invalid_request", "the partition is not diskless")
+        expected = self.tier_end
+        if info.base_offset != expected:
+            raise TierCommitError(
+                "invalid_request", f"segment starts at {info.base_offset}, the next range to tier starts at {expected}"
+            )
+        if info.last_offset < info.base_offset or info.last_offset >= self.last_stable_offset:
+            raise TierCommitError(
+                "invalid_request",
+                f"segment ends at {info.last_offset}, not below the last stable offset {self.last_stable_offset}",
+            )
+        digest, batches, size = self.range_digest(info.base_offset, info.last_offset)
+        if (digest, batches, size) != (info.digest, info.batches, info.size):
+            raise TierCommitError(
+                "corrupt_message",
+                f"segment [{info.base_offset}, {info.last_offset}] does not hold the log's batches "
+                f"(digest {info.digest:#x}/{digest:#x}, batches {info.batches}/{batches}, bytes {info.size}/{size})",
+            )
+        self.roll(now_ms)
+        batch = bytearray(tier_batch(info, now_ms))
+        offset = self.log_end_offset
+        self.epochs.assign(leader_epoch, offset)
+        records.assign_offset(batch, offset, leader_epoch)
+        self._append(pointer.encode_inline_entry(batch), offset, offset, now_ms, now_ms, POINTERS)
+        self._add_tier(Tier(info, offset))
+        return offset
+
+    def _tier_of_entry(
+        self, entry: bytes | bytearray | memoryview, header: records.BatchHeader
+    ) -> segment_object.SegmentInfo | None:
+        if not may_be_tier(header):
+            return None
+        decoded, _ = pointer.decode_entry(entry, 0)
+        return decode_tier_batch(decoded.batch) if isinstance(decoded, pointer.InlineEntry) else None
+
+    def _add_tier(self, tier: Tier) -> None:
+        self.tiers.append(tier)
+        self._write_tier_manifest()
+        if tier.entry_offset < self.high_watermark:
+            self._activate_tiers()
+
+    def _activate_tiers(self) -> None:
+        """Put tier entries below the high watermark in effect (irreversible: they are committed):
+        their ranges are read from segment objects, reference no WAL object, and pointer segments
+        wholly inside them are deleted."""
+        end = self._tier_floor
+        for tier in reversed(self.tiers):
+            if tier.entry_offset < self._high_watermark:
+                end = max(end, tier.last_offset + 1)
+                break
+        if end <= self._tier_floor:
+            return
+        self._tier_floor = end
+        self._apply_ref_floor(max(end, self.log_start_offset))
+        self._tiered_aborts = sorted(
+            set(self._tiered_aborts) | {a for a in self.txns.aborted if a.first_offset < end},
+            key=lambda a: a.last_offset,
+        )
+        while len(self.segments) > 1 and self.segments[0].next_offset <= end:
+            self.segments.pop(0).delete()
+        self._write_tier_manifest()
+
+    def _detached_tiers(self) -> list[Tier]:
+        """Tiers in effect whose range has no pointer segment left (only segment objects hold it)."""
+        first_local = self.segments[0].base_offset
+        return [
+            t
+            for t in self.tiers
+            if t.last_offset < first_local
+            and t.last_offset < self._tier_floor
+            and t.last_offset >= self.log_start_offset
+        ]
+
+    def _expire_tiers(self, expired: Callable[[segment_object.SegmentInfo], bool]) -> bool:
+        """Move the log start past detached tiers, oldest first, while ``expired`` holds; True when
+        some detached tier is left (then no pointer segment may expire before it)."""
+        detached = self._detached_tiers()
+        for i, tier in enumerate(detached):
+            if not expired(tier.info):
+                return True
+            self._set_log_start(max(self.log_start_offset, tier.last_offset + 1))
+            if i == len(detached) - 1:
+                return False
+        return False
+
+    def _write_tier_manifest(self) -> None:
+        path = os.path.join(self.directory, TIER_FILE)
+        if not self.tiers and not self._tiered_aborts:
+            if os.path.exists(path):
+                os.unlink(path)
+            return
+        body = {
+            "tiers": [t.to_list() for t in self.tiers],
+            "aborted": [[a.producer_id, a.first_offset, a.last_offset] for a in self._tiered_aborts],
+        }
+        tmp = path + ".tmp"
+        with open(tmp, "wb") as f:
+            f.write(msgpack.packb(body))
+        os.replace(tmp, path)
+
+    def _load_tiers(self) -> None:
+        """Tiers from the manifest (written on every change), then any tier entry a crash kept out
+        of it: each starts its segment, so only first entries are looked at."""
+        try:
+            with open(os.path.join(self.directory, TIER_FILE), "rb") as f:
+                body = msgpack.unpackb(f.read())
+            self.tiers = [Tier.from_list(t) for t in body["tiers"]]
+            self._tiered_aborts = [AbortedTxn(*a) for a in body["aborted"]]
+        except (FileNotFoundError, ValueError, KeyError, TypeError, segment_object.CorruptSegment):
+            self.tiers = []
+        end = self.log_end_offset
+        self.tiers = [t for t in self.tiers if t.entry_offset < end]
+        after = self.tiers[-1].entry_offset if self.tiers else -1
+        for segment in self.segments:
+            if segment.kind != POINTERS or segment.base_offset <= after or segment.size == 0:
+                continue
+            found = segment._entry_at(0)
+            if found is None or not may_be_tier(found[0]):
+                continue
+            info = self._tier_of_entry(segment.read_batch(next(segment.iter_batches(0))), found[0])
+            if info is not None and (not self.tiers or info.base_offset == self.tiers[-1].last_offset + 1):
+                self.tiers.append(Tier(info, segment.base_offset))
+        self._write_tier_manifest()
+
     # --- truncation (replication) ----------------------------------------------------------------
 
     def truncate_to(self, offset: int, now_ms: int) -> None:
@@ -613,6 +884,9 @@ class PartitionLog:
         if offset >= self.log_end_offset:
             return
         self._wal_refs_stale = True
+        if self.tiers and self.tiers[-1].entry_offset >= offset:
+            self.tiers = [t for t in self.tiers if t.entry_offset < offset]
+            self._write_tier_manifest()
         while len(self.segments) > 1 and self.active_segment.base_offset >= offset:
             self.segments.pop().delete()
         if self.active_segment.base_offset >= offset:
@@ -636,6 +910,10 @@ class PartitionLog:
         for segment in self.segments:
             segment.delete()
         self.segments = [LogSegment(self.directory, offset, self.config.index_interval_bytes, now_ms)]
+        self.tiers = []
+        self._tier_floor = 0
+        self._tiered_aborts = []
+        self._write_tier_manifest()
         self._set_log_start(offset)
         self.epochs.truncate_from_end(offset)
         self.high_watermark = offset
