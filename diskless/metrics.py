@@ -56,6 +56,28 @@ DISKLESS_WAL_OBJECT_BYTES = Histogram(
 DISKLESS_FLUSH_SECONDS = Histogram("diskless_flush_seconds", "WAL flush: upload plus commits, per object")
 DISKLESS_COMMIT_RPCS = Counter("diskless_commit_rpcs_total", "CommitBatches sent by representatives", ["target"])
 DISKLESS_COMMIT_SECONDS = Histogram("diskless_commit_seconds", "Leader-side commit of one CommitBatches request")
+# Where a diskless produce's time goes, per batch, from the representative's view (issue 10).
+# Stages in order: admission (waiting for room under diskless.produce.buffer.max.bytes), linger
+# (buffered until the flush), upload (encoding the WAL object and its PUT), order (uploaded until its
+# commit is sent: waiting for an earlier batch of its partition, a leader or a back-off), commit
+# (sent until the leader's append answer, retries included; a remote leader may hold that answer up to
+# 50 ms for acks=all replication, then replication is ~0), replication (acks=all: appended until
+# replicated), and total (accepted until the producer's answer is ready).
+PRODUCE_STAGES = ("admission", "linger", "upload", "order", "commit", "replication", "total")
+DISKLESS_PRODUCE_STAGE_SECONDS = Histogram(
+    "diskless_produce_stage_seconds",
+    "Time a diskless batch spends in each stage of the representative's pipeline",
+    ["stage"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0),
+)
+# Children bound once: a labels() lookup per batch and stage showed in profiles.
+PRODUCE_STAGE = {stage: DISKLESS_PRODUCE_STAGE_SECONDS.labels(stage=stage) for stage in PRODUCE_STAGES}
+# How late the event loop runs a timer: the time every callback and answer waits for a turn.
+EVENT_LOOP_LAG_SECONDS = Histogram(
+    "diskless_event_loop_lag_seconds",
+    "Delay between when a periodic timer was due and when the broker's event loop ran it",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+)
 DISKLESS_CACHE = Counter("diskless_cache_lookups_total", "WAL cache lookups when serving batches", ["result"])
 
 # Zone-aligned reads on followers (diskless/replication/follower_reads.py): one per consumer fetch pass

@@ -190,6 +190,22 @@ def markdown(result: dict[str, Any]) -> str:
                 f" | {_fmt(f['cross_az']['per_payload_byte'], 4)} | {wal}"
                 f" | {_fmt(f['broker_timings']['flush_mean_ms'])} / {_fmt(f['broker_timings']['commit_mean_ms'])} |"
             )
+    diskless_phases = result["kinds"].get("diskless", {}).get("phases", {})
+    first = next(iter(diskless_phases.values()), {})
+    stages = [k for k in first.get("broker_timings", {}) if k.startswith("stage_")]
+    if stages:
+        names = [k.removeprefix("stage_").removesuffix("_mean_ms") for k in stages]
+        lines += [
+            "",
+            "## Diskless produce stages (mean ms per batch, representatives' view) and event-loop lag",
+            "",
+            "| phase | " + " | ".join(names) + " | loop lag |",
+            "|---|" + "---|" * (len(names) + 1),
+        ]
+        for phase, f in diskless_phases.items():
+            t = f["broker_timings"]
+            cells = " | ".join(_fmt(t.get(k)) for k in stages)
+            lines.append(f"| {phase} | {cells} | {_fmt(t.get('loop_lag_mean_ms'))} |")
     lines += [
         "",
         "## Raw S3 baseline (same server, the brokers' ObjectStore client)",

@@ -37,6 +37,7 @@ from diskless.bench.stats import (
     throughput_series,
 )
 from diskless.dev import BUCKET, DevCluster
+from diskless.metrics import PRODUCE_STAGES
 
 READY_TIMEOUT_S = 90.0
 FLUSH_TIMEOUT_S = 60.0
@@ -328,6 +329,15 @@ def kind_figures(
         for name, metric in (("flush", "diskless_flush_seconds"), ("commit", "diskless_commit_seconds")):
             count = delta.total(f"{metric}_count")
             timings[f"{name}_mean_ms"] = round(delta.total(f"{metric}_sum") / count * 1000, 1) if count else None
+        # Where a diskless batch's time goes (representative's stages), and how late the loops ran timers.
+        for stage in PRODUCE_STAGES:
+            metric, labels = "diskless_produce_stage_seconds", {"stage": stage}
+            count = delta.total(f"{metric}_count", **labels)
+            total = delta.total(f"{metric}_sum", **labels)
+            timings[f"stage_{stage}_mean_ms"] = round(total / count * 1000, 1) if count else None
+        count = delta.total("diskless_event_loop_lag_seconds_count")
+        lag = delta.total("diskless_event_loop_lag_seconds_sum")
+        timings["loop_lag_mean_ms"] = round(lag / count * 1000, 1) if count else None
         cross["per_payload_byte"] = round(cross["cross_az_bytes"] / payload, 5) if payload else None
         in_window = [o.size for o in wal if window.start * 1000 <= o.created_ms < window.end * 1000]
         f.update(

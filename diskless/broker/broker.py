@@ -35,7 +35,7 @@ from diskless.config import BrokerConfig
 from diskless.fetch.wal_reader import WalCache, WalReader
 from diskless.log.config import LogConfig, effective_values
 from diskless.log.segment import POINTERS, BatchLocation, LogSegment
-from diskless.metrics import RETENTION_DELETED_SEGMENTS, serve_metrics
+from diskless.metrics import EVENT_LOOP_LAG_SECONDS, RETENTION_DELETED_SEGMENTS, serve_metrics
 from diskless.produce.representative import Representative
 from diskless.replication.partition import Partition
 from diskless.security.cluster_secret import configured_secret, load_cluster_secret
@@ -53,6 +53,7 @@ from .txn_shell import TxnShell
 log = structlog.get_logger(__name__)
 
 HW_CHECKPOINT_INTERVAL_S = 5.0
+LOOP_LAG_INTERVAL_S = 0.1  # how often the event loop's lateness is sampled (diskless_event_loop_lag_seconds)
 # Longest stretch of applying metadata changes before the event loop gets a turn. Bounded in time,
 # not in changes: one change can cost milliseconds of disk under load (a new log), and the etcd
 # lease refresh (its own task) needs several loop turns to complete within the session timeout.
@@ -195,6 +196,7 @@ class Broker:
         self._tasks.append(
             asyncio.create_task(self._every(self.config.replica_lag_time_max_ms / 2000, self._shrink_isrs))
         )
+        self._tasks.append(asyncio.create_task(self._sample_loop_lag()))
         log.info(
             "broker started",
             node_id=self.node_id,
@@ -269,6 +271,14 @@ class Broker:
             if time.monotonic() > deadline:
                 raise TimeoutError
             await asyncio.sleep(0.02)
+
+    @staticmethod
+    async def _sample_loop_lag() -> None:
+        """How late a timer fires is how long any ready callback (an answer, a commit) waits its turn."""
+        while True:
+            due = time.monotonic() + LOOP_LAG_INTERVAL_S
+            await asyncio.sleep(LOOP_LAG_INTERVAL_S)
+            EVENT_LOOP_LAG_SECONDS.observe(max(0.0, time.monotonic() - due))
 
     async def _every(self, interval: float, action: Callable[[], Any]) -> None:
         while True:

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from kio.schema.errors import ErrorCode
 
-from diskless.metrics import DISKLESS_COMMIT_RPCS, DISKLESS_FLUSH_SECONDS, DISKLESS_WAL_OBJECT_BYTES
+from diskless.metrics import DISKLESS_COMMIT_RPCS, DISKLESS_FLUSH_SECONDS, DISKLESS_WAL_OBJECT_BYTES, PRODUCE_STAGE
 from diskless.protocol import internal
 from diskless.protocol.client import KafkaClientConnection
 from diskless.storage.object_store import ObjectStore
@@ -88,6 +88,11 @@ class _Item:
     flush: int = -1
     position: int = -1
     channel: Hashable | None = None
+    # Monotonic seconds at each stage's start (diskless_produce_stage_seconds); 0.0 not yet.
+    submitted: float = 0.0
+    buffered: float = 0.0
+    sent: float = 0.0
+    appended: float = 0.0
 
 
 @dataclass
@@ -95,6 +100,7 @@ class _FlushInfo:
     key: str = ""
     created_ms: int = 0
     started: float = 0.0
+    uploaded_at: float = 0.0
     size: int = 0
     uploaded: bool = False
     remaining: set[int] = field(default_factory=set)
@@ -137,7 +143,9 @@ class Representative:
         if self._closed:
             future.set_result({"error_code": STORAGE_ERROR})
             return future
-        item = _Item(BufferedBatch(topic, topic_id, partition, batch, next(self._ids)), future, acks)
+        item = _Item(
+            BufferedBatch(topic, topic_id, partition, batch, next(self._ids)), future, acks, submitted=time.monotonic()
+        )
         if self.admission.offer(len(batch), item, self.held_bytes):
             self._buffer(item)
         else:
@@ -150,6 +158,8 @@ class Representative:
         return self.buffer.size + self.pipeline.in_flight_bytes
 
     def _buffer(self, item: _Item) -> None:
+        item.buffered = time.monotonic()
+        PRODUCE_STAGE["admission"].observe(item.buffered - item.submitted)
         self._items[item.batch.token] = item
         full = self.buffer.add(item.batch, _now_ms())
         self.stats["max_held_bytes"] = max(self.stats["max_held_bytes"], self.held_bytes)
@@ -174,8 +184,10 @@ class Representative:
             return
         info = _FlushInfo(started=time.monotonic())
         self._flushes[flush.sequence] = info
+        linger = PRODUCE_STAGE["linger"]
         for batch in flush.batches:
             item = self._items[batch.token]
+            linger.observe(info.started - item.buffered)
             item.flush = flush.sequence
             info.remaining.add(batch.token)
             info.partitions.add((batch.topic_id, batch.partition))
@@ -234,6 +246,10 @@ class Representative:
             self.pipeline.upload_failed(sequence, _now_ms())
             self._pump()
             return
+        info.uploaded_at = time.monotonic()
+        upload = PRODUCE_STAGE["upload"]
+        for _ in batches:
+            upload.observe(info.uploaded_at - info.started)
         self.stats["puts"] += 1
         self.stats["objects"] += 1
         DISKLESS_WAL_OBJECT_BYTES.observe(len(finished.data))
@@ -344,8 +360,13 @@ class Representative:
         """Start one commit now (see the safety argument); its outcome comes back to the pipeline."""
         info = self._flushes[send.flush]
         items = [self._items[i] for i in send.ids]
+        now = time.monotonic()
+        order = PRODUCE_STAGE["order"]
         for item in items:
             item.channel = send.channel
+            if not item.sent:  # a retried commit keeps its first send: retries count as commit time
+                item.sent = now
+                order.observe(now - info.uploaded_at)
         body = {
             "key": info.key,
             "created_ms": info.created_ms,
@@ -418,11 +439,16 @@ class Representative:
         if not outcomes:
             return
         replicate: dict[Hashable, list[tuple[_Item, dict[str, Any]]]] = {}
+        now = time.monotonic()
+        commit = PRODUCE_STAGE["commit"]
         for batch_id, result in outcomes:
             item = self._items.pop(batch_id, None)
             if item is None:
                 continue
             appended = result.get("error_code") == 0
+            if item.sent:
+                commit.observe(now - item.sent)
+            item.appended = now
             if appended and item.acks == -1 and not result.get("committed", False):
                 replicate.setdefault(item.channel, []).append((item, result))
             else:
@@ -545,3 +571,8 @@ def _producer_answer(result: dict[str, Any]) -> dict[str, Any]:
 def _resolve(item: _Item, result: dict[str, Any]) -> None:
     if not item.future.done():
         item.future.set_result(result)
+        if result.get("error_code") == 0:
+            now = time.monotonic()
+            if item.acks == -1 and item.appended:
+                PRODUCE_STAGE["replication"].observe(now - item.appended)
+            PRODUCE_STAGE["total"].observe(now - item.submitted)
