@@ -10,7 +10,13 @@ traffic between AZs is visible by address: the brokers of ``az-1`` listen on 127
 how to reach everything; a short demo (a replicated topic, 1000 records produced with acks=all and consumed
 back) shows where each partition's replicas live.
 
-The cluster stays up until Ctrl-C or SIGTERM, or until one of its processes dies unexpectedly.
+The cluster stays up until Ctrl-C or SIGTERM. It supervises its processes: one that dies (a
+broker, etcd, the S3 server, the WAL manager) is reported and restarted with backoff on the same
+address while the others keep serving, and left down after repeated quick failures
+(``local/supervisor.py`` decides; ``--no-restart`` keeps any dead process down). ``diskless dev
+kill|stop|start|pause|resume|status [NAME] --data-dir DIR`` talks to the running launcher through
+the Unix socket ``DIR/control.sock``: ``kill`` is SIGKILL (a crash, restarted as any other),
+``stop`` is SIGTERM and keeps it down until ``start``, ``pause``/``resume`` are SIGSTOP/SIGCONT.
 Shutdown is ordered: brokers first, one at a time with SIGTERM (controlled shutdown hands their
 leaderships over), then etcd, then the S3 server. Children run in their own session, so a Ctrl-C
 at the terminal reaches only this launcher; if the launcher itself is killed they get SIGTERM.
@@ -27,6 +33,7 @@ import fcntl
 import gc
 import json
 import os
+import select
 import signal
 import socket
 import sys
@@ -38,6 +45,7 @@ from types import FrameType
 from typing import Any, TextIO
 
 from diskless.local.servers import BrokerServer, EtcdServer, ManagedProcess, S3Server, WalManagerServer, free_port
+from diskless.local.supervisor import RestartPolicy, Supervisor
 from diskless.logs import configure_logging
 
 BUCKET = "diskless"
@@ -51,6 +59,7 @@ CONTROLLED_SHUTDOWN_TIMEOUT_MS = 3000
 # A broker still running this long after SIGTERM (controlled shutdown, then closing connections
 # and logs) is stuck: it gets SIGKILL, which its logs recover from at the next start.
 BROKER_STOP_TIMEOUT_S = 15.0
+CONTROL_SOCKET = "control.sock"
 MAX_PER_OCTET = 254
 
 
@@ -123,6 +132,11 @@ class DevCluster:
     # its AZ's addresses is zone-aligned without any client setting (README, "Client AZs").
     az_listeners: bool = True
     broker_overrides: dict[str, str] = field(default_factory=dict)  # more broker settings (tests)
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
+    supervisor: Supervisor | None = None  # from the end of start() on
+    paused: set[str] = field(default_factory=set)
+    _starting: dict[str, float] = field(default_factory=dict)  # broker being restarted -> ready deadline
+    _control: socket.socket | None = None
 
     # --- start -----------------------------------------------------------------------------------
 
@@ -253,6 +267,7 @@ class DevCluster:
         processes += [
             {
                 "role": "broker",
+                "name": b.name,
                 "node_id": b.node_id,
                 "az": b.rack,
                 "pid": b.pid,
@@ -273,6 +288,9 @@ class DevCluster:
                     "log": str(self.wal_manager.log_path),
                 }
             )
+        for entry, process in zip(processes, self.processes(), strict=True):
+            entry["name"] = process.name
+            entry["state"] = self._state_of(process.name)
         return {
             "bootstrap_servers": self.bootstrap_by_az(),
             "all_bootstrap_servers": self.bootstrap,
@@ -310,14 +328,179 @@ class DevCluster:
     def dead(self) -> list[ManagedProcess]:
         return [p for p in self.processes() if p.proc is not None and p.proc.poll() is not None]
 
-    def wait(self) -> ManagedProcess | None:
-        """Until a stop is requested (None) or a process dies (that process)."""
+    def by_name(self) -> dict[str, ManagedProcess]:
+        return {p.name: p for p in self.processes()}
+
+    def _state_of(self, name: str) -> str:
+        if self.supervisor is None:
+            return "running"
+        state = self.supervisor.state(name).value
+        return "paused" if name in self.paused and state == "running" else state
+
+    def supervise(self) -> None:
+        """Until a stop is requested: report deaths, restart what the supervisor says, obey commands."""
+        self.supervisor = Supervisor([p.name for p in self.processes()], self.policy)
+        now = time.monotonic()
+        for name in self.supervisor.names():
+            self.supervisor.started(name, now)
+            self.supervisor.ready(name, now)
+        self._open_control()
+        self.write_description()
         while self.request.signal is None:
-            dead = self.dead()
-            if dead:
-                return dead[0]
-            time.sleep(0.2)
-        return None
+            self._reap()
+            self._check_starting()
+            for name in self.supervisor.due(time.monotonic()):
+                if self.request.signal is None:
+                    self._restart(name)
+            wakeup = self.supervisor.next_wakeup()
+            timeout = 0.2 if wakeup is None else max(0.0, min(0.2, wakeup - time.monotonic()))
+            self._serve_control(timeout)
+
+    def _reap(self) -> None:
+        assert self.supervisor is not None
+        for process in self.processes():
+            if process.proc is None or process.proc.poll() is None:
+                continue
+            code = process.proc.returncode
+            process.stop()  # reaps, and removes what the process leaves behind (S3 sockets)
+            self.paused.discard(process.name)
+            self._starting.pop(process.name, None)
+            event = self.supervisor.exited(process.name, time.monotonic(), code)
+            self.say(f"{event.message}; see {process.log_path}")
+            self.write_description()
+
+    def _check_starting(self) -> None:
+        """Brokers restart in the background (a broker takes seconds to boot): are they ready yet?"""
+        assert self.supervisor is not None
+        for name, deadline in list(self._starting.items()):
+            broker = self.by_name()[name]
+            assert isinstance(broker, BrokerServer)
+            if broker.ready_file.exists() and broker.ready_file.read_text().strip():
+                del self._starting[name]
+                broker.wait_ready(1.0)
+                self._back(name)
+            elif time.monotonic() > deadline:
+                del self._starting[name]
+                broker.kill()
+                event = self.supervisor.start_failed(name, time.monotonic(), "not ready within 60s")
+                self.say(f"{event.message}; see {broker.log_path}")
+
+    def _back(self, name: str) -> None:
+        assert self.supervisor is not None
+        self.supervisor.ready(name, time.monotonic())
+        self.say(f"{name} is back (pid {self.by_name()[name].pid})")
+        self.write_description()
+
+    def _restart(self, name: str) -> None:
+        """Start a dead process again on its former address (clients and peers know it)."""
+        assert self.supervisor is not None
+        process = self.by_name()[name]
+        self.supervisor.started(name, time.monotonic())
+        if isinstance(process, BrokerServer):
+            process.ready_file.unlink(missing_ok=True)
+            process.spawn()
+            self._starting[name] = time.monotonic() + 60.0
+            return
+        # etcd, S3 and the WAL manager come up in a few seconds: started in place.
+        try:
+            process.start()  # type: ignore[attr-defined]
+        except (RuntimeError, TimeoutError, OSError) as exc:
+            process.kill()
+            event = self.supervisor.start_failed(name, time.monotonic(), str(exc))
+            self.say(f"{event.message}; see {process.log_path}")
+            return
+        if isinstance(process, S3Server):
+            with contextlib.suppress(Exception):
+                process.create_bucket(BUCKET)
+        self._back(name)
+
+    # --- control socket (diskless dev kill|stop|start|pause|resume|status) -----------------------
+
+    def _open_control(self) -> None:
+        path = self.root / CONTROL_SOCKET
+        path.unlink(missing_ok=True)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        with _in_dir(self.root):  # a relative name: Unix socket paths are limited to ~100 bytes
+            sock.bind(CONTROL_SOCKET)
+        sock.listen(8)
+        sock.setblocking(False)
+        self._control = sock
+
+    def close_control(self) -> None:
+        if self._control is not None:
+            self._control.close()
+            self._control = None
+            (self.root / CONTROL_SOCKET).unlink(missing_ok=True)
+
+    def _serve_control(self, timeout: float) -> None:
+        if self._control is None:
+            time.sleep(timeout)
+            return
+        with contextlib.suppress(InterruptedError):
+            readable, _, _ = select.select([self._control], [], [], timeout)
+            if not readable:
+                return
+        try:
+            conn, _ = self._control.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        with conn:
+            conn.settimeout(5.0)
+            try:
+                line = conn.makefile("rb").readline(65536)
+                request = json.loads(line)
+                answer = self.command(str(request.get("command")), request.get("name"))
+            except (OSError, ValueError, AttributeError) as exc:
+                answer = {"ok": False, "message": f"bad control request: {exc}"}
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps(answer).encode() + b"\n")
+
+    def command(self, command: str, name: str | None) -> dict[str, Any]:
+        """One control command; the answer is what ``diskless dev <command>`` prints."""
+        assert self.supervisor is not None
+        if command == "status":
+            rows = [{"name": p.name, "state": self._state_of(p.name), "pid": p.pid} for p in self.processes()]
+            return {"ok": True, "processes": rows}
+        process = self.by_name().get(name or "")
+        if process is None:
+            return {"ok": False, "message": f"no process named {name!r}; one of {', '.join(self.by_name())}"}
+        name = process.name
+        running = process.proc is not None and process.proc.poll() is None
+        if command == "start":
+            if running:
+                self.supervisor.release(name, time.monotonic())
+                return {"ok": True, "message": f"{name} is already running (pid {process.pid})"}
+            self.supervisor.release(name, time.monotonic())
+            self.say(f"{name}: start requested")
+            return {"ok": True, "message": f"starting {name}"}
+        if not running:
+            return {"ok": False, "message": f"{name} is not running ({self._state_of(name)})"}
+        assert process.proc is not None
+        pid = process.pid
+        if command == "kill":
+            self.say(f"{name}: SIGKILL requested (pid {pid})")
+            process.proc.kill()
+            process.proc.wait(10)
+            self._reap()
+            return {"ok": True, "message": f"killed {name} (pid {pid})"}
+        if command == "stop":
+            self.supervisor.hold(name)
+            self.paused.discard(name)
+            proc = process.proc
+            proc.send_signal(signal.SIGCONT)  # a paused process must run to stop
+            self._stop_one(process, name, timeout=BROKER_STOP_TIMEOUT_S)
+            event = self.supervisor.exited(name, time.monotonic(), proc.returncode)
+            self._starting.pop(name, None)
+            self.write_description()
+            return {"ok": True, "message": event.message}
+        if command in ("pause", "resume"):
+            paused = command == "pause"
+            process.proc.send_signal(signal.SIGSTOP if paused else signal.SIGCONT)
+            (self.paused.add if paused else self.paused.discard)(name)
+            self.say(f"{name}: {'paused (SIGSTOP)' if paused else 'resumed (SIGCONT)'}")
+            self.write_description()
+            return {"ok": True, "message": f"{command}d {name} (pid {pid})"}
+        return {"ok": False, "message": f"unknown command {command!r}"}
 
     # --- stop ------------------------------------------------------------------------------------
 
@@ -475,6 +658,46 @@ def _until(condition: Callable[[], Any], timeout: float, check: Callable[[], Non
 # --- entry point -------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def _in_dir(path: Path) -> Iterator[None]:
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+COMMANDS = ("kill", "stop", "start", "pause", "resume", "status")
+
+
+def control(data_dir: str, command: str, name: str | None, out: TextIO = sys.stdout) -> int:
+    """``diskless dev <command> [name]``: ask the launcher running on ``data_dir``; 0 if it did it."""
+    root = Path(data_dir).resolve()
+    if command != "status" and not name:
+        print(f"diskless dev {command}: which process? (e.g. broker-1, etcd, s3, wal-manager)", file=sys.stderr)
+        return 2
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(60.0)  # a stop waits for a broker's controlled shutdown
+    try:
+        with _in_dir(root):
+            sock.connect(CONTROL_SOCKET)
+        sock.sendall(json.dumps({"command": command, "name": name}).encode() + b"\n")
+        answer = json.loads(sock.makefile("rb").readline())
+    except (OSError, ValueError) as exc:
+        print(f"diskless dev {command}: no running `diskless dev` on {root} ({exc})", file=sys.stderr)
+        return 1
+    finally:
+        sock.close()
+    if "processes" in answer:
+        for row in answer["processes"]:
+            pid = row["pid"] if row["pid"] is not None else "-"
+            print(f"{row['name']:<12} {row['state']:<9} pid {pid}", file=out)
+    else:
+        print(answer.get("message", ""), file=out if answer.get("ok") else sys.stderr)
+    return 0 if answer.get("ok") else 1
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
@@ -521,7 +744,13 @@ def _connect_help(cluster: DevCluster) -> list[str]:
 
 
 def run_dev(
-    data_dir: str, brokers: int = 3, azs: int = 3, port: int = 9092, demo: bool = True, az_listeners: bool = True
+    data_dir: str,
+    brokers: int = 3,
+    azs: int = 3,
+    port: int = 9092,
+    demo: bool = True,
+    az_listeners: bool = True,
+    restart: bool = True,
 ) -> int:
     """Run the dev cluster until a signal or a process death; 0 after a requested stop, 1 on failure."""
     configure_logging("WARNING")
@@ -546,7 +775,10 @@ def run_dev(
             if not mine:
                 print(f"diskless dev: another launcher is using {root}", file=sys.stderr)
                 return 1
-            cluster = DevCluster(root, layout(brokers, azs), port, out, request, az_listeners=az_listeners)
+            cluster = DevCluster(
+                root, layout(brokers, azs), port, out, request, az_listeners=az_listeners,
+                policy=RestartPolicy(restart=restart),
+            )  # fmt: skip
             return _run(cluster, demo)
     finally:
         for sig, handler in previous.items():
@@ -579,11 +811,8 @@ def _run(cluster: DevCluster, demo: bool) -> int:
         say("")
         shape = f"{_count(len(cluster.slots), 'broker')} in {_count(len(azs), 'AZ')}"
         say(f"diskless dev cluster is running ({shape}). Ctrl-C stops it.")
-        dead = cluster.wait()
-        if dead is not None:
-            code = 1
-            assert dead.proc is not None
-            say(f"{dead.name} (pid {dead.pid}) exited unexpectedly, code {dead.proc.returncode}; see {dead.log_path}")
+        say(f"  faults: diskless dev kill|stop|start|pause|resume|status NAME --data-dir {cluster.root}")
+        cluster.supervise()
     except _Stop:
         pass
     except Exception as exc:
@@ -595,6 +824,11 @@ def _run(cluster: DevCluster, demo: bool) -> int:
     finally:
         began = time.monotonic()
         say("\nstopping: brokers first (controlled shutdown), then etcd and S3")
+        cluster.close_control()
+        for name in list(cluster.paused):  # a stopped (SIGSTOP) process cannot shut down
+            process = cluster.by_name()[name]
+            if process.proc is not None:
+                process.proc.send_signal(signal.SIGCONT)
         cluster.stop()
         say(f"diskless dev stopped in {time.monotonic() - began:.1f}s")
     return code
