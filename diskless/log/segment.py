@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +26,13 @@ RECORDS = "records"
 POINTERS = "pointers"
 SUFFIXES = {RECORDS: ".log", POINTERS: ".plog"}
 _POINTER_READ_CHUNK = 256 * 1024
+_LOCATE_CHUNK = 8 * 1024  # at least this much is read at once when scanning for an offset
+_LENGTH = struct.Struct(">i")
+
+
+def _length_at(buf: bytes, pos: int) -> int:
+    """The v2 batch ``length`` field of the batch at ``pos`` (after its 8-byte base offset)."""
+    return int(_LENGTH.unpack_from(buf, pos + 8)[0])
 
 
 def _entry_intact(entry: bytes) -> bool:
@@ -158,16 +166,34 @@ class LogSegment:
         return entry[0] if entry else None
 
     def locate(self, offset: int) -> BatchLocation | None:
-        """The entry holding ``offset`` (or the first one after it), via the index then a short scan."""
+        """The entry holding ``offset`` (or the first one after it), via the index then a short scan.
+
+        Every fetch calls this, so the scan reads the stretch after the index entry with one pread
+        and looks at each entry's last offset only (two integers), parsing the header of the entry
+        it returns alone; an offset at or past the log end (a fetch at the tail) reads nothing."""
+        if offset >= self.next_offset:
+            return None  # no entry holds it, and none comes after it
+        pointers = self.kind == POINTERS
+        header_pos = pointer.ENTRY_HEADER_POS if pointers else 0
+        need = header_pos + HEADER_SIZE
+        chunk_size = min(max(2 * self.index_interval_bytes, _LOCATE_CHUNK), _POINTER_READ_CHUNK)
         position = self.offset_index.lookup(offset)
         while position < self.size:
-            entry = self._entry_at(position)
-            if entry is None:
-                return None
-            header, size = entry
-            if header.last_offset >= offset:
-                return BatchLocation(position, header.base_offset, header.last_offset, size, header.max_timestamp)
-            position += size
+            chunk = os.pread(self._fd, min(chunk_size, self.size - position), position)
+            at = 0
+            while at + need <= len(chunk):
+                size = pointer.pointer_entry_size(chunk, at) if pointers else LOG_OVERHEAD + _length_at(chunk, at)
+                if size <= 0:
+                    return None  # garbage: the end of the valid entries
+                if records.last_offset_at(chunk, at + header_pos) >= offset:
+                    header = records.parse_header(chunk, at + header_pos)
+                    return BatchLocation(
+                        position + at, header.base_offset, header.last_offset, size, header.max_timestamp
+                    )
+                at += size
+            if at == 0:
+                return None  # a torn header at the end
+            position += at
         return None
 
     def read(self, offset: int, max_bytes: int, max_offset: int, min_one: bool) -> bytes:
