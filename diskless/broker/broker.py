@@ -53,6 +53,7 @@ from .txn_shell import TxnShell
 log = structlog.get_logger(__name__)
 
 HW_CHECKPOINT_INTERVAL_S = 5.0
+LOG_CONFIG_CACHE_MAX = 100_000  # parsed topic configs kept (log_config)
 LOOP_LAG_INTERVAL_S = 0.1  # how often the event loop's lateness is sampled (diskless_event_loop_lag_seconds)
 # Longest stretch of applying metadata changes before the event loop gets a turn. Bounded in time,
 # not in changes: one change can cost milliseconds of disk under load (a new log), and the etcd
@@ -114,6 +115,7 @@ class Broker:
         self._pid_block = ProducerIdBlock()
         self._pid_lock = asyncio.Lock()
         self._isr_updates: set[tuple[str, int]] = set()
+        self._log_configs: dict[str, tuple[dict[str, str], dict[str, str], LogConfig]] = {}
         self._isr_slots = asyncio.Semaphore(ISR_PROPOSALS_IN_FLIGHT)
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
@@ -296,8 +298,19 @@ class Broker:
         return self.log_config(topic).diskless_enabled
 
     def log_config(self, topic: TopicMetadata) -> LogConfig:
+        """The topic's effective configuration. Asked for on every produce and fetch, so the parsed
+        result is kept while the topic's overrides and the broker's topic defaults compare equal
+        (cheap for dicts this small; either may be replaced or changed in place)."""
+        defaults = self.config.topic_defaults
+        cached = self._log_configs.get(topic.name)
+        if cached is not None and cached[0] == topic.configs and cached[1] == defaults:
+            return cached[2]
         values = effective_values(topic.configs, self.config.broker_value)
-        return LogConfig.from_values({name: value for name, (value, _) in values.items()})
+        config = LogConfig.from_values({name: value for name, (value, _) in values.items()})
+        if len(self._log_configs) >= LOG_CONFIG_CACHE_MAX:
+            self._log_configs.clear()  # deleted topics' entries; rebuilt on demand
+        self._log_configs[topic.name] = (dict(topic.configs), dict(defaults), config)
+        return config
 
     async def _apply_all(self) -> None:
         """Every partition of the metadata (at start: thousands of logs to open or create); the
