@@ -160,6 +160,19 @@ class BrokerConfig:
         default=3, metadata=_prop("transaction.state.log.replication.factor")
     )
     transaction_max_timeout_ms: int = field(default=900000, metadata=_prop("transaction.max.timeout.ms"))
+    auto_leader_rebalance_enable: bool = field(
+        default=True,
+        metadata=_prop(
+            "auto.leader.rebalance.enable",
+            "The controller moves leadership back to preferred replicas (broker/operations.py).",
+        ),
+    )
+    leader_imbalance_check_interval_seconds: int = field(
+        default=300, metadata=_prop("leader.imbalance.check.interval.seconds")
+    )
+    leader_imbalance_per_broker_percentage: int = field(
+        default=10, metadata=_prop("leader.imbalance.per.broker.percentage")
+    )
     topic_defaults: Mapping[str, str] = field(default_factory=dict)
 
     @property

@@ -131,16 +131,11 @@ class AdminApis(ApiFamily):
         results = []
         for item in request.topics:
             entry: dict[str, Any] = {"name": item.name, "error_code": ErrorCode.none, "error_message": None}
-            if item.assignments:
-                entry.update(
-                    error_code=ErrorCode.invalid_replica_assignment,
-                    error_message="manual assignments are not supported",
-                )
-            else:
-                try:
-                    await self.broker.add_partitions(item.name, item.count, request.validate_only)
-                except MetadataError as exc:
-                    entry.update(error_code=exc.code, error_message=str(exc))
+            assignments = [list(a.broker_ids) for a in item.assignments] if item.assignments else None
+            try:
+                await self.broker.add_partitions(item.name, item.count, request.validate_only, assignments)
+            except MetadataError as exc:
+                entry.update(error_code=exc.code, error_message=str(exc))
             results.append(entry)
         return {"throttle_time": 0, "results": results}
 

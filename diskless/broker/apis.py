@@ -23,8 +23,10 @@ from .admin_apis import AdminApis
 from .api_base import CloseConnection
 from .diskless_rpcs import DisklessRpcs
 from .fetch_apis import FetchApis
+from .logdir_apis import LogDirApis
 from .metadata_apis import MetadataApis
 from .produce_apis import ProduceApis
+from .reassign_apis import ReassignApis
 from .txn_apis import TxnApis
 
 if TYPE_CHECKING:
@@ -40,6 +42,8 @@ class KafkaApis:
         self.produce = ProduceApis(broker)
         self.fetch = FetchApis(broker)
         self.admin = AdminApis(broker)
+        self.reassign = ReassignApis(broker)
+        self.logdirs = LogDirApis(broker)
         self.txn = TxnApis(broker)
         self.diskless = DisklessRpcs(broker)
         self.zone_policy = broker.config.zone_policy()
@@ -48,6 +52,8 @@ class KafkaApis:
             **self._coordinator_handlers(),
         }
         for family in (self.metadata, self.produce, self.fetch, self.admin, self.txn):
+            self._handlers.update(family.handlers())
+        for family in (self.reassign, self.logdirs):
             self._handlers.update(family.handlers())
         self._internal_handlers: dict[int, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
             internal.INTERNAL_COMMIT_BATCHES: self.diskless.commit_batches_rpc,

@@ -13,7 +13,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Any
 
 import structlog
@@ -45,6 +45,7 @@ from diskless.storage.object_store import ObjectStore
 
 from .apis import KafkaApis
 from .group_shell import GroupShell
+from .operations import Operations
 from .peers import PeerPool
 from .replica_manager import ReplicaManager
 from .server import KafkaServer
@@ -110,6 +111,7 @@ class Broker:
         self._metadata_event = asyncio.Event()
         self.groups = GroupShell(self)
         self.txns = TxnShell(self)
+        self.operations = Operations(self)
         self.apis = KafkaApis(self)
         self.server = KafkaServer(self.apis, config.socket_request_max_bytes, self.cluster_secret)
         self._pid_block = ProducerIdBlock()
@@ -221,7 +223,7 @@ class Broker:
         for (topic, index), epoch in stale.items():
             state = self.metadata.partition(topic, index)
             if state is not None and state.leader == self.node_id and state.leader_epoch == epoch:
-                bumped = PartitionState(state.replicas, state.leader, epoch + 1, state.isr)
+                bumped = replace(state, leader_epoch=epoch + 1)
                 await self.backend.update_partition(topic, index, bumped, self.backend.revision_of(topic, index))
 
         def fenced() -> bool:
@@ -354,6 +356,7 @@ class Broker:
                 index = int(change[2])
                 if topic is not None and index < len(topic.partitions) and topic.partitions[index].replicas:
                     hosted = self.replicas.apply(topic, index, self.log_config(topic), now)
+                    self.operations.partition_changed(topic.partitions[index])
                     for shell in (self.groups, self.txns):
                         if topic.name == shell.topic:
                             shell.on_partition(index, hosted)
@@ -424,6 +427,10 @@ class Broker:
         # store holds when the request goes out: a stale proposal must lose to newer changes.
         expected = self.backend.revision_of(partition.topic, partition.index)
         state = PartitionState(partition.replicas, self.node_id, partition.leader_epoch, isr)
+        current = self.metadata.partition(partition.topic, partition.index)
+        if current is not None and current.replicas == partition.replicas:
+            # A reassignment in progress stays in progress (cluster/reassignment.py).
+            state.adding, state.removing = list(current.adding), list(current.removing)
 
         async def propose() -> None:
             try:
@@ -470,6 +477,7 @@ class Broker:
                     await self._campaign()
                 elif self._is_controller():
                     await self._reconcile()
+                    await self.operations.controller_pass()
             except Exception:
                 log.exception("controller pass failed")
 
@@ -535,8 +543,10 @@ class Broker:
         log.info("topic deleted", topic=name)
         return topic
 
-    async def add_partitions(self, name: str, count: int, validate_only: bool) -> None:
-        new = self.metadata.plan_new_partitions(name, count)
+    async def add_partitions(
+        self, name: str, count: int, validate_only: bool, assignments: Sequence[Sequence[int]] | None = None
+    ) -> None:
+        new = self.metadata.plan_new_partitions(name, count, assignments)
         if validate_only:
             return
         current = self.metadata.topics[name]

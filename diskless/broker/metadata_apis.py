@@ -101,6 +101,13 @@ class MetadataApis(ApiFamily):
             "topic_authorized_operations": NO_AUTHORIZED_OPERATIONS,
         }
 
+    def _controller_for_clients(self) -> int:
+        """Where clients send controller requests (reassignments, elections): any broker applies
+        them (a CAS in the metadata store), so, as a KRaft broker does, name a live broker, never
+        one missing from the brokers list of the same answer (a controller that just left)."""
+        controller = self._meta.controller_id
+        return controller if controller in self._meta.brokers else self.broker.node_id
+
     async def metadata(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         requested = request.topics
         # The connection's decided AZ (cluster/client_az.py); outside a connection, the old rule.
@@ -116,7 +123,7 @@ class MetadataApis(ApiFamily):
             "throttle_time": 0,
             "brokers": self._broker_entries("node_id"),
             "cluster_id": self._meta.cluster_id,
-            "controller_id": self._meta.controller_id,
+            "controller_id": self._controller_for_clients(),
             "topics": entries,
             "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
         }
@@ -161,7 +168,7 @@ class MetadataApis(ApiFamily):
             "error_code": ErrorCode.none,
             "endpoint_type": 1,
             "cluster_id": self._meta.cluster_id,
-            "controller_id": self._meta.controller_id,
+            "controller_id": self._controller_for_clients(),
             "brokers": self._broker_entries("broker_id"),
             "cluster_authorized_operations": NO_AUTHORIZED_OPERATIONS,
         }

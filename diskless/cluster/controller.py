@@ -9,7 +9,7 @@ of those brokers to come back leads it again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .metadata import ClusterMetadata, PartitionState
 
@@ -30,14 +30,14 @@ def next_state(state: PartitionState, live: set[int]) -> PartitionState | None:
     if leader_alive:
         if live_isr == state.isr:
             return None
-        return PartitionState(state.replicas, state.leader, state.leader_epoch, live_isr)
+        return replace(state, isr=live_isr)
     candidates = [r for r in state.replicas if r in live_isr]
     if candidates:
-        return PartitionState(state.replicas, candidates[0], state.leader_epoch + 1, live_isr)
+        return replace(state, leader=candidates[0], leader_epoch=state.leader_epoch + 1, isr=live_isr)
     if state.leader == NO_LEADER:
         return None
     # Offline: keep the last ISR so that one of its members, and only one, can lead again.
-    return PartitionState(state.replicas, NO_LEADER, state.leader_epoch + 1, list(state.isr))
+    return replace(state, leader=NO_LEADER, leader_epoch=state.leader_epoch + 1, isr=list(state.isr))
 
 
 def elect_on_broker_change(metadata: ClusterMetadata, live: set[int]) -> list[PartitionChange]:

@@ -57,10 +57,17 @@ class BrokerInfo:
 
 @dataclass
 class PartitionState:
+    """A partition's replicas, leader, leader epoch and ISR. During a reassignment (KIP-455),
+    ``replicas`` is the target set followed by the replicas leaving it; ``adding`` are target
+    replicas that are not yet in sync, ``removing`` the replicas that leave once they are
+    (``cluster/reassignment.py``)."""
+
     replicas: list[int]
     leader: int
     leader_epoch: int = 0
     isr: list[int] = field(default_factory=list)
+    adding: list[int] = field(default_factory=list)
+    removing: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -196,8 +203,11 @@ class ClusterMetadata:
             raise MetadataError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
         return topic
 
-    def plan_new_partitions(self, name: str, count: int) -> dict[int, PartitionState]:
-        """States of the partitions that growing ``name`` to ``count`` partitions adds."""
+    def plan_new_partitions(
+        self, name: str, count: int, assignments: Sequence[Sequence[int]] | None = None
+    ) -> dict[int, PartitionState]:
+        """States of the partitions that growing ``name`` to ``count`` partitions adds, placed by
+        ``assignments`` (one replica list per new partition) when given, with Kafka's checks."""
         topic = self._existing(name)
         current = len(topic.partitions)
         if count <= current:
@@ -206,7 +216,29 @@ class ClusterMetadata:
                 f"Topic currently has {current} partitions, which is higher than the requested {count}.",
             )
         rf = len(topic.partitions[0].replicas)
-        return dict(enumerate(self._assign(count - current, rf, current), start=current))
+        if not assignments:
+            return dict(enumerate(self._assign(count - current, rf, current), start=current))
+        if len(assignments) != count - current:
+            raise MetadataError(
+                ErrorCode.invalid_replica_assignment,
+                f"Increasing the number of partitions by {count - current} but {len(assignments)} assignments"
+                " provided.",
+            )
+        for replicas in assignments:
+            if len(replicas) != rf:
+                raise MetadataError(
+                    ErrorCode.invalid_replica_assignment,
+                    f"Inconsistent replication factor between partitions, partition 0 has {rf} while"
+                    f" partitions [{current}] has replication factor {len(replicas)}.",
+                )
+            if len(set(replicas)) != len(replicas):
+                raise MetadataError(ErrorCode.invalid_replica_assignment, f"Duplicate brokers in {list(replicas)}.")
+            unknown = [b for b in replicas if b not in self.brokers]
+            if unknown:
+                raise MetadataError(
+                    ErrorCode.invalid_replica_assignment, f"Unknown broker(s) in replica assignment: {unknown}."
+                )
+        return {current + i: initial_state(list(r)) for i, r in enumerate(assignments)}
 
     def add_partitions(self, name: str, count: int, validate_only: bool = False) -> TopicMetadata:
         new = self.plan_new_partitions(name, count)
@@ -283,7 +315,12 @@ def topic_record(topic: TopicMetadata) -> bytes:
 
 
 def partition_record(state: PartitionState, topic_id: str) -> bytes:
-    return json.dumps({**asdict(state), "topic_id": topic_id}).encode()
+    record = asdict(state)
+    # No reassignment, no keys for one: records stay as they were before reassignments existed.
+    for name in ("adding", "removing"):
+        if not record[name]:
+            del record[name]
+    return json.dumps({**record, "topic_id": topic_id}).encode()
 
 
 RecordKey = tuple[str, ...]

@@ -1,0 +1,152 @@
+"""Operator actions on partition states: reassignments, elections, leader rebalancing.
+
+The decisions are ``cluster/reassignment.py`` and ``cluster/elections.py`` (sans-IO); this is the
+asyncio shell that applies them. Every change is a compare-and-swap of one partition's state
+against the revision it was decided from: a lost race (an ISR change, a controller election)
+decides again from the newer state, a bounded number of times. Any broker can start a
+reassignment or an election (the store serialises them); the controller completes reassignments
+once their new replicas are in sync, and rebalances leadership when
+``auto.leader.rebalance.enable`` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import structlog
+from kio.schema.errors import ErrorCode
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
+
+from diskless.cluster import reassignment
+from diskless.cluster.elections import PREFERRED, elect_preferred, imbalanced_partitions
+from diskless.cluster.metadata import PartitionState
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = structlog.get_logger(__name__)
+
+APPLIED_WAIT_S = 10.0
+
+
+class ConcurrentChange(Exception):
+    """The partition's state changed between the decision and the write; decide again."""
+
+
+class Operations:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self._pass_scheduled = False
+        self._last_rebalance = time.monotonic()
+
+    @property
+    def live(self) -> set[int]:
+        return set(self.broker.metadata.brokers)
+
+    async def change_partition(
+        self, topic: str, index: int, decide: Callable[[PartitionState], PartitionState | None]
+    ) -> PartitionState | None:
+        """Apply ``decide`` to the partition's current state and store the result (CAS, retried on
+        a concurrent change); returns the stored state, None when ``decide`` found nothing to do.
+        ``decide`` raises to refuse. Returns once this broker's metadata shows the change."""
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(6),
+            wait=wait_random_exponential(multiplier=0.02, max=0.5),
+            retry=retry_if_exception_type(ConcurrentChange),
+            reraise=True,
+        ):
+            with attempt:
+                return await self._change_once(topic, index, decide)
+        raise AssertionError("unreachable: tenacity returns or re-raises")
+
+    async def _change_once(
+        self, topic: str, index: int, decide: Callable[[PartitionState], PartitionState | None]
+    ) -> PartitionState | None:
+        metadata = self.broker.metadata
+        current = metadata.partition(topic, index)
+        if current is None:
+            raise reassignment.ReassignmentError(
+                ErrorCode.unknown_topic_or_partition, f"Unknown partition {topic}-{index}"
+            )
+        expected = self.broker.backend.revision_of(topic, index)
+        new = decide(current)
+        if new is None:
+            return None
+        if not await self.broker.backend.update_partition(topic, index, new, expected):
+            raise ConcurrentChange
+        # The watch brings the stored state back as a new object (the local backend sets it at once).
+        deadline = time.monotonic() + APPLIED_WAIT_S
+        while metadata.partition(topic, index) is current and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return new
+
+    # --- controller duties ---------------------------------------------------------------------
+
+    def partition_changed(self, state: PartitionState) -> None:
+        """A partition's state changed: if a reassignment of it may now complete, the controller
+        does so right away rather than at its next periodic pass."""
+        if not reassignment.in_progress(state) or not self._is_controller() or self._pass_scheduled:
+            return
+        self._pass_scheduled = True
+
+        async def run() -> None:
+            try:
+                await self.complete_reassignments()
+            finally:
+                self._pass_scheduled = False
+
+        task = asyncio.create_task(run())
+        task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)
+
+    def _is_controller(self) -> bool:
+        return self.broker.metadata.controller_id == self.broker.node_id and not self.broker._stopping
+
+    async def controller_pass(self) -> None:
+        """Run by the controller after its elections: finish reassignments, rebalance leaders."""
+        await self.complete_reassignments()
+        config = self.broker.config
+        due = time.monotonic() - self._last_rebalance >= config.leader_imbalance_check_interval_seconds
+        if config.auto_leader_rebalance_enable and due:
+            self._last_rebalance = time.monotonic()
+            await self.rebalance_leaders()
+
+    async def complete_reassignments(self) -> None:
+        live = self.live
+        for topic in list(self.broker.metadata.topics.values()):
+            for index, state in enumerate(topic.partitions):
+                if reassignment.complete(state, live) is None:
+                    continue
+                try:
+                    done = await self.change_partition(
+                        topic.name, index, lambda s: reassignment.complete(s, self.live)
+                    )
+                except ConcurrentChange:
+                    continue  # decided again at the next pass
+                if done is not None:
+                    log.info(
+                        "reassignment completed",
+                        topic=topic.name,
+                        partition=index,
+                        replicas=done.replicas,
+                        leader=done.leader,
+                        epoch=done.leader_epoch,
+                    )
+
+    async def rebalance_leaders(self) -> None:
+        pct = self.broker.config.leader_imbalance_per_broker_percentage
+        moved = []
+        for topic, index in imbalanced_partitions(self.broker.metadata, self.live, pct):
+            try:
+                done = await self.change_partition(topic, index, lambda s: elect_preferred(s, self.live).state)
+            except ConcurrentChange:
+                continue
+            if done is not None:
+                moved.append((topic, index, done.leader))
+        if moved:
+            log.info("leaders rebalanced to preferred replicas", partitions=len(moved), first=moved[:10])
+
+    def election_type_name(self, election_type: int) -> str:
+        return "preferred" if election_type == PREFERRED else "unclean"

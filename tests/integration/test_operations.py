@@ -1,0 +1,295 @@
+"""Operations through real admin clients (issue 15): partition reassignment and its cancellation,
+leader elections (preferred, unclean, automatic rebalancing), CreatePartitions with manual
+assignments, DescribeTopicPartitions, DescribeLogDirs / AlterReplicaLogDirs.
+
+Clusters are real (etcd, SeaweedFS for diskless topics, broker processes); kafka-python,
+confluent-kafka and aiokafka admin clients drive them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin import NewPartitions as AioNewPartitions
+from confluent_kafka import ElectionType
+from confluent_kafka import TopicPartition as CTopicPartition
+from confluent_kafka.admin import AdminClient, NewPartitions
+from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import NewTopic
+from kafka.structs import TopicPartitionReplica
+from support import LocalCluster, wait_until
+
+from diskless.local.servers import BrokerServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def no_handler_crashes(tmp_path: Path):
+    yield
+    for log_file in tmp_path.rglob("broker-*.log"):
+        text = log_file.read_text(errors="replace")
+        assert "Traceback" not in text, f"{log_file.name}:\n{text[-3000:]}"
+
+
+def kp_admin(cluster: LocalCluster) -> KafkaAdminClient:
+    return KafkaAdminClient(bootstrap_servers=cluster.bootstrap, request_timeout_ms=30000)
+
+
+def add_broker(cluster: LocalCluster) -> BrokerServer:
+    """A new broker in the next AZ's turn (scale-out); stopped with the cluster."""
+    node_id = len(cluster.brokers)
+    azs = len({b.rack for b in cluster.brokers})
+    az = node_id % azs
+    broker = BrokerServer(
+        node_id,
+        cluster.root / f"broker-{node_id}",
+        f"127.0.{az + 1}.{node_id // azs + 1}",
+        f"az-{az + 1}",
+        cluster.etcd.endpoint,
+        dict(cluster.brokers[0].overrides),
+    )
+    cluster.brokers.append(broker)
+    broker.start()
+    return broker
+
+
+def partitions_of(admin: KafkaAdminClient, topic: str) -> dict[int, dict]:
+    """True replicas, leader and ISR per partition (DescribeTopicPartitions: not zone-crafted)."""
+    answer = admin.describe_topic_partitions([topic])
+    (entry,) = answer["topics"]
+    assert entry["error_code"] == 0, entry
+    return {p["partition_index"]: p for p in entry["partitions"]}
+
+
+def produce(bootstrap: str, topic: str, values: range) -> None:
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", enable_idempotence=True)
+    for i in values:
+        producer.send(topic, key=str(i % 7).encode(), value=str(i).encode())
+    producer.flush(60)
+    producer.close()
+
+
+def consume_all(bootstrap: str, topic: str, count: int) -> list[int]:
+    consumer = KafkaConsumer(
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False, group_id=None
+    )
+    values: list[int] = []
+    try:
+        wait_until(
+            lambda: values.extend(
+                int(r.value) for batch in consumer.poll(500).values() for r in batch
+            ) or len(values) >= count,
+            timeout=60,
+            message=f"consumed {len(values)} of {count}",
+        )
+        values.extend(int(r.value) for batch in consumer.poll(500).values() for r in batch)
+    finally:
+        consumer.close()
+    return values
+
+
+@pytest.mark.parametrize("diskless", [True, False], ids=["diskless", "classic"])
+def test_reassign_every_partition_onto_a_new_broker_under_load(cluster_factory, diskless: bool) -> None:
+    """Kafka's semantics: the new replica joins, catches up, enters the ISR, the removed one leaves
+    and leadership moves with it; producers keep going and nothing is lost or duplicated."""
+    cluster = cluster_factory(s3=diskless)
+    admin = kp_admin(cluster)
+    topic = "moving"
+    configs = {"diskless.enabled": "true"} if diskless else {}
+    admin.create_topics([NewTopic(topic, 3, 2, topic_configs=configs)])
+    produce(cluster.bootstrap, topic, range(0, 300))
+    add_broker(cluster)
+    wait_until(lambda: len(admin.describe_cluster()["brokers"]) == 4, timeout=30)
+
+    before = partitions_of(admin, topic)
+    # Each partition's preferred replica (its leader) moves to broker 3.
+    targets = {TopicPartition(topic, i): [3, *p["replica_nodes"][1:]] for i, p in before.items()}
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def keep_producing() -> None:
+        producer = KafkaProducer(bootstrap_servers=cluster.bootstrap, acks="all", enable_idempotence=True)
+        i = 300
+        while not stop.is_set():
+            producer.send(topic, key=str(i % 7).encode(), value=str(i).encode())
+            sent.append(i)
+            i += 1
+            if i % 50 == 0:
+                producer.flush(60)
+        producer.flush(60)
+        producer.close()
+
+    writer = threading.Thread(target=keep_producing)
+    writer.start()
+    try:
+        wait_until(lambda: len(sent) > 100, timeout=30)
+        answer = admin.alter_partition_reassignments(targets)
+        assert all(error is None for error in answer.values()), answer
+        wait_until(lambda: not admin.list_partition_reassignments(), timeout=60, message="reassignment done")
+        wait_until(lambda: len(sent) > 400, timeout=30)
+    finally:
+        stop.set()
+        writer.join(60)
+    after = partitions_of(admin, topic)
+    for index, partition in after.items():
+        assert partition["replica_nodes"] == targets[TopicPartition(topic, index)]
+        assert sorted(partition["isr_nodes"]) == sorted(partition["replica_nodes"])
+        assert partition["leader_id"] == 3
+    total = 300 + len(sent)
+    values = consume_all(cluster.bootstrap, topic, total)
+    assert sorted(values) == list(range(total))
+    # The removed replicas' brokers dropped their logs.
+    left = [cluster.brokers[p["replica_nodes"][0]].data_dir / f"{topic}-{i}" for i, p in before.items()]
+    wait_until(lambda: not any(path.exists() for path in left), timeout=15)
+    admin.close()
+
+
+def test_cancel_a_reassignment_in_progress(cluster_factory) -> None:
+    """A reassignment whose new replica cannot catch up (its broker is paused) is listed with its
+    adding/removing replicas, and cancelling it restores the original replicas."""
+    cluster = cluster_factory(brokers=4, overrides={"broker.session.timeout.ms": "60000"})
+    admin = kp_admin(cluster)
+    topic = "cancelled"
+    admin.create_topics([NewTopic(topic, -1, replica_assignments={0: [0, 1]})])
+    produce(cluster.bootstrap, topic, range(50))
+    paused = cluster.brokers[3]
+    assert paused.pid is not None
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        tp = TopicPartition(topic, 0)
+        assert admin.alter_partition_reassignments({tp: [3, 1]}) == {tp: None}
+        ongoing = admin.list_partition_reassignments()
+        assert ongoing == {tp: {"replicas": [3, 1, 0], "adding_replicas": [3], "removing_replicas": [0]}}
+        assert partitions_of(admin, topic)[0]["leader_id"] == 0
+        assert admin.alter_partition_reassignments({tp: None}) == {tp: None}
+        assert admin.list_partition_reassignments() == {}
+        state = partitions_of(admin, topic)[0]
+        assert sorted(state["replica_nodes"]) == [0, 1] and state["leader_id"] == 0
+        # Nothing to cancel now: Kafka's NO_REASSIGNMENT_IN_PROGRESS.
+        again = admin.alter_partition_reassignments({tp: None})
+        assert again[tp] is not None and again[tp].errno == 85
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    admin.close()
+
+
+def test_preferred_and_unclean_leader_elections(cluster_factory) -> None:
+    cluster = cluster_factory()
+    admin = kp_admin(cluster)
+    confluent = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics(
+        [
+            NewTopic("pref", -1, replica_assignments={0: [0, 1, 2]}),
+            NewTopic("lone", -1, replica_assignments={0: [1, 2]}),
+        ]
+    )
+    # Leadership of "pref" leaves broker 0 while it restarts, then waits for an election.
+    cluster.brokers[0].stop()
+    wait_until(lambda: partitions_of(admin, "pref")[0]["leader_id"] == 1, timeout=30)
+    cluster.brokers[0].start()
+    wait_until(lambda: 0 in partitions_of(admin, "pref")[0]["isr_nodes"], timeout=60)
+    assert partitions_of(admin, "pref")[0]["leader_id"] == 1
+    # kafka-python's admin caches the controller and its brokers list from before the restart.
+    admin.close()
+    admin = kp_admin(cluster)
+    result = admin.elect_leaders(0, {"pref": [0]})
+    assert [p.error_code for r in result.replica_election_results for p in r.partition_result] == [0]
+    assert partitions_of(admin, "pref")[0]["leader_id"] == 0
+    # confluent-kafka: nothing to do now (ELECTION_NOT_NEEDED is reported per partition).
+    answer = confluent.elect_leaders(ElectionType.PREFERRED, [CTopicPartition("pref", 0)]).result(timeout=30)
+    (error,) = answer.values()
+    assert error is not None and error.code() == 84
+
+    # Unclean: "lone" loses its whole ISR except a broker that then dies; the other comes back.
+    cluster.brokers[2].kill()
+    wait_until(lambda: partitions_of(admin, "lone")[0]["isr_nodes"] == [1], timeout=30)
+    cluster.brokers[1].kill()
+    cluster.brokers[2].start()
+    wait_until(lambda: partitions_of(admin, "lone")[0]["leader_id"] == -1, timeout=30)
+    admin.close()
+    admin = kp_admin(cluster)
+    refused = admin.elect_leaders(0, {"lone": [0]}, raise_errors=False)
+    assert [p.error_code for r in refused.replica_election_results for p in r.partition_result] == [80]
+    # A fresh client too: librdkafka keeps waiting for the controller it knew (broker 1, now dead).
+    confluent = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    answer = confluent.elect_leaders(ElectionType.UNCLEAN, [CTopicPartition("lone", 0)]).result(timeout=30)
+    assert list(answer.values()) == [None]
+    state = partitions_of(admin, "lone")[0]
+    assert state["leader_id"] == 2 and state["isr_nodes"] == [2]
+    admin.close()
+
+
+def test_auto_leader_rebalance_returns_leadership_to_preferred_replicas(cluster_factory) -> None:
+    cluster = cluster_factory(
+        overrides={"auto.leader.rebalance.enable": "true", "leader.imbalance.check.interval.seconds": "1"}
+    )
+    admin = kp_admin(cluster)
+    admin.create_topics([NewTopic("rebalanced", -1, replica_assignments={0: [0, 1, 2]})])
+    cluster.brokers[0].stop()
+    wait_until(lambda: partitions_of(admin, "rebalanced")[0]["leader_id"] == 1, timeout=30)
+    cluster.brokers[0].start()
+    wait_until(lambda: partitions_of(admin, "rebalanced")[0]["leader_id"] == 0, timeout=60)
+    admin.close()
+
+
+def test_create_partitions_with_manual_assignments(cluster_factory) -> None:
+    cluster = cluster_factory()
+    admin = kp_admin(cluster)
+    admin.create_topics([NewTopic("grown", 1, 2)])
+    admin.create_partitions({"grown": {"count": 2, "assignments": [[2, 0]]}})
+    confluent = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    confluent.create_partitions([NewPartitions("grown", 3, [[1, 2]])])["grown"].result(timeout=30)
+
+    async def with_aiokafka() -> None:
+        client = AIOKafkaAdminClient(bootstrap_servers=cluster.bootstrap)
+        await client.start()
+        try:
+            await client.create_partitions({"grown": AioNewPartitions(4, [[0, 1]])})
+        finally:
+            await client.close()
+
+    asyncio.run(with_aiokafka())
+    replicas = {i: p["replica_nodes"] for i, p in partitions_of(admin, "grown").items()}
+    assert {i: replicas[i] for i in (1, 2, 3)} == {1: [2, 0], 2: [1, 2], 3: [0, 1]}
+    # Kafka's checks: one replica list per new partition, as many replicas as the topic has.
+    with pytest.raises(Exception, match=r"InvalidReplicationAssignment|39"):
+        admin.create_partitions({"grown": {"count": 5, "assignments": [[0]]}})
+    admin.close()
+
+
+def test_describe_log_dirs_and_alter_replica_log_dirs(cluster_factory) -> None:
+    cluster = cluster_factory(brokers=1, azs=1, s3=True)
+    admin = kp_admin(cluster)
+    admin.create_topics(
+        [NewTopic("dl", 1, 1, topic_configs={"diskless.enabled": "true"}), NewTopic("cl", 1, 1)]
+    )
+    produce(cluster.bootstrap, "dl", range(200))
+    produce(cluster.bootstrap, "cl", range(200))
+    (broker,) = admin.describe_log_dirs()
+    dirs = {d["log_dir"]: d for d in broker["log_dirs"]}
+    local = str(cluster.brokers[0].data_dir)
+    sizes = {
+        (d_name, t["name"]): p["partition_size"]
+        for d_name, d in dirs.items()
+        for t in d["topics"]
+        for p in t["partitions"]
+    }
+    # The classic log holds the records; the diskless log only pointers to bytes in object storage.
+    assert sizes[(local, "cl")] > 2000
+    remote = next(name for name in dirs if name.startswith("s3://"))
+    assert sizes[(remote, "dl")] > 2000
+    assert 0 < sizes[(local, "dl")] < sizes[(remote, "dl")] * 2
+    assert dirs[local]["error_code"] == 0 and dirs[local]["total_bytes"] > 0
+    replica = TopicPartitionReplica("cl", 0, 0)
+    answer = admin.alter_replica_log_dirs({replica: local})
+    assert answer[replica].errno == 0
+    answer = admin.alter_replica_log_dirs({replica: "/nowhere"})
+    assert answer[replica].errno == 57  # LOG_DIR_NOT_FOUND
+    admin.close()
