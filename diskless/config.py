@@ -153,6 +153,14 @@ class BrokerConfig:
         default="uniform,range",
         metadata=_prop("group.consumer.assignors", "Server-side assignors (KIP-848); the first is the default."),
     )
+    transaction_partition_verification_enable: bool = field(
+        default=True,
+        metadata=_prop(
+            "transaction.partition.verification.enable",
+            "Leaders verify with the coordinator that a transactional diskless batch's partition is in "
+            "its ongoing transaction before taking it (KIP-890 part 1; log/txn_verification.py).",
+        ),
+    )
     transaction_state_log_num_partitions: int = field(
         default=50, metadata=_prop("transaction.state.log.num.partitions")
     )

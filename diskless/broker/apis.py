@@ -28,6 +28,7 @@ from .metadata_apis import MetadataApis
 from .produce_apis import ProduceApis
 from .reassign_apis import ReassignApis
 from .txn_apis import TxnApis
+from .txn_verification_rpcs import TxnVerificationRpcs
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -61,6 +62,10 @@ class KafkaApis:
             internal.INTERNAL_FETCH_POINTERS: self.diskless.fetch_pointers_rpc,
             internal.INTERNAL_WAL_REFERENCES: self.diskless.wal_references_rpc,
         }
+        # KIP-890-style verification of transactional diskless commits (txn_verification_rpcs.py).
+        self.txn_verification = TxnVerificationRpcs(broker)
+        self._internal_handlers[internal.INTERNAL_VERIFY_TXN_PARTITION] = self.txn_verification.verify_partition
+        self._internal_handlers[internal.INTERNAL_VERIFY_TXN] = self.txn_verification.verify_txn
 
     # --- zones ---------------------------------------------------------------------------------
 

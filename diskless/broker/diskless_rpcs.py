@@ -16,6 +16,7 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.log.partition_log import OffsetOutOfRange
+from diskless.log.txn_verification import TxnGuard
 from diskless.metrics import DISKLESS_COMMIT_SECONDS
 from diskless.protocol import records
 from diskless.replication.partition import Partition
@@ -62,7 +63,13 @@ class DisklessRpcs(ApiFamily):
                 continue
             try:
                 result = plog.append_pointer_as_leader(
-                    entry["header"], key, entry["position"], replica.leader_epoch, now
+                    entry["header"],
+                    key,
+                    entry["position"],
+                    replica.leader_epoch,
+                    now,
+                    txn_guard=TxnGuard.from_wire(entry.get("txn_guard")),
+                    verify_txn=self.broker.config.transaction_partition_verification_enable,
                 )
             except records.InvalidBatch as exc:
                 results.append({"error_code": int(ErrorCode[exc.error])})

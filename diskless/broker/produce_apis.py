@@ -14,6 +14,7 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.log.partition_log import timestamp_allowed
+from diskless.produce.representative import TxnCheck
 from diskless.protocol import messages as m
 from diskless.protocol import records
 from diskless.replication.partition import Partition
@@ -45,7 +46,15 @@ class ProduceApis(ApiFamily):
             diskless = self._is_diskless(topic_data.name)
             for pdata in topic_data.partition_data:
                 if diskless:
-                    result, future = self._produce_diskless(topic_data.name, pdata.index, pdata.records, acks, now)
+                    result, future = self._produce_diskless(
+                        topic_data.name,
+                        pdata.index,
+                        pdata.records,
+                        acks,
+                        now,
+                        getattr(request, "transactional_id", None),
+                        int(timeout_s * 1000),
+                    )
                     if future is not None:
                         remote.append((result, future))
                     parts.append(result)
@@ -106,7 +115,14 @@ class ProduceApis(ApiFamily):
         return meta is not None and self.broker.is_diskless(meta)
 
     def _produce_diskless(
-        self, topic: str, partition: int, data: bytes | None, acks: int, now: int
+        self,
+        topic: str,
+        partition: int,
+        data: bytes | None,
+        acks: int,
+        now: int,
+        transactional_id: str | None = None,
+        timeout_ms: int = 30000,
     ) -> tuple[dict[str, Any], asyncio.Future[dict[str, Any]] | None]:
         """Any broker accepts diskless produce: validate the header, hand the batch to the representative."""
         entry: dict[str, Any] = {
@@ -150,7 +166,16 @@ class ProduceApis(ApiFamily):
         if config.message_timestamp_type == "LogAppendTime":
             # Stamped before upload: the bytes in object storage are the bytes consumers get.
             records.set_log_append_time(batch, now)
-        return entry, representative.submit(topic, meta.topic_id, partition, bytes(batch), acks)
+        txn = None
+        if header.is_transactional and self.broker.config.transaction_partition_verification_enable:
+            if not transactional_id:
+                # As Kafka: transactional records need a transactional id to be authorised against.
+                return failed(
+                    ErrorCode.transactional_id_authorization_failed, "transactional records need a transactional id"
+                )
+            # Verified with the leader before it is buffered: its commit may come late (KIP-890).
+            txn = TxnCheck(transactional_id, header.producer_id, header.producer_epoch, now + timeout_ms)
+        return entry, representative.submit(topic, meta.topic_id, partition, bytes(batch), acks, txn)
 
     def _produce_partition(
         self, topic: str, partition: int, data: bytes | None, acks: int, now: int

@@ -27,6 +27,7 @@ from .leader_epoch import LeaderEpochCache
 from .producer_state import ProducerStateManager, load_latest_snapshot, write_snapshot
 from .segment import POINTERS, RECORDS, SUFFIXES, BatchLocation, LogSegment
 from .txn_index import CONTROL_ABORT, CONTROL_COMMIT, AbortedTxn, TxnIndex, control_type, marker_batch
+from .txn_verification import TxnGuard, TxnVerifier
 
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
 LOG_START_FILE = "log-start-offset"
@@ -92,6 +93,8 @@ class PartitionLog:
         self.recovered_bytes_truncated = 0
         self.producer_state = ProducerStateManager()
         self.txns = TxnIndex()
+        # Leader-only, in memory: guards of transactions verified with their coordinator.
+        self.txn_verifier = TxnVerifier()
         self._checkpointed_hw = -1
         self._wal_refs: Counter[str] = Counter()
         self._wal_refs_stale = True
@@ -278,17 +281,33 @@ class PartitionLog:
         return AppendResult(base_offset, next_offset - 1, now_ms if log_append else -1, self.log_start_offset)
 
     def append_pointer_as_leader(
-        self, header: bytes | bytearray | memoryview, object_key: str, position: int, leader_epoch: int, now_ms: int
+        self,
+        header: bytes | bytearray | memoryview,
+        object_key: str,
+        position: int,
+        leader_epoch: int,
+        now_ms: int,
+        txn_guard: TxnGuard | None = None,
+        verify_txn: bool = False,
     ) -> AppendResult:
         """Commit one diskless batch: its data is already in object storage at ``object_key``.
 
         Same rules as a record batch (idempotence, offsets, epochs); what is appended is a pointer
-        entry. Raises records.InvalidBatch for fenced or out-of-sequence producers.
+        entry. Raises records.InvalidBatch for fenced or out-of-sequence producers. With
+        ``verify_txn`` a transactional batch is appended only under a current ``txn_guard``
+        (``txn_verification``): a commit whose transaction ended is refused, INVALID_TXN_STATE.
+        A retry of a batch already appended is still answered as a duplicate, as in Kafka.
         """
         parsed = records.parse_header(header)
         duplicate = self.producer_state.check(parsed)
         if duplicate is not None:
             return AppendResult(duplicate.first_offset, duplicate.last_offset, -1, self.log_start_offset, True)
+        if verify_txn and parsed.is_transactional and not parsed.is_control:
+            refused = self.txn_verifier.check(parsed.producer_id, parsed.producer_epoch, txn_guard, leader_epoch)
+            if refused is not None:
+                raise records.InvalidBatch(
+                    refused.name, f"producer {parsed.producer_id}: transactional commit without a current verification"
+                )
         self._abort_superseded_txn(parsed, leader_epoch, now_ms)
         base_offset = self.log_end_offset
         self.epochs.assign(leader_epoch, base_offset)
@@ -350,6 +369,8 @@ class PartitionLog:
                 inline, _ = pointer.decode_entry(entry, 0)
                 marker = control_type(inline.batch) if isinstance(inline, pointer.InlineEntry) else None
             self.txns.on_batch(header, marker)
+            if header.is_control:
+                self.txn_verifier.end(header.producer_id)
         return self.log_end_offset
 
     def append_as_follower(self, data: bytes | memoryview, now_ms: int) -> int:
@@ -362,6 +383,8 @@ class PartitionLog:
             self._append(batch, header.base_offset, header.last_offset, header.max_timestamp, now_ms)
             self.producer_state.record(header, header.base_offset, header.max_timestamp)
             self.txns.on_batch(header, control_type(batch) if header.is_control else None)
+            if header.is_control:
+                self.txn_verifier.end(header.producer_id)
         return self.log_end_offset
 
     def append_marker_as_leader(
@@ -388,6 +411,8 @@ class PartitionLog:
             self._append(batch, offset, offset, now_ms, now_ms)
         self.producer_state.record(header, offset, now_ms)
         self.txns.on_batch(header, CONTROL_COMMIT if commit else CONTROL_ABORT)
+        # The transaction ended here: a commit verified in it must not open or join another.
+        self.txn_verifier.end(producer_id)
         return offset
 
     def _append(

@@ -41,6 +41,7 @@ import asyncio
 import itertools
 import time
 import uuid
+from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -49,12 +50,21 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.metrics import DISKLESS_COMMIT_RPCS, DISKLESS_FLUSH_SECONDS, DISKLESS_WAL_OBJECT_BYTES, PRODUCE_STAGE
-from diskless.protocol import internal
+from diskless.protocol import internal, records
 from diskless.protocol.client import KafkaClientConnection
 from diskless.storage.object_store import ObjectStore
 from diskless.storage.wal_format import WalObjectWriter, wal_object_key
 
-from .commit_pipeline import STORAGE_ERROR, CommitPipeline, NoRoute, PartitionKey, Route, Send
+from .commit_pipeline import (
+    NOT_LEADER,
+    STORAGE_ERROR,
+    UNKNOWN_PARTITION,
+    CommitPipeline,
+    NoRoute,
+    PartitionKey,
+    Route,
+    Send,
+)
 from .wal_buffer import Admission, BufferedBatch, WalBuffer
 
 if TYPE_CHECKING:
@@ -93,6 +103,21 @@ class _Item:
     buffered: float = 0.0
     sent: float = 0.0
     appended: float = 0.0
+    # Transaction verification (TxnCheck): the leader's guard, carried by the commit; while
+    # ``verifying`` the item waits in its producer's queue, later batches of that producer behind it.
+    guard: list[int] | None = None
+    verifying: bool = False
+    verify_error: int | None = None
+
+
+@dataclass(frozen=True)
+class TxnCheck:
+    """A transactional batch to verify with its partition's leader before it is buffered."""
+
+    transactional_id: str
+    producer_id: int
+    producer_epoch: int
+    deadline_ms: int  # when the producer's request times out (wall clock)
 
 
 @dataclass
@@ -131,14 +156,21 @@ class Representative:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._manager_conn: KafkaClientConnection | None = None
         self._closed = False
+        # Per (topic id, partition, producer id): batches in arrival order, held while the first
+        # of them is being verified, so that verification never reorders a producer's batches.
+        self._verifying: dict[tuple[str, int, int], deque[_Item]] = {}
         self.stats = {"flushes": 0, "puts": 0, "commit_rpcs": 0, "objects": 0, "delayed": 0, "max_held_bytes": 0}
 
     # --- accepting batches ------------------------------------------------------------------
 
     def submit(
-        self, topic: str, topic_id: str, partition: int, batch: bytes, acks: int
+        self, topic: str, topic_id: str, partition: int, batch: bytes, acks: int, txn: TxnCheck | None = None
     ) -> asyncio.Future[dict[str, Any]]:
-        """Take one validated batch; the future resolves to {error_code, base_offset, ...}."""
+        """Take one validated batch; the future resolves to {error_code, base_offset, ...}.
+
+        A transactional batch (``txn``) is first verified with the partition's leader, which
+        hands back the guard its commit carries (``log/txn_verification.py``): a commit that
+        arrives after its transaction ended is then refused instead of opening or joining one."""
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         if self._closed:
             future.set_result({"error_code": STORAGE_ERROR})
@@ -146,11 +178,80 @@ class Representative:
         item = _Item(
             BufferedBatch(topic, topic_id, partition, batch, next(self._ids)), future, acks, submitted=time.monotonic()
         )
-        if self.admission.offer(len(batch), item, self.held_bytes):
+        key = (topic_id, partition, txn.producer_id if txn is not None else _producer_id(batch))
+        queue = self._verifying.get(key)
+        if txn is None and queue is None:
+            self._admit(item)
+            return future
+        if queue is None:
+            queue = self._verifying[key] = deque()
+        queue.append(item)
+        if txn is not None:
+            item.verifying = True
+            self._spawn(self._verify(key, item, txn))
+        self._release(key)
+        return future
+
+    def _admit(self, item: _Item) -> None:
+        if self._closed:
+            _resolve(item, {"error_code": STORAGE_ERROR})
+        elif self.admission.offer(len(item.batch.data), item, self.held_bytes):
             self._buffer(item)
         else:
             self.stats["delayed"] += 1
-        return future
+
+    def _release(self, key: tuple[str, int, int]) -> None:
+        """Admit a producer's verified batches from the front of its queue, in arrival order."""
+        queue = self._verifying.get(key)
+        while queue and not queue[0].verifying:
+            item = queue.popleft()
+            if item.verify_error is None:
+                self._admit(item)
+                continue
+            # Later batches of this producer may reach the leader first and be refused out of
+            # order: the hint makes them report this failure instead (CommitPipeline, R4).
+            self.pipeline.note_failure(
+                (item.batch.topic_id, item.batch.partition), item.batch.data, item.verify_error, _now_ms()
+            )
+            _resolve(item, {"error_code": item.verify_error})
+        if queue is not None and not queue:
+            del self._verifying[key]
+
+    async def _verify(self, key: tuple[str, int, int], item: _Item, txn: TxnCheck) -> None:
+        try:
+            answer = await self._ask_guard(item.batch, txn)
+            code = int(answer.get("error_code", 0))
+            if code == 0:
+                item.guard = [int(v) for v in answer["guard"]]
+            else:
+                item.verify_error = code
+        except Exception as exc:
+            log.info("transaction verification failed", error=repr(exc))
+            item.verify_error = NOT_LEADER
+        finally:
+            item.verifying = False
+            self._release(key)
+
+    async def _ask_guard(self, batch: BufferedBatch, txn: TxnCheck) -> dict[str, Any]:
+        state = self.broker.metadata.partition_by_id(batch.topic_id, batch.partition)
+        if state is None:
+            return {"error_code": UNKNOWN_PARTITION}
+        if state.leader < 0:
+            return {"error_code": NOT_LEADER}
+        body = {
+            "transactional_id": txn.transactional_id,
+            "producer_id": txn.producer_id,
+            "producer_epoch": txn.producer_epoch,
+            "topic": batch.topic,
+            "topic_id": batch.topic_id,
+            "partition": batch.partition,
+            "deadline_ms": txn.deadline_ms,
+        }
+        if state.leader == self.broker.node_id:
+            return await self.broker.apis.txn_verification.verify_partition(body)
+        timeout = max(1.0, (txn.deadline_ms - _now_ms()) / 1000)
+        conn = await asyncio.wait_for(self.broker.peers.get(state.leader), timeout)
+        return await conn.wait(conn.send_internal(internal.INTERNAL_VERIFY_TXN_PARTITION, body), timeout=timeout)
 
     @property
     def held_bytes(self) -> int:
@@ -203,6 +304,10 @@ class Representative:
         self._closed = True
         for item in self.admission.drop_waiting():
             _resolve(item, {"error_code": STORAGE_ERROR})
+        for queue in self._verifying.values():
+            for item in queue:
+                _resolve(item, {"error_code": STORAGE_ERROR})
+        self._verifying.clear()
         self.pipeline.failed(list(self._items), STORAGE_ERROR, _now_ms())
         self._deliver()
         for handle in (self._timer, self._wakeup):
@@ -380,6 +485,7 @@ class Representative:
                     "position": item.position,
                     "acks": item.acks,
                     "leader_epoch": send.channel[-1],  # type: ignore[index]
+                    **({"txn_guard": item.guard} if item.guard is not None else {}),
                 }
                 for item in items
             ],
@@ -566,6 +672,11 @@ def _producer_answer(result: dict[str, Any]) -> dict[str, Any]:
         "log_append_time": result.get("log_append_time", -1),
         "log_start_offset": result.get("log_start_offset", -1),
     }
+
+
+def _producer_id(batch: bytes) -> int:
+    """The producer id of a batch (-1 for one without idempotence, or too short to say)."""
+    return records.parse_header(batch).producer_id if len(batch) >= records.HEADER_SIZE else -1
 
 
 def _resolve(item: _Item, result: dict[str, Any]) -> None:

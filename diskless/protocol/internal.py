@@ -20,6 +20,9 @@ INTERNAL_FETCH_POINTERS = 32002  # broker without a replica -> leader: pointer e
 INTERNAL_WAL_REFERENCES = 32003  # WAL file manager -> leader: does a partition reference a WAL object
 INTERNAL_WAL_NOTICE = 32004  # representative -> WAL file manager: a WAL object was committed (best effort)
 INTERNAL_AWAIT_REPLICATED = 32005  # representative -> leader: acks=all, are these appends replicated yet
+# KIP-890-style transaction verification of diskless commits (log/txn_verification.py).
+INTERNAL_VERIFY_TXN_PARTITION = 32020  # representative -> leader: a guard for a transactional batch
+INTERNAL_VERIFY_TXN = 32021  # leader -> transaction coordinator: is the partition in the ongoing txn
 # Proof of the cluster secret at a connection's start (security/internal_auth.py); every other
 # internal request is refused on a connection that has not passed it.
 INTERNAL_AUTH_CHALLENGE = 32030  # -> a fresh server nonce
@@ -27,6 +30,8 @@ INTERNAL_AUTH_PROVE = 32031  # HMAC proof of the secret over both nonces -> the 
 AUTH_APIS = frozenset({INTERNAL_AUTH_CHALLENGE, INTERNAL_AUTH_PROVE})
 INTERNAL_APIS = frozenset(
     {
+        INTERNAL_VERIFY_TXN_PARTITION,
+        INTERNAL_VERIFY_TXN,
         INTERNAL_COMMIT_BATCHES,
         INTERNAL_FETCH_POINTERS,
         INTERNAL_WAL_REFERENCES,

@@ -328,6 +328,34 @@ class TransactionCoordinatorCore:
         )
         return self._begin(entry, target, TransitKind.ADD)
 
+    def verify_partitions(
+        self,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+        partitions: list[TopicPartition],
+    ) -> dict[TopicPartition, ErrorCode]:
+        """AddPartitionsToTxn with verifyOnly (KIP-890 part 1), asked by a partition leader before
+        it takes a transactional batch: NONE for each partition in the producer's Ongoing
+        transaction, INVALID_TXN_STATE for the others. A transaction being ended (EndTxn, a fence,
+        markers in flight) answers CONCURRENT_TRANSACTIONS; an ADD being persisted does not count
+        (the producer may write to partitions added earlier while it adds more)."""
+        entry = self._txns.get(transactional_id)
+        error = _check_producer(entry, producer_id, producer_epoch)
+        if error is None:
+            assert entry is not None
+            meta = entry.meta
+            if (
+                entry.pending is not None and entry.pending.kind is not TransitKind.ADD
+            ) or meta.state in PREPARE_STATES:
+                error = ErrorCode.concurrent_transactions
+            elif meta.state is not TxnState.ONGOING:
+                error = ErrorCode.invalid_txn_state
+        if error is not None:
+            return dict.fromkeys(partitions, error)
+        assert entry is not None
+        return {tp: ErrorCode.none if tp in entry.meta.partitions else ErrorCode.invalid_txn_state for tp in partitions}
+
     # --- EndTxn ----------------------------------------------------------------------------------
 
     def end_txn(
