@@ -42,6 +42,7 @@ from diskless.metrics import (
     CONNECTIONS_BY_AZ_SOURCE,
     REQUEST_ERRORS,
     REQUESTS,
+    child,
 )
 from diskless.protocol import error_responses, internal
 from diskless.protocol import messages as m
@@ -183,8 +184,8 @@ class Connection:
 
     def _count(self, direction: str, size: int) -> None:
         apis = self.server.apis
-        CONNECTION_BYTES.labels(direction, apis.local_az, self.peer_az or apis.local_az).inc(size)
-        CONNECTION_NETWORK_BYTES.labels(direction, *self._networks).inc(size)
+        child(CONNECTION_BYTES, direction, apis.local_az, self.peer_az or apis.local_az).inc(size)
+        child(CONNECTION_NETWORK_BYTES, direction, *self._networks).inc(size)
 
     def _decide_zone(self, header: m.RequestHeader) -> None:
         """At the first request: the connection's AZ, stable from now on (cluster/client_az.py)."""
@@ -214,7 +215,7 @@ class Connection:
                 body = internal.unpack(memoryview(frame)[body_pos:])
             except Exception as exc:
                 raise m.MalformedRequest(f"undecodable internal request: {exc}") from exc
-            REQUESTS.labels(api=str(header.api_key)).inc()
+            child(REQUESTS, str(header.api_key)).inc()
             if header.api_key in internal.AUTH_APIS:
                 self._answer_auth(header, body)
                 return
@@ -244,7 +245,7 @@ class Connection:
             return
         if header.api_key == m.API_FETCH and self.zone.may_take_rack:
             self._observe_rack(request)
-        REQUESTS.labels(api=str(header.api_key)).inc()
+        child(REQUESTS, str(header.api_key)).inc()
         task = asyncio.ensure_future(self._respond(header, request))
         await self.pending.put((header, task))
 

@@ -67,8 +67,10 @@ class LeaseFence:
 
     def fenced(self, now_ms: int) -> bool:
         """Whether the broker must not act as a leader at ``now_ms``."""
-        with self._lock:
-            return self._valid_until is None or now_ms >= self._valid_until or self._awaiting_revision is not None
+        # Read without the lock (asked on every leader action): each field is read atomically, and
+        # a read racing the keeper's update answers as just before or just after it.
+        valid_until = self._valid_until
+        return valid_until is None or now_ms >= valid_until or self._awaiting_revision is not None
 
     def remaining_ms(self, now_ms: int) -> int:
         """How long the broker may still act as a leader without another successful keepalive."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from diskless.metrics import DISKLESS_CACHE
+from diskless.metrics import DISKLESS_CACHE, child
 from diskless.storage.object_store import ObjectStore
 
 log = structlog.get_logger(__name__)
@@ -79,7 +79,7 @@ class WalReader:
         for i, entry in enumerate(entries):
             data = self.cache.get(entry.key)
             if data is not None:
-                DISKLESS_CACHE.labels("hit").inc()
+                child(DISKLESS_CACHE, "hit").inc()
                 self.cache.hits += 1
                 out[i] = bytes(entry.serve(memoryview(data)[entry.offset : entry.offset + entry.size]))
             else:
@@ -96,13 +96,13 @@ class WalReader:
         if pending is not None:
             # A prefetch of this object is under way: waiting for it costs no extra request.
             data = await asyncio.shield(pending)
-            DISKLESS_CACHE.labels("prefetching").inc(len(indexes))
+            child(DISKLESS_CACHE, "prefetching").inc(len(indexes))
             self.cache.hits += len(indexes)
             for i in indexes:
                 entry = entries[i]
                 out[i] = bytes(entry.serve(memoryview(data)[entry.offset : entry.offset + entry.size]))
             return
-        DISKLESS_CACHE.labels("miss").inc(len(indexes))
+        child(DISKLESS_CACHE, "miss").inc(len(indexes))
         self.cache.misses += len(indexes)
         ranges = [(entries[i].offset, entries[i].offset + entries[i].size) for i in indexes]
         chunks = await self.store.get_ranges(key, ranges)

@@ -274,7 +274,7 @@ class ObjectStore:
         """Store ``data`` under ``key``, replacing any existing object."""
         await self._call("put", functools.partial(self._put_sync, key, data))
         self.stats.put_bytes += len(data)
-        metrics.OBJECT_STORE_BYTES.labels(direction="put").inc(len(data))
+        metrics.child(metrics.OBJECT_STORE_BYTES, "put").inc(len(data))
 
     async def get(self, key: str) -> bytes:
         """The whole object; ``NoSuchKey`` if it does not exist."""
@@ -420,7 +420,7 @@ class ObjectStore:
         )
 
     def _count_request(self, operation: str) -> None:
-        metrics.OBJECT_STORE_REQUESTS.labels(operation=operation).inc()
+        metrics.child(metrics.OBJECT_STORE_REQUESTS, operation).inc()
         match operation:
             case "put":
                 self.stats.puts += 1
@@ -435,7 +435,7 @@ class ObjectStore:
 
     def _count_get_bytes(self, n: int) -> None:
         self.stats.get_bytes += n
-        metrics.OBJECT_STORE_BYTES.labels(direction="get").inc(n)
+        metrics.child(metrics.OBJECT_STORE_BYTES, "get").inc(n)
 
     async def _delete_batch(self, batch: builtins.list[str]) -> builtins.list[str]:
         try:
