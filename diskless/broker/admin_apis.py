@@ -1,39 +1,26 @@
-"""Topic administration: Create/Delete topics, CreatePartitions, DeleteRecords and the config APIs."""
+"""Topic administration: Create/Delete topics, CreatePartitions, DeleteRecords (configs: config_apis.py)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import structlog
 from kio.schema.errors import ErrorCode
 
-from diskless.cluster.metadata import MetadataError, TopicMetadata
-from diskless.log.config import TOPIC_CONFIGS, canonical_name, effective_values
+from diskless.cluster.metadata import MetadataError
 from diskless.log.partition_log import OffsetOutOfRange
 from diskless.protocol import messages as m
 
-from .api_base import (
-    CONFIG_TYPES,
-    OP_APPEND,
-    OP_DELETE,
-    OP_SET,
-    OP_SUBTRACT,
-    RESOURCE_BROKER,
-    RESOURCE_TOPIC,
-    SOURCE_DEFAULT,
-    SOURCE_STATIC_BROKER,
-    SOURCE_TOPIC,
-    ApiFamily,
-    _find_partition,
-)
+from .api_base import ApiFamily, _find_partition
+from .config_apis import topic_config_entries
 
 log = structlog.get_logger(__name__)
 
 
 class AdminApis(ApiFamily):
-    """Topic and config administration."""
+    """Topic administration."""
 
     def handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
         return {
@@ -41,9 +28,6 @@ class AdminApis(ApiFamily):
             m.API_DELETE_TOPICS: self.delete_topics,
             m.API_CREATE_PARTITIONS: self.create_partitions,
             m.API_DELETE_RECORDS: self.delete_records,
-            m.API_DESCRIBE_CONFIGS: self.describe_configs,
-            m.API_ALTER_CONFIGS: self.alter_configs,
-            m.API_INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
         }
 
     async def create_topics(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
@@ -95,7 +79,7 @@ class AdminApis(ApiFamily):
                         "config_source": c["config_source"],
                         "is_sensitive": False,
                     }
-                    for c in self._topic_config_entries(topic, None, False, False)
+                    for c in topic_config_entries(self.broker, topic, None, False, False)
                 ],
             )
             results.append(entry)
@@ -175,154 +159,3 @@ class AdminApis(ApiFamily):
                 else:
                     entry.update(error_code=found.error_code, low_watermark=found.low_watermark)
         return {"throttle_time": 0, "topics": topics}
-
-    # --- configs --------------------------------------------------------------------------------
-
-    def _topic_config_entries(
-        self, topic: TopicMetadata, keys: Iterable[str] | None, synonyms: bool, documentation: bool
-    ) -> list[dict[str, Any]]:
-        wanted = None if keys is None else {canonical_name(k) for k in keys}
-        out = []
-        broker_value = self.broker.config.broker_value
-        for name, (value, source) in effective_values(topic.configs, broker_value).items():
-            if wanted is not None and name not in wanted:
-                continue
-            definition = TOPIC_CONFIGS[name]
-            code = {"topic": SOURCE_TOPIC, "broker": SOURCE_STATIC_BROKER, "default": SOURCE_DEFAULT}[source]
-            entry: dict[str, Any] = {
-                "name": name,
-                "value": definition.render(value),
-                "read_only": False,
-                "config_source": code,
-                "is_default": source == "default",
-                "is_sensitive": False,
-                "config_type": CONFIG_TYPES[definition.kind],
-                "documentation": definition.doc if documentation else None,
-                "synonyms": [],
-            }
-            if synonyms:
-                chain = []
-                if name in topic.configs:
-                    chain.append({"name": name, "value": topic.configs[name], "source": SOURCE_TOPIC})
-                synonym = definition.broker_synonym
-                if synonym and broker_value(synonym) is not None:
-                    chain.append({"name": synonym, "value": broker_value(synonym), "source": SOURCE_STATIC_BROKER})
-                chain.append(
-                    {"name": synonym or name, "value": definition.render(definition.default), "source": SOURCE_DEFAULT}
-                )
-                entry["synonyms"] = chain
-            out.append(entry)
-        return out
-
-    def _broker_config_entries(self, keys: Iterable[str] | None) -> list[dict[str, Any]]:
-        wanted = None if keys is None else set(keys)
-        out = []
-        for name, value, explicit in self.broker.describe_broker_config():
-            if wanted is not None and name not in wanted:
-                continue
-            out.append(
-                {
-                    "name": name,
-                    "value": value,
-                    "read_only": True,
-                    "config_source": SOURCE_STATIC_BROKER if explicit else SOURCE_DEFAULT,
-                    "is_default": not explicit,
-                    "is_sensitive": False,
-                    "config_type": 2,
-                    "synonyms": [],
-                }
-            )
-        return out
-
-    def describe_configs(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
-        results = []
-        synonyms = getattr(request, "include_synonyms", False)
-        documentation = getattr(request, "include_documentation", False)
-        for res in request.resources:
-            entry: dict[str, Any] = {
-                "error_code": ErrorCode.none,
-                "error_message": None,
-                "resource_type": res.resource_type,
-                "resource_name": res.resource_name,
-                "configs": [],
-            }
-            if res.resource_type == RESOURCE_TOPIC:
-                topic = self._meta.topics.get(res.resource_name)
-                if topic is None:
-                    entry.update(
-                        error_code=ErrorCode.unknown_topic_or_partition,
-                        error_message=f"Topic {res.resource_name} does not exist",
-                    )
-                else:
-                    entry["configs"] = self._topic_config_entries(
-                        topic, res.configuration_keys, synonyms, documentation
-                    )
-            elif res.resource_type == RESOURCE_BROKER and res.resource_name in ("", str(self.broker.node_id)):
-                entry["configs"] = self._broker_config_entries(res.configuration_keys)
-            else:
-                entry.update(
-                    error_code=ErrorCode.invalid_request, error_message=f"Unsupported resource {res.resource_name}"
-                )
-            results.append(entry)
-        return {"throttle_time": 0, "results": results}
-
-    async def alter_configs(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
-        """Legacy AlterConfigs: the given set replaces all of a topic's overrides."""
-
-        def updates(res: Any) -> dict[str, str | None]:
-            topic = self._meta.topics.get(res.resource_name)
-            current = topic.configs if topic else {}
-            new = {canonical_name(c.name): c.value for c in res.configs}
-            return {**{k: None for k in current if k not in new}, **new}
-
-        return await self._alter(request, updates)
-
-    async def incremental_alter_configs(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
-        def updates(res: Any) -> dict[str, str | None]:
-            topic = self._meta.topics.get(res.resource_name)
-            current = topic.configs if topic else {}
-            out: dict[str, str | None] = {}
-            for c in res.configs:
-                name = canonical_name(c.name)
-                if c.config_operation == OP_SET:
-                    out[name] = c.value
-                elif c.config_operation == OP_DELETE:
-                    out[name] = None
-                elif c.config_operation in (OP_APPEND, OP_SUBTRACT):
-                    definition = TOPIC_CONFIGS.get(name)
-                    if definition is None or definition.kind != "list":
-                        raise MetadataError(ErrorCode.invalid_config, f"{name} is not a list config")
-                    existing = [v for v in (current.get(name) or definition.default).split(",") if v]
-                    values = [v.strip() for v in (c.value or "").split(",") if v.strip()]
-                    if c.config_operation == OP_APPEND:
-                        existing += [v for v in values if v not in existing]
-                    else:
-                        existing = [v for v in existing if v not in values]
-                    out[name] = ",".join(existing)
-                else:
-                    raise MetadataError(ErrorCode.invalid_request, f"unknown config operation {c.config_operation}")
-            return out
-
-        return await self._alter(request, updates)
-
-    async def _alter(self, request: Any, updates_for: Callable[[Any], dict[str, str | None]]) -> dict[str, Any]:
-        responses = []
-        for res in request.resources:
-            entry: dict[str, Any] = {
-                "error_code": ErrorCode.none,
-                "error_message": None,
-                "resource_type": res.resource_type,
-                "resource_name": res.resource_name,
-            }
-            try:
-                if res.resource_type != RESOURCE_TOPIC:
-                    raise MetadataError(ErrorCode.invalid_request, "only topic configs can be altered at runtime")
-                if res.resource_name not in self._meta.topics:
-                    raise MetadataError(
-                        ErrorCode.unknown_topic_or_partition, f"Topic {res.resource_name} does not exist"
-                    )
-                await self.broker.alter_topic_configs(res.resource_name, updates_for(res), request.validate_only)
-            except MetadataError as exc:
-                entry.update(error_code=exc.code, error_message=str(exc))
-            responses.append(entry)
-        return {"throttle_time": 0, "responses": responses}

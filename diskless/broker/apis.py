@@ -21,6 +21,7 @@ from diskless.protocol import messages as m
 
 from .admin_apis import AdminApis
 from .api_base import CloseConnection
+from .config_apis import ConfigApis
 from .diskless_rpcs import DisklessRpcs
 from .fetch_apis import FetchApis
 from .logdir_apis import LogDirApis
@@ -45,6 +46,7 @@ class KafkaApis:
         self.admin = AdminApis(broker)
         self.reassign = ReassignApis(broker)
         self.logdirs = LogDirApis(broker)
+        self.configs = ConfigApis(broker)
         self.txn = TxnApis(broker)
         self.diskless = DisklessRpcs(broker)
         self.zone_policy = broker.config.zone_policy()
@@ -54,7 +56,7 @@ class KafkaApis:
         }
         for family in (self.metadata, self.produce, self.fetch, self.admin, self.txn):
             self._handlers.update(family.handlers())
-        for family in (self.reassign, self.logdirs):
+        for family in (self.reassign, self.logdirs, self.configs):
             self._handlers.update(family.handlers())
         self._internal_handlers: dict[int, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
             internal.INTERNAL_COMMIT_BATCHES: self.diskless.commit_batches_rpc,

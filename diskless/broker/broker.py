@@ -162,6 +162,7 @@ class Broker:
             self.cluster_secret.set(await load_cluster_secret(self.config, None))
             self.backend.load()
             self.metadata.controller_id = self.node_id
+        self.operations.apply_dynamic_configs()  # dynamic broker configs, before logs open
         self.replicas.load(self.metadata.topics, self.log_config, self.now_ms())
         # One server per listener (several when each AZ has its own, diskless.listener.az.map).
         bound = {}
@@ -360,6 +361,8 @@ class Broker:
                     for shell in (self.groups, self.txns):
                         if topic.name == shell.topic:
                             shell.on_partition(index, hosted)
+            elif kind == "broker-config":
+                self.operations.apply_dynamic_configs()
             elif kind == "controller" and self.metadata.controller_id == -1 and self.clustered:
                 await self._campaign()
             elif kind == "broker" and self.clustered and self._is_controller():

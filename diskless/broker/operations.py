@@ -12,6 +12,7 @@ once their new replicas are in sync, and rebalances leadership when
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -20,7 +21,7 @@ import structlog
 from kio.schema.errors import ErrorCode
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
-from diskless.cluster import reassignment
+from diskless.cluster import broker_configs, reassignment
 from diskless.cluster.elections import PREFERRED, elect_preferred, imbalanced_partitions
 from diskless.cluster.metadata import PartitionState
 
@@ -39,6 +40,9 @@ class ConcurrentChange(Exception):
 class Operations:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
+        # The configuration from file, environment and flags; dynamic broker configs are laid over
+        # it into ``broker.config`` whenever they change (cluster/broker_configs.py).
+        self.static_config = broker.config
         self._pass_scheduled = False
         self._last_rebalance = time.monotonic()
 
@@ -82,6 +86,47 @@ class Operations:
         while metadata.partition(topic, index) is current and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
         return new
+
+    # --- dynamic broker configs ------------------------------------------------------------------
+
+    def apply_dynamic_configs(self) -> None:
+        """Lay the stored dynamic configs over the static ones; logs take new topic defaults."""
+        dynamic = self.broker.metadata.broker_configs
+        defaults = broker_configs.layered_topic_defaults(self.static_config, dynamic, self.broker.node_id)
+        if defaults == self.broker.config.topic_defaults:
+            return
+        self.broker.config = dataclasses.replace(self.broker.config, topic_defaults=defaults)
+        for topic in list(self.broker.metadata.topics.values()):
+            self.broker.replicas.update_config(topic.name, self.broker.log_config(topic))
+        log.info("dynamic broker configs applied", topic_defaults=defaults)
+
+    def dynamic_value(self, name: str) -> str | None:
+        return broker_configs.dynamic_value(self.broker.metadata.broker_configs, self.broker.node_id, name)
+
+    async def alter_broker_configs(
+        self, resource: str, updates_for: Callable[[dict[str, str]], dict[str, str | None]], validate_only: bool
+    ) -> None:
+        """Change the dynamic configs of broker resource ``resource`` ("" for the cluster default):
+        ``updates_for`` maps the current ones to set (value) / delete (None) updates."""
+        name = broker_configs.DEFAULT_RESOURCE if resource == "" else resource
+        async for attempt in AsyncRetrying(
+            stop=stop_after_attempt(6),
+            wait=wait_random_exponential(multiplier=0.02, max=0.5),
+            retry=retry_if_exception_type(ConcurrentChange),
+            reraise=True,
+        ):
+            with attempt:
+                current = dict(self.broker.metadata.broker_configs.get(name, {}))
+                updates = broker_configs.validate_dynamic(updates_for(current))
+                if validate_only:
+                    return
+                merged = {k: v for k, v in {**current, **updates}.items() if v is not None}
+                if not await self.broker.backend.update_broker_configs(name, merged):
+                    raise ConcurrentChange
+                deadline = time.monotonic() + APPLIED_WAIT_S
+                while self.broker.metadata.broker_configs.get(name, {}) != merged and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                log.info("dynamic broker configs altered", resource=name, configs=merged)
 
     # --- controller duties ---------------------------------------------------------------------
 

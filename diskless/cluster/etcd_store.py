@@ -7,6 +7,7 @@ Layout under ``/diskless/<cluster.id>/``::
     topics/<name>           topic id, config overrides, every partition's replicas
     partitions/<name>/<p>   leader, leader epoch, ISR (and topic id), once it left its initial state
     producer-id-block       next free producer id block
+    broker-configs/<id>     dynamic broker configs of one broker, ``default`` for the cluster's
 
 A topic is created by one put of one key, whatever its partition count: etcd refuses a
 transaction of more than ``--max-txn-ops`` (128 by default) operations, and one key also makes the
@@ -57,7 +58,7 @@ ChangeCallback = Callable[[list[RecordKey]], Awaitable[None]]
 # Changes handed to on_change between yields to the event loop. Small: applying one partition can
 # take milliseconds of disk under load, and a lease refresh needs several loop turns to complete.
 NOTIFY_SLICE = 16
-_LOAD_ORDER = {"brokers": 0, "controller": 1, "wal-manager": 1, "topics": 2, "partitions": 3}
+_LOAD_ORDER = {"brokers": 0, "controller": 1, "wal-manager": 1, "broker-configs": 1, "topics": 2, "partitions": 3}
 
 
 def _retrying() -> AsyncRetrying:
@@ -126,6 +127,7 @@ class EtcdMetadataStore:
         self.metadata.topics.clear()
         self.metadata.controller_id = -1
         self.metadata.wal_manager = None
+        self.metadata.broker_configs.clear()
         self.revisions.clear()
         self.created.clear()
         for path, value, revision, created in records:
@@ -141,6 +143,7 @@ class EtcdMetadataStore:
         revision = await self._load()
         changes: list[RecordKey] = [("topic", name) for name in before - set(self.metadata.topics)]
         changes += [("broker", str(b)) for b in self.metadata.brokers] + [("controller",)]
+        changes.append(("broker-config", "*"))  # dynamic broker configs are laid over again whole
         for topic in self.metadata.topics.values():
             changes.append(("topic", topic.name))
             changes += [("partition", topic.name, str(i)) for i in range(len(topic.partitions))]
@@ -352,6 +355,18 @@ class EtcdMetadataStore:
             success=[tx.put(key, partition_record(state, meta.topic_id))],
             failure=[],
         )
+        return bool(ok)
+
+    async def update_broker_configs(self, name: str, configs: dict[str, str]) -> bool:
+        """CAS the dynamic configs of broker ``name`` ("default": cluster-wide) against the revision
+        we last saw; an empty set deletes the key."""
+        path = f"broker-configs/{name}"
+        key = self._key(path)
+        tx = self.client.transactions
+        revision = self.revisions.get(path, 0)
+        compare = [tx.mod(key) == revision] if revision > 0 else [tx.version(key) == 0]
+        change = tx.put(key, json.dumps(configs).encode()) if configs else tx.delete(key)
+        ok, _ = await self.client.transaction(compare=compare, success=[change], failure=[])
         return bool(ok)
 
     async def reserve_producer_id_block(self) -> ProducerIdBlock:

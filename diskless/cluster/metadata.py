@@ -91,6 +91,8 @@ class ClusterMetadata:
         self.topics: dict[str, TopicMetadata] = {}
         self.controller_id = -1
         self.wal_manager: tuple[str, int] | None = None  # where representatives send commit notices
+        # Dynamic broker configs by node id, "default" for the cluster-wide ones (broker_configs.py).
+        self.broker_configs: dict[str, dict[str, str]] = {}
         self.generation = 0  # moves on every applied change (answers built from this copy go stale)
         # Moves when topics or brokers change (not on leader/ISR churn): an answer built before a
         # topic was created, grown or deleted is never reused, however young.
@@ -269,11 +271,17 @@ class ClusterMetadata:
 
     def to_json(self) -> str:
         return json.dumps(
-            {"cluster_id": self.cluster_id, "topics": [asdict(t) for t in self.topics.values()]}, indent=1
+            {
+                "cluster_id": self.cluster_id,
+                "topics": [asdict(t) for t in self.topics.values()],
+                "broker_configs": self.broker_configs,
+            },
+            indent=1,
         )
 
     def load_json(self, text: str) -> None:
         data = json.loads(text)
+        self.broker_configs = {k: dict(v) for k, v in data.get("broker_configs", {}).items()}
         self.topics = {}
         for raw in data.get("topics", []):
             parts = [PartitionState(**p) for p in raw.pop("partitions")]
@@ -350,6 +358,12 @@ def apply_record(metadata: ClusterMetadata, path: str, value: bytes | None) -> l
         raw = None if value is None else json.loads(value)
         metadata.wal_manager = None if raw is None else (raw["host"], int(raw["port"]))
         return [("wal-manager",)]
+    if parts[0] == "broker-configs" and len(parts) == 2:
+        if value is None:
+            metadata.broker_configs.pop(parts[1], None)
+        else:
+            metadata.broker_configs[parts[1]] = dict(json.loads(value))
+        return [("broker-config", parts[1])]
     if parts[0] == "topics" and len(parts) == 2:
         name = parts[1]
         if value is None:
@@ -452,6 +466,15 @@ class LocalBackend:
             return False
         meta.partitions[partition] = state
         await self._changed([("partition", topic, str(partition))])
+        return True
+
+    async def update_broker_configs(self, name: str, configs: dict[str, str]) -> bool:
+        """Replace the dynamic configs of broker ``name`` ("default": the cluster-wide ones)."""
+        if configs:
+            self.metadata.broker_configs[name] = dict(configs)
+        else:
+            self.metadata.broker_configs.pop(name, None)
+        await self._changed([("broker-config", name)])
         return True
 
     async def reserve_producer_id_block(self) -> ProducerIdBlock:

@@ -17,12 +17,31 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin import NewPartitions as AioNewPartitions
-from confluent_kafka import ElectionType
+from aiokafka.admin.config_resource import ConfigResource as AioConfigResource
+from aiokafka.admin.config_resource import ConfigResourceType as AioConfigResourceType
+from confluent_kafka import ElectionType, KafkaException
 from confluent_kafka import TopicPartition as CTopicPartition
-from confluent_kafka.admin import AdminClient, NewPartitions
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewPartitions,
+    ResourceType,
+)
 from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+from kafka.admin import ConfigResource as KPConfigResource
+from kafka.admin import ConfigResourceType as KPConfigResourceType
 from kafka.admin import NewTopic
 from kafka.structs import TopicPartitionReplica
+from kio.schema.incremental_alter_configs.v1.request import (
+    AlterableConfig,
+    AlterConfigsResource,
+    IncrementalAlterConfigsRequest,
+)
+from kio.static.primitive import i8
+from rawclient import Session
 from support import LocalCluster, wait_until
 
 from diskless.local.servers import BrokerServer
@@ -83,9 +102,10 @@ def consume_all(bootstrap: str, topic: str, count: int) -> list[int]:
     values: list[int] = []
     try:
         wait_until(
-            lambda: values.extend(
-                int(r.value) for batch in consumer.poll(500).values() for r in batch
-            ) or len(values) >= count,
+            lambda: (
+                values.extend(int(r.value) for batch in consumer.poll(500).values() for r in batch)
+                or len(values) >= count
+            ),
             timeout=60,
             message=f"consumed {len(values)} of {count}",
         )
@@ -267,9 +287,7 @@ def test_create_partitions_with_manual_assignments(cluster_factory) -> None:
 def test_describe_log_dirs_and_alter_replica_log_dirs(cluster_factory) -> None:
     cluster = cluster_factory(brokers=1, azs=1, s3=True)
     admin = kp_admin(cluster)
-    admin.create_topics(
-        [NewTopic("dl", 1, 1, topic_configs={"diskless.enabled": "true"}), NewTopic("cl", 1, 1)]
-    )
+    admin.create_topics([NewTopic("dl", 1, 1, topic_configs={"diskless.enabled": "true"}), NewTopic("cl", 1, 1)])
     produce(cluster.bootstrap, "dl", range(200))
     produce(cluster.bootstrap, "cl", range(200))
     (broker,) = admin.describe_log_dirs()
@@ -292,4 +310,108 @@ def test_describe_log_dirs_and_alter_replica_log_dirs(cluster_factory) -> None:
     assert answer[replica].errno == 0
     answer = admin.alter_replica_log_dirs({replica: "/nowhere"})
     assert answer[replica].errno == 57  # LOG_DIR_NOT_FOUND
+    admin.close()
+
+
+def incremental(name: str, value: str | None, op: AlterConfigOpType) -> ConfigResource:
+    """An IncrementalAlterConfigs change of broker 0 (confluent-kafka)."""
+    entry = ConfigEntry(name, value, incremental_operation=op)
+    return ConfigResource(ResourceType.BROKER, "0", incremental_configs=[entry])
+
+
+def test_broker_configs_types_sources_and_dynamic_changes(cluster_factory) -> None:
+    """DescribeConfigs of a broker as Kafka answers it (types, read-only flags, sources, synonyms,
+    null when unset, passwords hidden), and dynamic broker configs through IncrementalAlterConfigs
+    on the broker and on the cluster default, which topics without overrides then follow."""
+    cluster = cluster_factory(brokers=1, azs=1, overrides={"log.retention.ms": "3600000"})
+    admin = kp_admin(cluster)
+    confluent = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    broker = ConfigResource(ResourceType.BROKER, "0")
+
+    def described() -> dict[str, ConfigEntry]:
+        return confluent.describe_configs([broker])[broker].result(timeout=30)
+
+    raw = admin.describe_configs([KPConfigResource(KPConfigResourceType.BROKER, "0")], config_filter="all")
+    raw = raw["broker"]["0"]
+    types = {name: raw[name]["config_type"] for name in raw}
+    assert types["num.partitions"] == "INT"
+    assert types["log.retention.ms"] == types["replica.lag.time.max.ms"] == "LONG"
+    assert types["auto.create.topics.enable"] == "BOOLEAN"
+    assert types["listeners"] == types["log.cleanup.policy"] == "LIST"
+    assert types["diskless.s3.secret.key"] == "PASSWORD" and raw["diskless.s3.secret.key"]["value"] is None
+    entries = described()
+    assert entries["metrics.host"].value is None  # unset: null, not ''
+    assert entries["num.partitions"].is_read_only and not entries["log.retention.ms"].is_read_only
+    assert entries["log.retention.ms"].value == "3600000"
+    assert entries["log.retention.ms"].source == ConfigSource.STATIC_BROKER_CONFIG.value
+    assert entries["log.retention.bytes"].source == ConfigSource.DEFAULT_CONFIG.value
+
+    admin.create_topics([NewTopic("follows", 1, 1)])
+    topic = ConfigResource(ResourceType.TOPIC, "follows")
+
+    def topic_entry(name: str) -> ConfigEntry:
+        return confluent.describe_configs([topic])[topic].result(timeout=30)[name]
+
+    # Per broker, kafka-python.
+    admin.alter_configs(
+        [KPConfigResource(KPConfigResourceType.BROKER, "0", configs={"log.retention.ms": ("SET", "7200000")})],
+        incremental=True,
+    )
+    entry = described()["log.retention.ms"]
+    assert (entry.value, entry.source) == ("7200000", ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+    chain = admin.describe_configs(
+        [KPConfigResource(KPConfigResourceType.BROKER, "0", configs={"log.retention.ms": None})], include_synonyms=True
+    )["broker"]["0"]["log.retention.ms"]["synonyms"]
+    assert [(c["value"], c["source"]) for c in chain] == [
+        ("7200000", "DYNAMIC_BROKER_CONFIG"),
+        ("3600000", "STATIC_BROKER_CONFIG"),
+        ("604800000", "DEFAULT_CONFIG"),
+    ]
+    retention = topic_entry("retention.ms")
+    assert (retention.value, retention.source) == ("7200000", ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+
+    # Cluster-wide default (resource name "", which kafka-python and confluent-kafka refuse to
+    # send; kafka-configs.sh --entity-default sends it): a raw request.
+    cluster_default = IncrementalAlterConfigsRequest(
+        resources=(
+            AlterConfigsResource(
+                resource_type=i8(4),
+                resource_name="",
+                configs=(AlterableConfig(name="log.retention.bytes", config_operation=i8(0), value="1048576"),),
+            ),
+        ),
+        validate_only=False,
+    )
+    with Session(cluster.bootstrap) as session:
+        (answer,) = session.request(cluster_default).responses
+    assert answer.error_code == 0, answer
+    retention_bytes = topic_entry("retention.bytes")
+    assert (retention_bytes.value, retention_bytes.source) == (
+        "1048576",
+        ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value,
+    )
+
+    # Only what Kafka lets change at runtime: INVALID_CONFIG otherwise.
+    static = incremental("num.partitions", "3", AlterConfigOpType.SET)
+    with pytest.raises(KafkaException) as info:
+        confluent.incremental_alter_configs([static])[static].result(timeout=30)
+    assert info.value.args[0].code() == 40
+
+    # Deleting the dynamic value falls back to the static one.
+    undo = incremental("log.retention.ms", None, AlterConfigOpType.DELETE)
+    confluent.incremental_alter_configs([undo])[undo].result(timeout=30)
+    assert topic_entry("retention.ms").value == "3600000"
+
+    async def with_aiokafka() -> dict:
+        client = AIOKafkaAdminClient(bootstrap_servers=cluster.bootstrap)
+        await client.start()
+        try:
+            return await client.describe_configs([AioConfigResource(AioConfigResourceType.BROKER, "0")])
+        finally:
+            await client.close()
+
+    (response,) = asyncio.run(with_aiokafka())
+    (result,) = response.resources
+    configs = {c[0]: c for c in result[4]}
+    assert configs["log.retention.ms"][1] == "3600000"
     admin.close()
