@@ -81,6 +81,7 @@ class TxnVerificationRpcs(ApiFamily):
                 return {"error_code": int(produce_error(answer))}
             _, now_log, now_replica = self._leader_log(topic, partition)
             if now_log is not plog or now_replica is None or now_replica.leader_epoch != leader_epoch:
+                plog.txn_verifier.forget(producer_id, guard)
                 return {"error_code": int(ErrorCode.not_leader_or_follower)}
             if not plog.txn_verifier.confirm(producer_id, guard):
                 # A marker ended the transaction while the coordinator was being asked.
