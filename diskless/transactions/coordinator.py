@@ -27,6 +27,10 @@ not KIP-890 "transactions v2"):
   ``markers_written`` takes the per-partition results, and once every partition has its marker it
   returns the transit to CompleteCommit/CompleteAbort. Partitions that failed are retried after
   ``marker_retry_backoff_ms`` (see ``pending_completions``/``next_deadline_ms``).
+- ``verify_partitions`` answers a partition leader's question "is this partition in the producer's
+  ongoing transaction?" (AddPartitionsToTxn verifyOnly, KIP-890 part 1). Leaders of diskless
+  partitions ask it before taking a transactional batch whose commit may come late
+  (``diskless/log/txn_verification.py``); it changes nothing.
 - ``tick(now_ms)`` fences and aborts transactions Ongoing for longer than their timeout (Kafka's
   abortTimedOutTransactions) and returns the transits to persist.
 
