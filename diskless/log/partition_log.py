@@ -334,7 +334,8 @@ class PartitionLog:
         representative's late flush was still on its way. Left alone, the batch would hold the
         last stable offset and then be committed with the producer's next transaction. (A late
         batch that is followed by no newer epoch looks exactly like the first batch of a next
-        transaction at the same epoch; only the coordinator can tell them apart, KIP-890.)
+        transaction at the same epoch; only the coordinator can tell them apart: diskless commits
+        are verified with it, ``txn_verification``. This rule stays for logs without that check.)
         """
         if not header.is_transactional or header.is_control or header.producer_id not in self.txns.ongoing:
             return
