@@ -335,6 +335,9 @@ def kind_figures(
             count = delta.total(f"{metric}_count", **labels)
             total = delta.total(f"{metric}_sum", **labels)
             timings[f"stage_{stage}_mean_ms"] = round(total / count * 1000, 1) if count else None
+        count = delta.total("diskless_object_store_seconds_count", operation="put")
+        put = delta.total("diskless_object_store_seconds_sum", operation="put")
+        timings["s3_put_in_thread_mean_ms"] = round(put / count * 1000, 1) if count else None
         count = delta.total("diskless_event_loop_lag_seconds_count")
         lag = delta.total("diskless_event_loop_lag_seconds_sum")
         timings["loop_lag_mean_ms"] = round(lag / count * 1000, 1) if count else None

@@ -24,6 +24,7 @@ import builtins
 import concurrent.futures
 import contextlib
 import functools
+import time
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
@@ -391,8 +392,17 @@ class ObjectStore:
     async def _run(self, operation: str, fn: Callable[[], T]) -> T:
         await self._slots.acquire()
         loop = asyncio.get_running_loop()
+        seconds = metrics.child(metrics.OBJECT_STORE_SECONDS, operation)
+
+        def timed() -> T:
+            started = time.perf_counter()
+            try:
+                return fn()
+            finally:
+                seconds.observe(time.perf_counter() - started)
+
         try:
-            future = self._executor.submit(fn)
+            future = self._executor.submit(timed)
         except BaseException:
             self._slots.release()
             raise

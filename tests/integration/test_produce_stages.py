@@ -49,3 +49,8 @@ def test_each_batch_reports_every_stage_and_they_add_up(cluster_factory: Any) ->
     parts = sum(sums[s] for s in ("admission", "linger", "upload", "order", "commit", "replication"))
     assert sums["total"] >= parts - 0.001 * BATCHES
     assert sums["upload"] > 0 and sums["commit"] >= 0
+    # Each upload's PUT is also timed inside its pool thread, which the upload stage contains.
+    put_count = samples.get('diskless_object_store_seconds_count{operation="put"}', 0.0)
+    put_sum = samples.get('diskless_object_store_seconds_sum{operation="put"}', 0.0)
+    assert put_count >= BATCHES
+    assert 0 < put_sum <= sums["upload"] * put_count / BATCHES + 0.001
