@@ -1,0 +1,1 @@
+"""Fault injection for reliability runs: the S3 fault proxy and ``diskless chaos``."""
