@@ -178,6 +178,9 @@ class Representative:
         item = _Item(
             BufferedBatch(topic, topic_id, partition, batch, next(self._ids)), future, acks, submitted=time.monotonic()
         )
+        if txn is None and not self._verifying:  # the common case: no transaction being verified here
+            self._admit(item)
+            return future
         key = (topic_id, partition, txn.producer_id if txn is not None else _producer_id(batch))
         queue = self._verifying.get(key)
         if txn is None and queue is None:
