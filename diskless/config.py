@@ -22,8 +22,14 @@ from diskless.cluster.client_az import (
     parse_listeners,
 )
 from diskless.log.config import TOPIC_CONFIGS, ConfigError
+from diskless.security import redact
 
 ENV_PREFIX = "DISKLESS_"
+_PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+# Settings whose values are credentials: registered with the log redactor (security/redact.py).
+SECRET_PROPERTIES = frozenset(
+    {"diskless.s3.access.key", "diskless.s3.secret.key", "diskless.cluster.secret", "ssl.key.password"}
+)
 
 
 def _prop(name: str, doc: str = "") -> dict[str, Any]:
@@ -106,6 +112,34 @@ class BrokerConfig:
             " internal requests; unset, one is created in etcd (security/cluster_secret.py).",
         ),
     )
+    # --- security (diskless/security/) ---
+    listener_security_protocol_map: str | None = field(
+        default=None,
+        metadata=_prop(
+            "listener.security.protocol.map",
+            "LISTENER:PROTOCOL,... (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL). A listener not named is"
+            " the protocol of its name when that is one, else PLAINTEXT.",
+        ),
+    )
+    sasl_enabled_mechanisms: str = field(
+        default="PLAIN,SCRAM-SHA-256,SCRAM-SHA-512", metadata=_prop("sasl.enabled.mechanisms")
+    )
+    ssl_keystore_location: str | None = field(
+        default=None,
+        metadata=_prop("ssl.keystore.location", "PEM file with the broker's certificate (chain) and private key."),
+    )
+    ssl_key_password: str | None = field(default=None, metadata=_prop("ssl.key.password"))
+    ssl_truststore_location: str | None = field(
+        default=None,
+        metadata=_prop("ssl.truststore.location", "PEM file of the CAs client certificates must chain to."),
+    )
+    ssl_client_auth: str = field(default="none", metadata=_prop("ssl.client.auth", "none, requested or required."))
+    authorizer_class_name: str = field(
+        default="",
+        metadata=_prop("authorizer.class.name", "Any non-empty value enables ACL authorization (security/acl.py)."),
+    )
+    super_users: str = field(default="", metadata=_prop("super.users", "User:a;User:b : allowed everything."))
+    allow_everyone_if_no_acl_found: bool = field(default=False, metadata=_prop("allow.everyone.if.no.acl.found"))
     diskless_wal_linger_ms: int = field(default=100, metadata=_prop("diskless.wal.linger.ms"))
     diskless_wal_max_bytes: int = field(default=8 * 1024 * 1024, metadata=_prop("diskless.wal.max.bytes"))
     diskless_produce_buffer_max_bytes: int = field(
@@ -218,6 +252,21 @@ class BrokerConfig:
                 out[spec.name] = Endpoint(host, bound_ports.get(spec.name, spec.port))
         return out
 
+    def security_protocol(self, listener: str) -> str:
+        """A listener's security protocol (``listener.security.protocol.map``, Kafka's defaults)."""
+        mapping = {}
+        for item in (self.listener_security_protocol_map or "").split(","):
+            name, sep, protocol = item.strip().partition(":")
+            if sep:
+                mapping[name.strip().upper()] = protocol.strip().upper()
+        if listener.upper() in mapping:
+            return mapping[listener.upper()]
+        return listener.upper() if listener.upper() in _PROTOCOLS else "PLAINTEXT"
+
+    @property
+    def super_user_set(self) -> frozenset[str]:
+        return frozenset(u.strip() for u in self.super_users.split(";") if u.strip())
+
     def zone_policy(self) -> ZonePolicy:
         """How this broker decides its clients' AZs (``cluster/client_az.py``)."""
         return ZonePolicy(
@@ -235,6 +284,14 @@ class BrokerConfig:
         if unknown:
             raise ConfigError(f"diskless.listener.az.map names unknown listeners {sorted(unknown)}")
         parse_client_az_cidrs(self.diskless_client_az_cidrs)
+        for spec in self.listener_specs:
+            protocol = self.security_protocol(spec.name)
+            if protocol not in _PROTOCOLS:
+                raise ConfigError(f"listener {spec.name}: unknown security protocol {protocol}")
+            if protocol.endswith("SSL") and not self.ssl_keystore_location:
+                raise ConfigError(f"listener {spec.name} is {protocol}: ssl.keystore.location must be set")
+        if self.ssl_client_auth not in ("none", "requested", "required"):
+            raise ConfigError(f"ssl.client.auth: expected none, requested or required, got {self.ssl_client_auth!r}")
 
     def broker_value(self, name: str) -> str | None:
         """Raw value of a broker-level synonym of a topic config, if set explicitly."""
@@ -308,5 +365,12 @@ def load_config(
         else:
             raise ConfigError(f"unknown broker config {name!r}")
     config = BrokerConfig(topic_defaults=topic_defaults, **values)
+    # Built-in defaults are public (they are in this file) and "diskless" would redact every log
+    # line naming the project: only values someone set are registered.
+    redact.register(
+        str(getattr(config, _PROPERTY_FIELDS[name].name) or "")
+        for name in SECRET_PROPERTIES
+        if getattr(config, _PROPERTY_FIELDS[name].name) != _PROPERTY_FIELDS[name].default
+    )
     config.validate_listeners()
     return config

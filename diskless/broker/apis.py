@@ -28,6 +28,7 @@ from .logdir_apis import LogDirApis
 from .metadata_apis import MetadataApis
 from .produce_apis import ProduceApis
 from .reassign_apis import ReassignApis
+from .security_apis import SecurityApis
 from .txn_apis import TxnApis
 from .txn_verification_rpcs import TxnVerificationRpcs
 
@@ -49,12 +50,13 @@ class KafkaApis:
         self.configs = ConfigApis(broker)
         self.txn = TxnApis(broker)
         self.diskless = DisklessRpcs(broker)
+        self.security = SecurityApis(broker)
         self.zone_policy = broker.config.zone_policy()
         self._handlers: dict[int, Callable[[m.RequestHeader, Any], Any]] = {
             m.API_API_VERSIONS: self.api_versions,
             **self._coordinator_handlers(),
         }
-        for family in (self.metadata, self.produce, self.fetch, self.admin, self.txn):
+        for family in (self.metadata, self.produce, self.fetch, self.admin, self.txn, self.security):
             self._handlers.update(family.handlers())
         for family in (self.reassign, self.logdirs, self.configs):
             self._handlers.update(family.handlers())
@@ -93,10 +95,15 @@ class KafkaApis:
         return await handler(body)
 
     async def handle(self, header: m.RequestHeader, request: Any) -> dict[str, Any] | None:
-        result = self._handlers[header.api_key](header, request)
-        if hasattr(result, "__await__"):
-            result = await result
-        return result
+        """Run the API's handler on what the connection's principal may do (security_apis)."""
+
+        async def run(allowed: Any) -> dict[str, Any] | None:
+            result = self._handlers[header.api_key](header, allowed)
+            if hasattr(result, "__await__"):
+                result = await result
+            return result
+
+        return await self.security.handle_authorized(header, request, run)
 
     def api_versions(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         return {"error_code": ErrorCode.none, "api_keys": api_version_entries(), "throttle_time": 0}

@@ -157,9 +157,11 @@ class Broker:
         if self.clustered:
             await self.backend.connect()
             self.cluster_secret.set(await load_cluster_secret(self.config, self.backend.client))
+            await self.apis.security.start(self.backend.client)
             await self.backend.load_and_watch()
         else:
             self.cluster_secret.set(await load_cluster_secret(self.config, None))
+            await self.apis.security.start(None)
             self.backend.load()
             self.metadata.controller_id = self.node_id
         self.operations.apply_dynamic_configs()  # dynamic broker configs, before logs open
@@ -249,6 +251,7 @@ class Broker:
         if self.representative is not None:
             await self.representative.close()
         await self.server.stop()
+        await self.apis.security.stop()
         await self.peers.close()
         await self.replicas.close()
         if self.store is not None:

@@ -16,6 +16,12 @@ Internal requests, replica fetches (``replica_id`` >= 0) and WriteTxnMarkers are
 connection that proved the cluster secret at its start (``security/internal_auth.py``); on any
 other they are answered CLUSTER_AUTHORIZATION_FAILED and change nothing.
 
+Each listener has a security protocol (``listener.security.protocol.map``): SSL and SASL_SSL
+listeners wrap connections in TLS (``security/tls.py``); on SASL listeners nothing but
+ApiVersions, SaslHandshake and SaslAuthenticate is served before authentication (anything else
+closes the connection, as Kafka does). A connection's principal (``security/session.py``) is what
+the authorizer checks every request against (``security_apis``).
+
 Anything undecodable, an oversized frame, or an unsupported version of any API
 other than ApiVersions closes that connection only. A handler that fails unexpectedly is answered
 with the API's error code (``error_responses``); the connection stays open.
@@ -26,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import struct
 from collections.abc import Awaitable
 from typing import Any
 
@@ -48,6 +55,8 @@ from diskless.protocol import error_responses, internal
 from diskless.protocol import messages as m
 from diskless.protocol.framing import FrameDecoder, FrameError
 from diskless.security.internal_auth import ClusterSecret, InternalAuthState
+from diskless.security.session import CLUSTER_PRINCIPAL, CURRENT_SESSION, SecuritySession
+from diskless.security.tls import principal_of, server_context
 
 from .apis import CloseConnection, KafkaApis, api_version_entries
 from .client_zone import CURRENT_ZONE
@@ -80,7 +89,10 @@ class KafkaServer:
         async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await self._on_connection(reader, writer, listener)
 
-        server = await asyncio.start_server(on_connection, host, port, reuse_address=True)
+        config = self.apis.broker.config
+        protocol = config.security_protocol(listener or config.inter_broker_listener)
+        tls = server_context(config) if protocol.endswith("SSL") else None
+        server = await asyncio.start_server(on_connection, host, port, reuse_address=True, ssl=tls)
         self._servers.append(server)
         return int(server.sockets[0].getsockname()[1])
 
@@ -140,11 +152,18 @@ class Connection:
         self.internal_slots = asyncio.Semaphore(MAX_INTERNAL_IN_FLIGHT)
         self.internal_tasks: set[asyncio.Task[None]] = set()
         self.internal_auth = InternalAuthState(server.secret)
+        config = server.apis.broker.config
+        self.session = SecuritySession(
+            config.security_protocol(listener or config.inter_broker_listener), peer_host or "*"
+        )
+        if writer.get_extra_info("ssl_object") is not None and not self.session.sasl:
+            self.session.principal = principal_of(writer.get_extra_info("peercert"))
         self._refusal_logged = False
 
     async def run(self) -> None:
         # Every handler task started from here inherits this connection's zone (client_zone.py).
         CURRENT_ZONE.set(self.zone)
+        CURRENT_SESSION.set(self.session)
         writer_task = asyncio.create_task(self._write_loop())
         try:
             await self._read_loop()
@@ -207,6 +226,9 @@ class Connection:
             self.peer_az = self.zone.az
 
     async def _dispatch(self, frame: bytes) -> None:
+        if self.session.raw_tokens:
+            await self._raw_sasl_token(frame)
+            return
         header, body_pos = m.parse_header(frame)
         if not self.zone.decided:
             self._decide_zone(header)
@@ -228,6 +250,8 @@ class Connection:
             self.internal_tasks.add(task)
             task.add_done_callback(self.internal_tasks.discard)
             return
+        if not self.session.allows_before_authentication(header.api_key):
+            raise m.MalformedRequest(f"api {header.api_key} before SASL authentication")
         if header.api_key == m.API_API_VERSIONS and not m.is_supported(header.api_key, header.api_version):
             # KIP-511: answer at v0 with the supported ranges so the client can downgrade.
             body = {"error_code": ErrorCode.unsupported_version, "api_keys": api_version_entries()}
@@ -249,12 +273,24 @@ class Connection:
         task = asyncio.ensure_future(self._respond(header, request))
         await self.pending.put((header, task))
 
+    async def _raw_sasl_token(self, token: bytes) -> None:
+        # The client sends a token only after reading the handshake's answer: no answer can be
+        # queued behind this one.
+        answer = await self.server.apis.security.raw_sasl_token(token)
+        if answer is None:
+            log.info("closing connection after a failed SASL exchange", peer=self.peer)
+            self.writer.close()
+            return
+        self._write_internal(struct.pack(">i", len(answer)) + answer)
+
     def _answer_auth(self, header: m.RequestHeader, body: dict[str, Any]) -> None:
         """The internal handshake, answered here and now: requests behind it see its outcome."""
         if header.api_key == internal.INTERNAL_AUTH_CHALLENGE:
             answer, close = self.internal_auth.challenge(), False
         else:
             answer, close = self.internal_auth.prove(body, header.client_id)
+            if self.internal_auth.authenticated:
+                self.session.became(CLUSTER_PRINCIPAL)
         self._write_internal(internal.encode_response(header.correlation_id, answer))
         if close:
             REQUEST_ERRORS.labels(reason="internal_auth_failed").inc()
@@ -310,6 +346,11 @@ class Connection:
         # The answer shows this listener's addresses and this AZ's leaders; taken once, since a
         # Fetch rack may refine the AZ while the answer is built.
         variant = (self.zone.listener, self.zone.az)
+        if not self.server.apis.security.metadata_shared():
+            # This principal sees only the topics it may describe: its answer is its own.
+            own = await self.server.apis.handle(header, request)
+            assert own is not None
+            return m.encode_response(header, own)
         cached = cache.get(header, request, generation, variant)
         if cached is not None:
             return cached
@@ -360,6 +401,10 @@ class Connection:
                 self.writer.write(frame)
                 self._count("out", len(frame))
                 await self.writer.drain()
+                if self.session.close_after_answer:
+                    log.info("closing connection after a failed SASL exchange", peer=self.peer)
+                    self.writer.close()
+                    return
         except (ConnectionError, asyncio.CancelledError):
             return
 

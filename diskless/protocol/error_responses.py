@@ -28,7 +28,8 @@ UNKNOWN_SERVER_ERROR_MESSAGE = "The server experienced an unexpected error when 
 _ALIASES: dict[str, tuple[str, ...]] = {
     "responses": ("topic_data", "topics", "topic_names", "resources"),
     "partition_responses": ("partition_data",),
-    "results": ("resources", "topics", "groups_names"),
+    "results": ("resources", "topics", "groups_names", "creations", "users", "upsertions", "deletions"),
+    "filter_results": ("filters",),
     "coordinators": ("coordinator_keys",),
     "groups": ("group_ids",),
     "results_by_topic_v3_and_below": ("v3_and_below_topics",),
@@ -54,8 +55,11 @@ _IDENTITY = frozenset(
         "producer_id",
         "member_id",
         "group_instance_id",
+        "user",
     }
 )
+
+_ANSWERED_TOGETHER = {"upsertions": ("deletions",)}
 
 # Identity fields that the request and the response name differently (Fetch's ``partition``
 # is answered as ``partition_index``).
@@ -65,6 +69,7 @@ _SAME_AS: dict[str, tuple[str, ...]] = {
     "index": ("partition_index",),
     "topic": ("name",),
     "name": ("topic",),
+    "user": ("name",),
 }
 
 # "Unknown" values Kafka uses where kio's schema has no default (-1 offsets, epochs, ids).
@@ -131,6 +136,10 @@ def _request_list(request: Any, name: str) -> tuple[str, Any] | None:
         if candidate in present:
             value = getattr(request, candidate)
             if isinstance(value, tuple):
+                # AlterUserScramCredentials answers its upsertions and deletions in one list.
+                for other in _ANSWERED_TOGETHER.get(candidate, ()):
+                    if other in present and isinstance(getattr(request, other), tuple):
+                        value = (*value, *getattr(request, other))
                 return candidate, value
     return None
 

@@ -63,6 +63,13 @@ API_ELECT_LEADERS = 43
 API_ALTER_PARTITION_REASSIGNMENTS = 45
 API_LIST_PARTITION_REASSIGNMENTS = 46
 API_DESCRIBE_TOPIC_PARTITIONS = 75
+API_SASL_HANDSHAKE = 17  # security (broker/security_apis.py)
+API_SASL_AUTHENTICATE = 36
+API_DESCRIBE_ACLS = 29
+API_CREATE_ACLS = 30
+API_DELETE_ACLS = 31
+API_DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+API_ALTER_USER_SCRAM_CREDENTIALS = 51
 
 # Version ranges we serve. Upper bounds cover what aiokafka 0.14, kafka-python 3, librdkafka 2.x
 # and kcat negotiate; lower bounds are where kio's schemas start (Kafka 4 dropped older ones).
@@ -108,6 +115,14 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     API_ALTER_PARTITION_REASSIGNMENTS: (0, 1),
     API_LIST_PARTITION_REASSIGNMENTS: (0, 0),
     API_DESCRIBE_TOPIC_PARTITIONS: (0, 0),
+    # Security. librdkafka wants SaslHandshake v0 advertised before it uses SASL at all.
+    API_SASL_HANDSHAKE: (0, 1),
+    API_SASL_AUTHENTICATE: (0, 2),
+    API_DESCRIBE_ACLS: (1, 3),
+    API_CREATE_ACLS: (1, 3),
+    API_DELETE_ACLS: (1, 3),
+    API_DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
+    API_ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
 }
 
 _HEADER_FIXED = struct.Struct(">hhih")

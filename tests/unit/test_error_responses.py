@@ -23,6 +23,7 @@ ALL_VERSIONS = [(key, v) for key, (lo, hi) in sorted(m.SUPPORTED_VERSIONS.items(
 
 # Request lists whose items are not answered one by one (the response has no per-item error).
 UNANSWERED = {"protocols", "forgotten_topics_data", "assignments", "configs", "states_filter", "topic_partitions"}
+UNANSWERED |= {"creations"}  # CreateAcls answers its creations by position, with no names
 SCALAR_LISTS = {"topic_names", "groups", "group_ids", "groups_names", "coordinator_keys", "partitions"}
 SCALAR_LISTS |= {"partition_indexes"}
 IDENTITY = {"name", "topic", "topic_id", "partition", "partition_index", "index", "resource_name", "group_id"}

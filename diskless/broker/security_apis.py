@@ -1,0 +1,655 @@
+"""Security APIs and request authorization: SASL (SaslHandshake, SaslAuthenticate), SCRAM users
+(DescribeUserScramCredentials, AlterUserScramCredentials), ACLs (CreateAcls, DescribeAcls,
+DeleteAcls), and the ACL check every other request passes before its handler runs.
+
+SASL state is per connection (``security/session.py``); credentials and ACLs live in the
+security store (``security/store.py``: etcd, or a file for a standalone broker). Authorization
+is on when ``authorizer.class.name`` is set, as in Kafka, and follows Kafka's rules per API:
+Produce, Fetch and Metadata are decided per topic (denied topics are answered
+TOPIC_AUTHORIZATION_FAILED, or left out of an all-topics Metadata, and the handler sees only
+the others); any other request is refused whole, with the error code of the resource kind that
+was denied, when any resource it names is denied. An API this table does not know needs ALTER
+on the cluster (fail closed). Connections that proved the cluster secret are super users.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+import structlog
+from kio.schema.errors import ErrorCode
+
+from diskless.protocol import error_responses
+from diskless.protocol import messages as m
+from diskless.security import acl as a
+from diskless.security.acl import AclBinding, AclFilter, Authorizer, validate_binding
+from diskless.security.scram import (
+    MAX_ITERATIONS,
+    MECHANISM_IDS,
+    MECHANISM_NAMES,
+    MECHANISMS,
+    MIN_ITERATIONS,
+    AuthenticationFailed,
+    ScramServer,
+    credential_from_salted,
+    parse_plain,
+    verify_plain,
+)
+from diskless.security.session import CLUSTER_PRINCIPAL, SecuritySession, current_session
+from diskless.security.store import EtcdSecurityStore, LocalSecurityStore, SecurityStore
+
+from .api_base import ApiFamily
+
+if TYPE_CHECKING:
+    from .broker import Broker
+
+log = structlog.get_logger(__name__)
+
+API_SASL_HANDSHAKE = 17
+API_SASL_AUTHENTICATE = 36
+API_DESCRIBE_ACLS = 29
+API_CREATE_ACLS = 30
+API_DELETE_ACLS = 31
+API_DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+API_ALTER_USER_SCRAM_CREDENTIALS = 51
+
+_DENIED = {
+    a.TOPIC: ErrorCode.topic_authorization_failed,
+    a.GROUP: ErrorCode.group_authorization_failed,
+    a.TRANSACTIONAL_ID: ErrorCode.transactional_id_authorization_failed,
+    a.CLUSTER: ErrorCode.cluster_authorization_failed,
+}
+Check = tuple[int, int, str]  # (operation, resource type, resource name)
+
+
+def _names(items: Any, *fields: str) -> list[str]:
+    out = []
+    for item in items or ():
+        for f in fields:
+            value = item if f == "" else getattr(item, f, None)
+            if isinstance(value, str):
+                out.append(value)
+                break
+    return out
+
+
+def _cluster(op: int) -> list[Check]:
+    return [(op, a.CLUSTER, a.CLUSTER_NAME)]
+
+
+def _topics(op: int, names: list[str]) -> list[Check]:
+    return [(op, a.TOPIC, n) for n in names]
+
+
+def _group(op: int, group: Any) -> list[Check]:
+    return [(op, a.GROUP, group)] if isinstance(group, str) and group else []
+
+
+def _txn(txn_id: Any) -> list[Check]:
+    return [(a.WRITE, a.TRANSACTIONAL_ID, txn_id)] if isinstance(txn_id, str) and txn_id else []
+
+
+def _config_checks(op: int, resources: Any) -> list[Check]:
+    out: list[Check] = []
+    for r in resources or ():
+        if r.resource_type == 2:
+            out.append((op, a.TOPIC, r.resource_name))
+        else:
+            out.append((op, a.CLUSTER, a.CLUSTER_NAME))
+    return out
+
+
+def _find_coordinator(r: Any) -> list[Check]:
+    keys = list(getattr(r, "coordinator_keys", None) or ()) or [getattr(r, "key", "")]
+    kind = a.TRANSACTIONAL_ID if getattr(r, "key_type", 0) == 1 else a.GROUP
+    return [(a.DESCRIBE, kind, k) for k in keys if k]
+
+
+def _offset_fetch(r: Any) -> list[Check]:
+    groups = list(getattr(r, "groups", None) or ())
+    if groups:
+        return [(a.DESCRIBE, a.GROUP, g.group_id) for g in groups]
+    return _group(a.DESCRIBE, getattr(r, "group_id", None))
+
+
+# Every request but Produce, Fetch and Metadata: the resources it needs, all or nothing.
+_CHECKS: dict[int, Callable[[Any], list[Check]]] = {
+    m.API_LIST_OFFSETS: lambda r: _topics(a.DESCRIBE, _names(r.topics, "name")),
+    m.API_OFFSET_FOR_LEADER_EPOCH: lambda r: _topics(a.DESCRIBE, _names(r.topics, "topic", "name")),
+    m.API_CREATE_TOPICS: lambda r: [],  # CREATE on the cluster or each topic: create_topics_checks
+    m.API_DELETE_TOPICS: lambda r: _topics(
+        a.DELETE, _names(getattr(r, "topics", None), "name") or _names(getattr(r, "topic_names", None), "")
+    ),
+    m.API_DELETE_RECORDS: lambda r: _topics(a.DELETE, _names(r.topics, "name")),
+    m.API_CREATE_PARTITIONS: lambda r: _topics(a.ALTER, _names(r.topics, "name")),
+    m.API_DESCRIBE_CONFIGS: lambda r: _config_checks(a.DESCRIBE_CONFIGS, r.resources),
+    m.API_ALTER_CONFIGS: lambda r: _config_checks(a.ALTER_CONFIGS, r.resources),
+    m.API_INCREMENTAL_ALTER_CONFIGS: lambda r: _config_checks(a.ALTER_CONFIGS, r.resources),
+    m.API_FIND_COORDINATOR: _find_coordinator,
+    m.API_JOIN_GROUP: lambda r: _group(a.READ, r.group_id),
+    m.API_SYNC_GROUP: lambda r: _group(a.READ, r.group_id),
+    m.API_HEARTBEAT: lambda r: _group(a.READ, r.group_id),
+    m.API_LEAVE_GROUP: lambda r: _group(a.READ, r.group_id),
+    m.API_OFFSET_COMMIT: lambda r: _group(a.READ, r.group_id) + _topics(a.READ, _names(r.topics, "name")),
+    m.API_OFFSET_FETCH: _offset_fetch,
+    m.API_OFFSET_DELETE: lambda r: _group(a.DELETE, r.group_id) + _topics(a.READ, _names(r.topics, "name")),
+    m.API_DESCRIBE_GROUPS: lambda r: [(a.DESCRIBE, a.GROUP, g) for g in r.groups],
+    m.API_DELETE_GROUPS: lambda r: [(a.DELETE, a.GROUP, g) for g in r.groups_names],
+    m.API_LIST_GROUPS: lambda r: [],  # filtered per group afterwards
+    m.API_CONSUMER_GROUP_HEARTBEAT: lambda r: _group(a.READ, r.group_id),
+    m.API_CONSUMER_GROUP_DESCRIBE: lambda r: [(a.DESCRIBE, a.GROUP, g) for g in r.group_ids],
+    m.API_ADD_PARTITIONS_TO_TXN: lambda r: (
+        _txn(getattr(r, "v3_and_below_transactional_id", None))
+        + _topics(a.WRITE, _names(getattr(r, "v3_and_below_topics", None), "name"))
+    ),
+    m.API_ADD_OFFSETS_TO_TXN: lambda r: _txn(r.transactional_id) + _group(a.READ, r.group_id),
+    m.API_END_TXN: lambda r: _txn(r.transactional_id),
+    m.API_TXN_OFFSET_COMMIT: lambda r: (
+        _txn(r.transactional_id) + _group(a.READ, r.group_id) + _topics(a.READ, _names(r.topics, "name"))
+    ),
+    m.API_DESCRIBE_CLUSTER: lambda r: _cluster(a.DESCRIBE),
+    m.API_WRITE_TXN_MARKERS: lambda r: _cluster(a.CLUSTER_ACTION),
+    API_DESCRIBE_ACLS: lambda r: _cluster(a.DESCRIBE),
+    API_CREATE_ACLS: lambda r: _cluster(a.ALTER),
+    API_DELETE_ACLS: lambda r: _cluster(a.ALTER),
+    API_DESCRIBE_USER_SCRAM_CREDENTIALS: lambda r: _cluster(a.DESCRIBE),
+    API_ALTER_USER_SCRAM_CREDENTIALS: lambda r: _cluster(a.ALTER),
+    # Operations APIs (admin tooling), by key: ElectLeaders, AlterPartitionReassignments,
+    # ListPartitionReassignments, AlterReplicaLogDirs, DescribeLogDirs, DescribeTopicPartitions.
+    43: lambda r: _cluster(a.ALTER),
+    45: lambda r: _cluster(a.ALTER),
+    46: lambda r: _cluster(a.DESCRIBE),
+    34: lambda r: _cluster(a.ALTER),
+    35: lambda r: _cluster(a.DESCRIBE),
+    75: lambda r: _topics(a.DESCRIBE, _names(getattr(r, "topics", None), "name")),
+}
+_ALWAYS = frozenset({m.API_API_VERSIONS, API_SASL_HANDSHAKE, API_SASL_AUTHENTICATE})
+
+
+@dataclasses.dataclass(frozen=True)
+class _Token:
+    auth_bytes: bytes
+
+
+class SecurityApis(ApiFamily):
+    def __init__(self, broker: Broker) -> None:
+        super().__init__(broker)
+        config = broker.config
+        self.mechanisms = [x.strip() for x in config.sasl_enabled_mechanisms.split(",") if x.strip()]
+        self.authorizer: Authorizer | None = None
+        if config.authorizer_class_name:
+            supers = config.super_user_set | {CLUSTER_PRINCIPAL}
+            self.authorizer = Authorizer(supers, config.allow_everyone_if_no_acl_found)
+        self.store: SecurityStore | None = None
+        self._watch: asyncio.Task[None] | None = None
+
+    def handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
+        return {
+            API_SASL_HANDSHAKE: self.sasl_handshake,
+            API_SASL_AUTHENTICATE: self.sasl_authenticate,
+            API_DESCRIBE_USER_SCRAM_CREDENTIALS: self.describe_user_scram_credentials,
+            API_ALTER_USER_SCRAM_CREDENTIALS: self.alter_user_scram_credentials,
+            API_CREATE_ACLS: self.create_acls,
+            API_DESCRIBE_ACLS: self.describe_acls,
+            API_DELETE_ACLS: self.delete_acls,
+        }
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self, etcd_client: Any | None) -> None:
+        """Open the store (the metadata store's etcd client, else a file) and load the ACLs."""
+        config = self.broker.config
+        if etcd_client is not None:
+            self.store = EtcdSecurityStore(etcd_client, config.cluster_id)
+        else:
+            import os
+
+            self.store = LocalSecurityStore(os.path.join(config.log_dirs, "security.json"))
+        if self.authorizer is not None:
+            await self.reload_acls()
+            self._watch = asyncio.create_task(self.store.watch("acls/", self.reload_acls))
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watch
+
+    async def reload_acls(self) -> None:
+        if self.authorizer is not None and self.store is not None:
+            self.authorizer.replace(await self.store.acls())
+
+    def _store(self) -> SecurityStore:
+        if self.store is None:
+            raise RuntimeError("security store not started")
+        return self.store
+
+    # --- authorization --------------------------------------------------------------------------
+
+    def _session(self) -> SecuritySession | None:
+        return current_session()
+
+    def allowed(self, op: int, resource_type: int, name: str) -> bool:
+        session = self._session()
+        if self.authorizer is None or session is None:
+            return True  # no authorizer, or the broker itself (no connection)
+        return self.authorizer.authorize(session.principal, session.host, op, resource_type, name)
+
+    def metadata_shared(self) -> bool:
+        """Whether this connection's Metadata answers may come from (and go to) the shared cache."""
+        return self._bypass()
+
+    def _bypass(self) -> bool:
+        session = self._session()
+        return self.authorizer is None or session is None or session.principal in self.authorizer.super_users
+
+    async def handle_authorized(
+        self, header: m.RequestHeader, request: Any, handle: Callable[[Any], Awaitable[dict[str, Any] | None]]
+    ) -> dict[str, Any] | None:
+        """Run ``handle`` on the part of ``request`` this connection's principal may do; answer the
+        rest with Kafka's authorization errors."""
+        key = header.api_key
+        if key in _ALWAYS or self._bypass():
+            return await handle(request)
+        if key == m.API_PRODUCE:
+            return await self._per_topic(header, request, "topic_data", a.WRITE, handle, self._produce_checks)
+        if key == m.API_FETCH:
+            return await self._per_topic(header, request, "topics", a.READ, handle, None)
+        if key == m.API_METADATA:
+            return await self._metadata(request, handle)
+        if key == m.API_INIT_PRODUCER_ID:
+            return await self._init_producer_id(header, request, handle)
+        if key == m.API_CREATE_TOPICS:
+            checks = (
+                []
+                if self.allowed(a.CREATE, a.CLUSTER, a.CLUSTER_NAME)
+                else _topics(a.CREATE, _names(request.topics, "name"))
+            )
+        else:
+            rule = _CHECKS.get(key)
+            checks = rule(request) if rule is not None else _cluster(a.ALTER)
+        for op, kind, name in checks:
+            if not self.allowed(op, kind, name):
+                log.info("request denied", principal=self._principal(), api=key, operation=op, resource=name)
+                return error_responses.error_response(key, header.api_version, request, _DENIED[kind])
+        body = await handle(request)
+        if key == m.API_LIST_GROUPS and body is not None and not self.allowed(a.DESCRIBE, a.CLUSTER, a.CLUSTER_NAME):
+            body["groups"] = [g for g in body.get("groups", []) if self.allowed(a.DESCRIBE, a.GROUP, g["group_id"])]
+        return body
+
+    def _principal(self) -> str:
+        session = self._session()
+        return session.principal if session is not None else CLUSTER_PRINCIPAL
+
+    def _produce_checks(self, request: Any) -> ErrorCode | None:
+        txn = getattr(request, "transactional_id", None)
+        if txn and not self.allowed(a.WRITE, a.TRANSACTIONAL_ID, txn):
+            return ErrorCode.transactional_id_authorization_failed
+        return None
+
+    def _topic_name(self, item: Any) -> str | None:
+        name = getattr(item, "name", None) or getattr(item, "topic", None)
+        if name:
+            return str(name)
+        topic_id = getattr(item, "topic_id", None)
+        if topic_id is not None:
+            for meta in self._meta.topics.values():
+                if meta.topic_id == str(topic_id):
+                    return str(meta.name)
+        return None
+
+    async def _per_topic(
+        self,
+        header: m.RequestHeader,
+        request: Any,
+        field: str,
+        op: int,
+        handle: Callable[[Any], Awaitable[dict[str, Any] | None]],
+        whole: Callable[[Any], ErrorCode | None] | None,
+    ) -> dict[str, Any] | None:
+        if whole is not None:
+            code = whole(request)
+            if code is not None:
+                return error_responses.error_response(header.api_key, header.api_version, request, code)
+        items = tuple(getattr(request, field))
+        allowed = []
+        denied = []
+        for item in items:
+            name = self._topic_name(item)
+            (allowed if name is not None and self.allowed(op, a.TOPIC, name) else denied).append(item)
+        if not denied:
+            return await handle(request)
+        log.info("topics denied", principal=self._principal(), api=header.api_key, count=len(denied))
+        refused = error_responses.error_response(
+            header.api_key,
+            header.api_version,
+            dataclasses.replace(request, **{field: tuple(denied)}),
+            ErrorCode.topic_authorization_failed,
+        )
+        if not allowed:
+            if header.api_key == m.API_PRODUCE and getattr(request, "acks", -1) == 0:
+                return None
+            return refused
+        body = await handle(dataclasses.replace(request, **{field: tuple(allowed)}))
+        if body is None:
+            return None
+        body["responses"] = [*body.get("responses", []), *refused.get("responses", [])]
+        return body
+
+    async def _metadata(
+        self, request: Any, handle: Callable[[Any], Awaitable[dict[str, Any] | None]]
+    ) -> dict[str, Any] | None:
+        requested = getattr(request, "topics", None)
+        denied: list[str] = []
+        if requested is not None:
+            keep = []
+            for item in requested:
+                name = self._topic_name(item)
+                if name is not None and not self.allowed(a.DESCRIBE, a.TOPIC, name):
+                    denied.append(name)
+                else:
+                    keep.append(item)
+            changes: dict[str, Any] = {"topics": tuple(keep)}
+            if getattr(request, "allow_auto_topic_creation", False) and not self.allowed(
+                a.CREATE, a.CLUSTER, a.CLUSTER_NAME
+            ):
+                changes["allow_auto_topic_creation"] = False
+            if denied or "allow_auto_topic_creation" in changes:
+                request = dataclasses.replace(request, **changes)
+        body = await handle(request)
+        if body is None:
+            return None
+        topics = [t for t in body.get("topics", []) if t.get("name") is None or self._describable(t["name"])]
+        topics += [
+            {"error_code": ErrorCode.topic_authorization_failed, "name": name, "partitions": []} for name in denied
+        ]
+        body["topics"] = topics
+        return body
+
+    def _describable(self, name: str) -> bool:
+        return self.allowed(a.DESCRIBE, a.TOPIC, name)
+
+    async def _init_producer_id(
+        self, header: m.RequestHeader, request: Any, handle: Callable[[Any], Awaitable[dict[str, Any] | None]]
+    ) -> dict[str, Any] | None:
+        txn = getattr(request, "transactional_id", None)
+        if txn:
+            ok, code = self.allowed(a.WRITE, a.TRANSACTIONAL_ID, txn), ErrorCode.transactional_id_authorization_failed
+        else:
+            # Idempotent producers: IDEMPOTENT_WRITE on the cluster, or WRITE on any topic (KIP-679).
+            ok = self.allowed(a.IDEMPOTENT_WRITE, a.CLUSTER, a.CLUSTER_NAME) or self._writes_some_topic()
+            code = ErrorCode.cluster_authorization_failed
+        if not ok:
+            return error_responses.error_response(header.api_key, header.api_version, request, code)
+        return await handle(request)
+
+    def _writes_some_topic(self) -> bool:
+        assert self.authorizer is not None
+        session = self._session()
+        assert session is not None
+        kind = session.principal.partition(":")[0]
+        principals = (session.principal, f"{kind}:*")
+        grants = [
+            b
+            for b in self.authorizer.bindings()
+            if b.resource_type == a.TOPIC and b.principal in principals and b.operation in (a.WRITE, a.ALL)
+        ]
+        if any(b.permission_type == a.ALLOW for b in grants):
+            return True
+        return self.authorizer.allow_everyone_if_no_acl_found and not self.authorizer.bindings()
+
+    # --- SASL -----------------------------------------------------------------------------------
+
+    def sasl_handshake(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        session = self._session()
+        if session is None or not session.sasl or session.authenticated:
+            return {"error_code": ErrorCode.illegal_sasl_state, "mechanisms": self.mechanisms}
+        if request.mechanism not in self.mechanisms:
+            session.close_after_answer = True
+            return {"error_code": ErrorCode.unsupported_sasl_mechanism, "mechanisms": self.mechanisms}
+        session.mechanism = request.mechanism
+        session.raw_tokens = header.api_version == 0
+        return {"error_code": ErrorCode.none, "mechanisms": self.mechanisms}
+
+    async def raw_sasl_token(self, token: bytes) -> bytes | None:
+        """One bare SASL token after SaslHandshake v0: the answer token, or None (close, as Kafka)."""
+        header = m.RequestHeader(API_SASL_AUTHENTICATE, 0, 0, None)
+        answer = await self.sasl_authenticate(header, _Token(token))
+        return None if answer["error_code"] != ErrorCode.none else bytes(answer["auth_bytes"])
+
+    async def sasl_authenticate(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        session = self._session()
+        if session is None or session.mechanism is None or session.authenticated:
+            if session is not None:
+                session.close_after_answer = True
+            return self._sasl_answer(ErrorCode.illegal_sasl_state, "SaslAuthenticate before SaslHandshake")
+        mechanism = session.mechanism
+        try:
+            if mechanism == "PLAIN":
+                _, user, password = parse_plain(bytes(request.auth_bytes))
+                if not await self._plain_ok(user, password):
+                    raise AuthenticationFailed(f"invalid PLAIN credentials for user {user!r}")
+                session.became(f"User:{user}")
+                return self._sasl_answer(ErrorCode.none, None)
+            if session.scram is None:
+                scram = ScramServer(mechanism)
+                user = scram.client_first(bytes(request.auth_bytes))
+                session.scram = scram
+                credential = await self._store().credential(user, mechanism)
+                return self._sasl_answer(ErrorCode.none, None, scram.server_first(credential))
+            final = session.scram.client_final(bytes(request.auth_bytes))
+            session.became(f"User:{session.scram.username}")
+            return self._sasl_answer(ErrorCode.none, None, final)
+        except AuthenticationFailed as exc:
+            log.warning("SASL authentication failed", mechanism=mechanism, reason=str(exc))
+            session.close_after_answer = True
+            message = (
+                "Authentication failed during authentication due to invalid credentials with SASL mechanism "
+                + mechanism
+            )
+            return self._sasl_answer(ErrorCode.sasl_authentication_failed, message)
+
+    async def _plain_ok(self, user: str, password: str) -> bool:
+        for mechanism in MECHANISMS:
+            credential = await self._store().credential(user, mechanism)
+            if credential is not None:
+                # PBKDF2 of the password: off the event loop (thousands of iterations).
+                return await asyncio.to_thread(verify_plain, password, credential)
+        return False
+
+    @staticmethod
+    def _sasl_answer(code: ErrorCode, message: str | None, auth: bytes = b"") -> dict[str, Any]:
+        return {"error_code": code, "error_message": message, "auth_bytes": auth, "session_lifetime": 0}
+
+    # --- SCRAM users ----------------------------------------------------------------------------
+
+    async def describe_user_scram_credentials(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        everyone = await self._store().credentials()
+        wanted = None if request.users is None else [u.name for u in request.users]
+        results = []
+        names = wanted if wanted else sorted(everyone)
+        counts = {n: names.count(n) for n in names}
+        for name in dict.fromkeys(names):
+            if counts[name] > 1:
+                results.append(self._user_result(name, ErrorCode.duplicate_resource, "Cannot describe a user twice"))
+            elif name not in everyone:
+                results.append(
+                    self._user_result(
+                        name, ErrorCode.resource_not_found, f"Attempt to describe nonexistent user {name}"
+                    )
+                )
+            else:
+                infos = [
+                    {"mechanism": MECHANISM_IDS[c.mechanism], "iterations": c.iterations}
+                    for c in sorted(everyone[name], key=lambda c: MECHANISM_IDS[c.mechanism])
+                ]
+                results.append({**self._user_result(name, ErrorCode.none, None), "credential_infos": infos})
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "results": results}
+
+    @staticmethod
+    def _user_result(user: str, code: ErrorCode, message: str | None) -> dict[str, Any]:
+        return {"user": user, "error_code": code, "error_message": message, "credential_infos": []}
+
+    async def alter_user_scram_credentials(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        store = self._store()
+        errors: dict[str, tuple[ErrorCode, str]] = {}
+        seen: dict[tuple[str, int], int] = {}
+        for change in (*request.deletions, *request.upsertions):
+            seen[(change.name, change.mechanism)] = seen.get((change.name, change.mechanism), 0) + 1
+        order = list(dict.fromkeys(c.name for c in (*request.deletions, *request.upsertions)))
+        for (name, mechanism), count in seen.items():
+            if not name:
+                errors.setdefault(name, (ErrorCode.unacceptable_credential, "Username must not be empty"))
+            elif count > 1:
+                errors.setdefault(name, (ErrorCode.duplicate_resource, "A user credential cannot be altered twice"))
+            elif mechanism not in MECHANISM_NAMES:
+                errors.setdefault(name, (ErrorCode.unsupported_sasl_mechanism, "Unknown SCRAM mechanism"))
+        for upsert in request.upsertions:
+            if upsert.name not in errors and not MIN_ITERATIONS <= upsert.iterations <= MAX_ITERATIONS:
+                errors[upsert.name] = (
+                    ErrorCode.unacceptable_credential,
+                    f"Iterations must be between {MIN_ITERATIONS} and {MAX_ITERATIONS}",
+                )
+        for delete in request.deletions:
+            if delete.name in errors:
+                continue
+            if await store.credential(delete.name, MECHANISM_NAMES[delete.mechanism]) is None:
+                errors[delete.name] = (
+                    ErrorCode.resource_not_found,
+                    "Attempt to delete a user credential that does not exist",
+                )
+        for delete in request.deletions:
+            if delete.name not in errors:
+                await store.delete_credential(delete.name, MECHANISM_NAMES[delete.mechanism])
+        for upsert in request.upsertions:
+            if upsert.name not in errors:
+                mechanism = MECHANISM_NAMES[upsert.mechanism]
+                credential = credential_from_salted(
+                    mechanism, bytes(upsert.salted_password), bytes(upsert.salt), upsert.iterations
+                )
+                await store.put_credential(upsert.name, credential)
+                log.info("SCRAM credential set", user=upsert.name, mechanism=mechanism, by=self._principal())
+        results = [
+            {
+                "user": name,
+                "error_code": errors.get(name, (ErrorCode.none, None))[0],
+                "error_message": errors.get(name, (None, None))[1],
+            }
+            for name in order
+        ]
+        return {"throttle_time": 0, "results": results}
+
+    # --- ACLs -----------------------------------------------------------------------------------
+
+    def _security_disabled(self) -> bool:
+        return self.authorizer is None
+
+    async def create_acls(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        results = []
+        added = False
+        for c in request.creations:
+            if self._security_disabled():
+                results.append(
+                    {"error_code": ErrorCode.security_disabled, "error_message": "No authorizer is configured"}
+                )
+                continue
+            binding = AclBinding(
+                c.resource_type,
+                c.resource_name,
+                c.resource_pattern_type,
+                c.principal,
+                c.host,
+                c.operation,
+                c.permission_type,
+            )
+            problem = validate_binding(binding)
+            if problem is not None:
+                results.append({"error_code": ErrorCode.invalid_request, "error_message": problem})
+                continue
+            await self._store().add_acl(binding)
+            added = True
+            log.info("ACL created", acl=str(binding), by=self._principal())
+            results.append({"error_code": ErrorCode.none, "error_message": None})
+        if added:
+            await self.reload_acls()  # this broker at once; the others through their watch
+        return {"throttle_time": 0, "results": results}
+
+    async def describe_acls(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        if self._security_disabled():
+            return {
+                "throttle_time": 0,
+                "error_code": ErrorCode.security_disabled,
+                "error_message": "No authorizer is configured",
+                "resources": [],
+            }
+        flt = AclFilter(
+            request.resource_type_filter,
+            request.resource_name_filter,
+            request.pattern_type_filter,
+            request.principal_filter,
+            request.host_filter,
+            request.operation,
+            request.permission_type,
+        )
+        grouped: dict[tuple[int, str, int], list[dict[str, Any]]] = {}
+        for b in await self._store().acls():
+            if flt.matches(b):
+                grouped.setdefault((b.resource_type, b.resource_name, b.pattern_type), []).append(
+                    {
+                        "principal": b.principal,
+                        "host": b.host,
+                        "operation": b.operation,
+                        "permission_type": b.permission_type,
+                    }
+                )
+        resources = [
+            {"resource_type": t, "resource_name": n, "pattern_type": p, "acls": acls}
+            for (t, n, p), acls in sorted(grouped.items())
+        ]
+        return {"throttle_time": 0, "error_code": ErrorCode.none, "error_message": None, "resources": resources}
+
+    async def delete_acls(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        results = []
+        bindings = [] if self._security_disabled() else await self._store().acls()
+        deleted = False
+        for f in request.filters:
+            if self._security_disabled():
+                results.append(
+                    {
+                        "error_code": ErrorCode.security_disabled,
+                        "error_message": "No authorizer is configured",
+                        "matching_acls": [],
+                    }
+                )
+                continue
+            flt = AclFilter(
+                f.resource_type_filter, f.resource_name_filter, f.pattern_type_filter,
+                f.principal_filter, f.host_filter, f.operation, f.permission_type,
+            )  # fmt: skip
+            matching = []
+            for b in bindings:
+                if flt.matches(b):
+                    await self._store().delete_acl(b)
+                    deleted = True
+                    log.info("ACL deleted", acl=str(b), by=self._principal())
+                    matching.append(
+                        {
+                            "error_code": ErrorCode.none,
+                            "error_message": None,
+                            "resource_type": b.resource_type,
+                            "resource_name": b.resource_name,
+                            "pattern_type": b.pattern_type,
+                            "principal": b.principal,
+                            "host": b.host,
+                            "operation": b.operation,
+                            "permission_type": b.permission_type,
+                        }
+                    )
+            results.append({"error_code": ErrorCode.none, "error_message": None, "matching_acls": matching})
+        if deleted:
+            await self.reload_acls()
+        return {"throttle_time": 0, "filter_results": results}
