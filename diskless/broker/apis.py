@@ -27,6 +27,7 @@ from .fetch_apis import FetchApis
 from .logdir_apis import LogDirApis
 from .metadata_apis import MetadataApis
 from .produce_apis import ProduceApis
+from .tier_rpcs import TierRpcs
 from .reassign_apis import ReassignApis
 from .security_apis import SecurityApis
 from .txn_apis import TxnApis
@@ -50,6 +51,7 @@ class KafkaApis:
         self.configs = ConfigApis(broker)
         self.txn = TxnApis(broker)
         self.diskless = DisklessRpcs(broker)
+        self.tier = TierRpcs(broker)
         self.security = SecurityApis(broker)
         self.zone_policy = broker.config.zone_policy()
         self._handlers: dict[int, Callable[[m.RequestHeader, Any], Any]] = {
@@ -65,6 +67,8 @@ class KafkaApis:
             internal.INTERNAL_AWAIT_REPLICATED: self.diskless.await_replicated,
             internal.INTERNAL_FETCH_POINTERS: self.diskless.fetch_pointers_rpc,
             internal.INTERNAL_WAL_REFERENCES: self.diskless.wal_references_rpc,
+            internal.INTERNAL_TIERABLE_RANGES: self.tier.tierable_ranges_rpc,
+            internal.INTERNAL_TIER_COMMIT: self.tier.tier_commit_rpc,
         }
         # KIP-890-style verification of transactional diskless commits (txn_verification_rpcs.py).
         self.txn_verification = TxnVerificationRpcs(broker)

@@ -13,12 +13,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.cluster.metadata import PartitionState
 from diskless.cluster.zones import zone_aligned_leader
-from diskless.log.partition_log import OffsetOutOfRange, PartitionLog
+from diskless.fetch.tier_reader import TierReader
+from diskless.log.partition_log import TIERED, OffsetMovedToTiered, OffsetOutOfRange, PartitionLog
 from diskless.log.segment import POINTERS
 from diskless.metrics import DISKLESS_FOLLOWER_READS
 from diskless.protocol import internal
@@ -42,6 +44,18 @@ from .client_zone import current_client_az
 from .quiet_fetches import QuietReplicaFetches
 
 log = structlog.get_logger(__name__)
+
+
+class TieredRead(bytes):
+    """A TIERED read result's descriptor, waiting in ``remote`` beside pointer entries to be served."""
+
+
+def _tiered_size(descriptor: bytes) -> int:
+    """What serving a TIERED read will return, at most (fetch size accounting)."""
+    if not descriptor:
+        return 0
+    d = msgpack.unpackb(descriptor)
+    return max(1, min(int(d["max_bytes"]), int(d["segment"]["size"])))
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +187,9 @@ class FetchApis(ApiFamily):
                     {"producer_id": pid, "first_offset": first} for pid, first in answer.get("aborted_transactions", [])
                 ]
             data = answer.get("data", b"")
+            if answer.get("kind") == TIERED and data:
+                remote.append((entry, TieredRead(data)))
+                return _tiered_size(data)
             if answer.get("kind") == POINTERS and data:
                 remote.append((entry, data))
                 return pointer.served_size(data)
@@ -221,6 +238,13 @@ class FetchApis(ApiFamily):
         reader = self.broker.wal_reader
 
         async def one(entry: dict[str, Any], raw: bytes) -> None:
+            if isinstance(raw, TieredRead):
+                try:
+                    entry["records"] = await self._tier_reader().read(bytes(raw))
+                except Exception as exc:
+                    log.warning("serving tiered batches failed", error=str(exc))
+                    entry["error_code"] = ErrorCode.kafka_storage_error
+                return
             entries = pointer.iter_entries(raw)
             pointers = [e for e in entries if isinstance(e, pointer.PointerEntry)]
             try:
@@ -235,6 +259,16 @@ class FetchApis(ApiFamily):
             )
 
         await asyncio.gather(*(one(entry, raw) for entry, raw in remote))
+
+    def _tier_reader(self) -> TierReader:
+        """Segment objects are read with the broker's store and share the WAL objects' cache."""
+        reader = getattr(self, "_tiers", None)
+        if reader is None:
+            wal_reader = self.broker.wal_reader
+            if wal_reader is None:
+                raise RuntimeError("no object storage configured")
+            reader = self._tiers = TierReader(wal_reader.store, wal_reader.cache)
+        return reader
 
     def _fetch_once(
         self, request: Any
@@ -314,8 +348,14 @@ class FetchApis(ApiFamily):
                             entry["diverging_epoch"] = {"epoch": diverging.epoch, "end_offset": diverging.end_offset}
                             has_error = True  # answer now: the follower must truncate before fetching on
                         else:
-                            result = plog.read(p.fetch_offset, limit, max_offset=max_offset, min_one=total == 0)
-                            if result.kind == POINTERS and follower >= 0:
+                            # Replicas copy pointer entries; consumers read tiered ranges from segments.
+                            result = plog.read(
+                                p.fetch_offset, limit, max_offset=max_offset, min_one=total == 0, tiered=follower < 0
+                            )
+                            if result.kind == TIERED:
+                                remote.append((entry, TieredRead(result.records)))
+                                total += _tiered_size(result.records)
+                            elif result.kind == POINTERS and follower >= 0:
                                 entry["records"] = wrap_pointers(result.records)
                                 total += len(result.records)
                             elif result.kind == POINTERS:
@@ -329,6 +369,10 @@ class FetchApis(ApiFamily):
                                 entry["aborted_transactions"] = [
                                     {"producer_id": a.producer_id, "first_offset": a.first_offset} for a in aborted
                                 ]
+                    except OffsetMovedToTiered:
+                        # A replica behind our pointer entries takes our tier state and resumes after it.
+                        entry["records"] = plog.tier_state_for_replica()
+                        total += len(entry["records"])
                     except OffsetOutOfRange:
                         entry["error_code"] = ErrorCode.offset_out_of_range
                     entry["high_watermark"] = plog.high_watermark

@@ -15,12 +15,20 @@ import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import msgpack
 
 from diskless.protocol import records
 from diskless.storage import pointer, segment_object
-from diskless.tiering.entry import Tier, TierCommitError, decode_tier_batch, may_be_tier, tier_batch
+from diskless.tiering.entry import (
+    Tier,
+    TierCommitError,
+    decode_tier_batch,
+    may_be_tier,
+    tier_batch,
+    wrap_tier_state,
+)
 
 from .config import LogConfig
 from .leader_epoch import LeaderEpochCache
@@ -805,6 +813,25 @@ class PartitionLog:
         self._append(pointer.encode_inline_entry(batch), offset, offset, now_ms, now_ms, POINTERS)
         self._add_tier(Tier(info, offset))
         return offset
+
+    def tier_state_for_replica(self) -> bytes:
+        """What a replica fetching below our pointer entries gets (``adopt_tier_state`` there)."""
+        aborted = [[a.producer_id, a.first_offset, a.last_offset] for a in self._tiered_aborts]
+        resume = self.segments[0].base_offset
+        tiers = [t for t in self.tiers if t.entry_offset < resume]
+        return wrap_tier_state(tiers, aborted, self.log_start_offset, resume)
+
+    def adopt_tier_state(self, state: dict[str, Any], now_ms: int) -> None:
+        """A follower behind the leader's pointer entries: drop our log and continue where the
+        leader's entries resume, with its tiers (committed there) serving everything below."""
+        resume = int(state["resume"])
+        self.truncate_fully_and_start_at(resume, now_ms)
+        self.tiers = list(state["tiers"])
+        self._tiered_aborts = [AbortedTxn(*a) for a in state["aborted"]]
+        self.log_start_offset = min(resume, int(state["log_start"]))
+        self._set_log_start(self.log_start_offset)
+        self._write_tier_manifest()
+        self._rebuild_txn_index()
 
     def _tier_of_entry(
         self, entry: bytes | bytearray | memoryview, header: records.BatchHeader

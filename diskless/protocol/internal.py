@@ -28,6 +28,8 @@ INTERNAL_VERIFY_TXN = 32021  # leader -> transaction coordinator: is the partiti
 INTERNAL_AUTH_CHALLENGE = 32030  # -> a fresh server nonce
 INTERNAL_AUTH_PROVE = 32031  # HMAC proof of the secret over both nonces -> the server's proof back
 AUTH_APIS = frozenset({INTERNAL_AUTH_CHALLENGE, INTERNAL_AUTH_PROVE})
+INTERNAL_TIERABLE_RANGES = 32010  # tier job -> leader: ranges it may tier next (broker/tier_rpcs.py)
+INTERNAL_TIER_COMMIT = 32011  # tier job -> leader: offsets [a, b] now live in a segment object
 INTERNAL_APIS = frozenset(
     {
         INTERNAL_VERIFY_TXN_PARTITION,
@@ -36,6 +38,8 @@ INTERNAL_APIS = frozenset(
         INTERNAL_FETCH_POINTERS,
         INTERNAL_WAL_REFERENCES,
         INTERNAL_AWAIT_REPLICATED,
+        INTERNAL_TIERABLE_RANGES,
+        INTERNAL_TIER_COMMIT,
         INTERNAL_AUTH_CHALLENGE,
         INTERNAL_AUTH_PROVE,
     }

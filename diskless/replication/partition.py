@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from diskless.cluster.metadata import PartitionState
 from diskless.log.leader_epoch import UNDEFINED_EPOCH
 from diskless.log.partition_log import PartitionLog
+from diskless.tiering.entry import unwrap_tier_state
 
 from .follower_reads import FollowerView
 from .leader_state import LeaderState
@@ -191,6 +192,11 @@ class Partition:
         ``sent_ms`` is when the replica fetch was sent: the leader's state in the answer is at least
         that recent, but an answer read late (this process paused, a slow connection) is no fresher.
         """
+        tier_state = unwrap_tier_state(records) if records else None
+        if tier_state is not None:
+            # We are behind the leader's pointer entries: its tiers hold that range (tiering).
+            self.log.adopt_tier_state(tier_state, now_ms)
+            records = b""
         entries = unwrap_pointers(records) if records else None
         if entries is not None:
             self.log.append_pointers_as_follower(entries, now_ms)

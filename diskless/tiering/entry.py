@@ -60,6 +60,31 @@ class Tier:
         return cls(SegmentInfo.from_dict(data[0]), int(data[1]))  # type: ignore[arg-type, call-overload]
 
 
+# A replica fetch below the pointer entries a leader still has (a follower that fell behind a
+# tier, a new replica) is answered with the leader's tier state instead of entries: this envelope
+# (base offset -2, unlike any batch or the pointer envelope's -1) around a msgpack map of the tiers,
+# the aborted transactions of tiered ranges, the log start and the offset pointer entries resume at.
+_TIER_ENVELOPE = struct.Struct(">qi")
+_TIER_MARK = -2
+
+
+def wrap_tier_state(tiers: list[Tier], aborted: list[list[int]], log_start: int, resume: int) -> bytes:
+    body = msgpack.packb(
+        {"tiers": [t.to_list() for t in tiers], "aborted": aborted, "log_start": log_start, "resume": resume}
+    )
+    return _TIER_ENVELOPE.pack(_TIER_MARK, len(body)) + body
+
+
+def unwrap_tier_state(data: bytes | memoryview) -> dict[str, object] | None:
+    """The tier state a replica fetch answered with, or None for entries or batches."""
+    if len(data) < _TIER_ENVELOPE.size or _TIER_ENVELOPE.unpack_from(data, 0)[0] != _TIER_MARK:
+        return None
+    _, length = _TIER_ENVELOPE.unpack_from(data, 0)
+    state = msgpack.unpackb(bytes(data[_TIER_ENVELOPE.size : _TIER_ENVELOPE.size + length]))
+    state["tiers"] = [Tier.from_list(t) for t in state["tiers"]]
+    return state
+
+
 def tier_batch(info: SegmentInfo, now_ms: int) -> bytes:
     """The control batch recording ``info`` (base offset 0: the log assigns it)."""
     key = _CONTROL_KEY.pack(0, TIER_CONTROL_TYPE)

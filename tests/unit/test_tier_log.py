@@ -16,7 +16,7 @@ from diskless.log.segment import POINTERS
 from diskless.protocol import records
 from diskless.storage import pointer
 from diskless.storage.segment_object import SegmentInfo, SegmentWriter
-from diskless.tiering.entry import TierCommitError
+from diskless.tiering.entry import TierCommitError, unwrap_tier_state
 
 TOPIC_ID = "t-id"
 
@@ -156,3 +156,24 @@ def test_retention_and_delete_records_on_tiered_ranges(tmp_path: Path) -> None:
     assert log.log_start_offset == 2
     log.apply_retention(T0 + 10_000)  # the tier and the pointer segments after it expire
     assert log.log_start_offset >= 6 and not log.tiers and not log.references(info.log_key)
+
+
+def test_replica_behind_the_leaders_pointers_adopts_its_tiers(tmp_path: Path) -> None:
+    leader, served = pointer_log(tmp_path / "leader")
+    info = segment_of(leader, served, 0, 5)
+    leader.append_tier_as_leader(info, 0, T0)
+    leader.high_watermark = leader.log_end_offset
+    commit_batch(leader, "wal/after")
+    fresh = open_log(tmp_path / "fresh", segment_bytes=300, diskless_enabled=True, commit=False)
+    with pytest.raises(OffsetMovedToTiered):
+        leader.read(fresh.log_end_offset, 1 << 20, tiered=False)
+    state = unwrap_tier_state(leader.tier_state_for_replica())
+    assert state is not None
+    fresh.adopt_tier_state(state, T0)
+    while fresh.log_end_offset < leader.log_end_offset:
+        data = leader.read(fresh.log_end_offset, 1 << 20, tiered=False, max_offset=leader.log_end_offset).records
+        fresh.append_pointers_as_follower(data, T0)
+    fresh.high_watermark = leader.high_watermark
+    assert fresh.log_start_offset == 0 and [t.info for t in fresh.tiers] == [info]
+    assert fresh.read(0, 100).kind == TIERED and fresh.read(0, 100).records == leader.read(0, 100).records
+    assert fresh.references("wal/after") and not fresh.references("wal/obj-0")
