@@ -10,13 +10,28 @@ Kafka's sequence checks); the leader's verification is a fake whose answers the 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from typing import Any
 
 from batches import values_batch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
-from test_representative_order import PRODUCER_ID, TOPIC, TOPIC_ID, FakeBroker, FakeCluster, FakeStore, Faults
+from test_representative_order import (
+    BROKERS,
+    PRODUCER_ID,
+    TOPIC,
+    TOPIC_ID,
+    FakeBroker,
+    FakeCluster,
+    FakeConn,
+    FakeStore,
+    Faults,
+    produce_partition,
+)
 
 from diskless.produce.representative import Representative, TxnCheck
+from diskless.protocol import internal
 
 NOT_ENOUGH_REPLICAS = int(ErrorCode.not_enough_replicas)
 
@@ -106,3 +121,91 @@ async def test_close_answers_batches_still_being_verified() -> None:
     waiting = rep.submit(TOPIC, TOPIC_ID, 0, txn_batch(0), 1, check(0))
     await rep.close()
     assert (await asyncio.wait_for(waiting, 5))["error_code"] == int(ErrorCode.kafka_storage_error)
+
+
+# --- verification under the representative's faults, idempotent producers with 5 in flight ----------
+
+
+class RandomVerification:
+    """The leaders' VerifyTxnPartition with varying delays and chosen (retriable) failures."""
+
+    def __init__(self, delays: list[int], failures: set[int]) -> None:
+        self.delays = itertools.cycle(delays)
+        self.failures = failures
+        self.calls = 0
+
+    async def verify_partition(self, body: dict[str, Any]) -> dict[str, Any]:
+        self.calls += 1
+        call = self.calls
+        await asyncio.sleep(next(self.delays) / 1000)  # answers come back out of order
+        if call in self.failures:
+            return {"error_code": NOT_ENOUGH_REPLICAS}
+        return {"error_code": 0, "guard": [0, 0, call]}
+
+
+class VerifyingConn(FakeConn):
+    def __init__(self, cluster: FakeCluster, node: int, verification: RandomVerification) -> None:
+        super().__init__(cluster, node)
+        self.verification = verification
+
+    def send_internal(self, api_key: int, body: dict[str, Any]) -> asyncio.Future[Any]:
+        if api_key == internal.INTERNAL_VERIFY_TXN_PARTITION:
+            return asyncio.ensure_future(self.verification.verify_partition(body))
+        return super().send_internal(api_key, body)
+
+
+class TxnProducer:
+    """What ``produce_partition`` submits through: every batch transactional."""
+
+    def __init__(self, rep: Representative) -> None:
+        self.rep = rep
+
+    def submit(self, topic: str, topic_id: str, partition: int, batch: bytes, acks: int) -> Any:
+        return self.rep.submit(topic, topic_id, partition, batch, acks, TxnCheck("txn", PRODUCER_ID, 0, 2**62))
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    partitions=st.integers(1, 3),
+    count=st.integers(3, 10),
+    verify_delays=st.lists(st.integers(0, 5), min_size=1, max_size=6),
+    verify_failures=st.sets(st.integers(1, 40), max_size=6),
+    put_failures=st.sets(st.integers(1, 30), max_size=4),
+    moves=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 2)), max_size=4),
+)
+def test_verification_never_makes_a_producer_see_a_gap(
+    partitions: int,
+    count: int,
+    verify_delays: list[int],
+    verify_failures: set[int],
+    put_failures: set[int],
+    moves: list[tuple[int, int]],
+) -> None:
+    """Verifications answered out of order and failing retriably, PUTs failing, leaders moving:
+    the producer never sees OUT_OF_ORDER_SEQUENCE or a gap, and every batch lands once, in order."""
+
+    async def scenario() -> tuple[FakeCluster, list[str], Representative]:
+        cluster = FakeCluster(partitions, [(a, p % partitions) for a, p in moves], [0, 1], Faults(put=put_failures))
+        broker = FakeBroker(cluster, 32 * 1024 * 1024, 100)
+        verification = RandomVerification(verify_delays, verify_failures)
+        broker.apis.txn_verification = verification  # type: ignore[attr-defined]
+        broker.peers.conns = {n: VerifyingConn(cluster, n, verification) for n in BROKERS}
+        rep = Representative(broker, FakeStore(put_failures, [0, 2]), lambda key, data: None)  # type: ignore[arg-type]
+        problems: list[str] = []
+        producer = TxnProducer(rep)
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(produce_partition(producer, cluster, p, count, problems) for p in range(partitions))),
+                20,
+            )
+        except TimeoutError:
+            problems.append("wedged: producers still waiting after 20 s")
+        finally:
+            await rep.close()
+        return cluster, problems, rep
+
+    cluster, problems, rep = asyncio.run(scenario())
+    assert problems == []
+    for p, log in cluster.logs.items():
+        assert log.seqs == list(range(count)), f"partition {p}"
+    assert rep.pipeline.pending == 0 and not rep._verifying
