@@ -121,11 +121,22 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="one listener per broker instead of one per AZ (clients then say their AZ otherwise: README)",
     )
+    reassign = sub.add_parser(
+        "reassign", help="plan, apply and follow partition reassignments: scale-out, decommission (reassign.py)"
+    )
+    from diskless.reassign import add_arguments as reassign_arguments
+
+    reassign_arguments(reassign)
     bench = sub.add_parser("bench", help="benchmark a local 3-AZ cluster against issue 10's targets (make bench)")
     from diskless.bench.options import add_arguments, options_from
 
     add_arguments(bench)
     args = parser.parse_args(argv)
+    if args.command == "reassign":
+        from diskless.reassign import main as reassign_main
+
+        configure_logging("WARNING")
+        return reassign_main(args)
     if args.command == "bench":
         from diskless.bench.runner import run_bench
 

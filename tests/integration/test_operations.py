@@ -9,8 +9,11 @@ confluent-kafka and aiokafka admin clients drive them.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -414,4 +417,50 @@ def test_broker_configs_types_sources_and_dynamic_changes(cluster_factory) -> No
     (result,) = response.resources
     configs = {c[0]: c for c in result[4]}
     assert configs["log.retention.ms"][1] == "3600000"
+    admin.close()
+
+
+def reassign_tool(cluster: LocalCluster, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "diskless", "reassign", "--bootstrap-server", cluster.bootstrap, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=180)
+
+
+def test_scale_out_and_decommission_with_the_reassign_tool(cluster_factory) -> None:
+    """`diskless reassign`: a balanced rack-aware plan (kafka-reassign-partitions' JSON), add-broker
+    and remove-broker with progress; decommissioning leaves no replica on the broker and no
+    under-replicated partition, and nothing produced is lost."""
+    cluster = cluster_factory(s3=True)
+    admin = kp_admin(cluster)
+    admin.create_topics([NewTopic("dk", 6, 2, topic_configs={"diskless.enabled": "true"}), NewTopic("ck", 6, 2)])
+    produce(cluster.bootstrap, "dk", range(600))
+    produce(cluster.bootstrap, "ck", range(600))
+    add_broker(cluster)
+    wait_until(lambda: len(admin.describe_cluster()["brokers"]) == 4, timeout=30)
+
+    generated = reassign_tool(cluster, "generate", "--topics", "dk", "--brokers", "0,1,2,3")
+    assert generated.returncode == 0, generated.stderr
+    plan = json.loads(generated.stdout)
+    proposed = {(p["topic"], p["partition"]): p["replicas"] for p in plan["proposed"]["partitions"]}
+    assert set(proposed) == {("dk", i) for i in range(6)}
+    assert any(3 in replicas for replicas in proposed.values())
+
+    added = reassign_tool(cluster, "add-broker", "3", "--wait", "--timeout", "90")
+    assert added.returncode == 0, added.stderr
+    assert "partitions at their target replicas" in added.stderr
+    load = {b: 0 for b in range(4)}
+    for topic in ("dk", "ck"):
+        for p in partitions_of(admin, topic).values():
+            for b in p["replica_nodes"]:
+                load[b] += 1
+    assert load[3] >= 4, load  # 24 replicas over 4 brokers, brokers 0 and 3 share az-1
+
+    removed = reassign_tool(cluster, "remove-broker", "1", "--wait", "--timeout", "90")
+    assert removed.returncode == 0, removed.stderr
+    for topic in ("dk", "ck"):
+        for index, p in partitions_of(admin, topic).items():
+            assert 1 not in p["replica_nodes"], (topic, index, p)
+            assert sorted(p["isr_nodes"]) == sorted(p["replica_nodes"]), (topic, index, p)
+    cluster.brokers[1].stop()
+    for topic in ("dk", "ck"):
+        assert sorted(consume_all(cluster.bootstrap, topic, 600)) == list(range(600))
     admin.close()
