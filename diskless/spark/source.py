@@ -1,0 +1,510 @@
+"""The ``diskless`` Spark data source: batch and streaming reads of topics, and a writer.
+
+``spark.dataSource.register(DisklessDataSource)`` then ``spark.read.format("diskless")`` gives
+Kafka's Spark schema (key, value, topic, partition, offset, timestamp, timestampType, headers).
+Options follow Spark's Kafka source: ``bootstrap.servers`` (or ``dev.dir``, a ``diskless dev``
+directory), ``topic`` / ``subscribe`` (comma list) / ``subscribePattern``, ``startingOffsets`` and
+``endingOffsets`` (``earliest``, ``latest`` or JSON ``{"topic": {"0": 12, "1": -2}}`` with -2
+earliest and -1 latest), ``startingTimestamp`` / ``endingTimestamp`` (ms; the first offset whose
+record is at or after it, the end of the log when there is none), ``isolation.level``
+(``read_committed`` by default), ``maxRecordsPerPartition`` (splits a partition's range over
+several Spark partitions), ``maxOffsetsPerTrigger`` (streaming), ``timeout.ms`` (every network
+step), and broker-style ``diskless.*`` properties (``diskless.s3.endpoint``...) or
+``diskless.config`` (a broker properties file) for object storage.
+
+Planning runs on the driver and asks brokers for metadata only; each Spark partition then reads
+its offset range on an executor (``cluster.PartitionReader``): diskless data straight from S3,
+classic data through the leader. Rows reach Spark as Arrow batches.
+
+Streaming offsets are ``{"topic": {"partition": next offset}}``; a micro-batch reads exactly
+[start, end) of each partition, ends are at most the last stable offset (read_committed), so a
+query restarted from its checkpoint re-reads nothing and skips nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from .cluster import (
+    EARLIEST,
+    LATEST,
+    ClusterClient,
+    DisklessSourceError,
+    PartitionInfo,
+    PartitionReader,
+    Settings,
+    settings_from_options,
+)
+
+# Spark's Kafka source schema (built here, not parsed from DDL: executors have no SparkContext).
+SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+        StructField(
+            "headers", ArrayType(StructType([StructField("key", StringType()), StructField("value", BinaryType())]))
+        ),
+    ]
+)
+
+__all__ = ["SCHEMA", "DisklessDataSource", "DisklessSourceError"]
+
+
+def arrow_schema() -> pa.Schema:
+    """The Arrow schema Spark checks read batches against (timestamps in UTC)."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    return to_arrow_schema(SCHEMA, timezone="UTC")
+
+
+@dataclass(frozen=True)
+class RangePartition(InputPartition):
+    """Offsets [start, end) of one topic partition: one Spark partition's work."""
+
+    part: PartitionInfo
+    brokers: tuple[tuple[int, str, int], ...]
+    start: int
+    end: int
+    settings: Settings  # with the cluster secret the driver resolved
+
+
+def _topics_option(options: dict[str, str]) -> tuple[list[str] | None, re.Pattern[str] | None]:
+    names = options.get("topic") or options.get("subscribe") or options.get("topics")
+    pattern = options.get("subscribepattern")
+    if bool(names) == bool(pattern):
+        raise DisklessSourceError("give exactly one of the options topic / subscribe (comma list) or subscribePattern")
+    if pattern:
+        try:
+            return None, re.compile(pattern)
+        except re.error as exc:
+            raise DisklessSourceError(f"subscribePattern {pattern!r}: {exc}") from exc
+    assert names is not None
+    topics = [t.strip() for t in names.split(",") if t.strip()]
+    if not topics:
+        raise DisklessSourceError("option topic names no topic")
+    return topics, None
+
+
+def _offsets_spec(name: str, text: str | None, default: str) -> str | dict[str, dict[str, int]]:
+    text = (text or default).strip()
+    if text in ("earliest", "latest"):
+        return text
+    try:
+        spec = json.loads(text)
+        return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in spec.items()}
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise DisklessSourceError(
+            f'{name} must be earliest, latest or JSON like {{"topic": {{"0": 23}}}}, not {text!r}'
+        ) from exc
+
+
+def _int_option(options: dict[str, str], name: str) -> int | None:
+    raw = options.get(name.lower())
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError as exc:
+        raise DisklessSourceError(f"option {name} must be an integer, not {raw!r}") from exc
+    if value < 0:
+        raise DisklessSourceError(f"option {name} must not be negative ({value})")
+    return value
+
+
+class _Plan:
+    """Driver-side planning: which partitions, and which offsets, from options and the cluster."""
+
+    def __init__(self, options: dict[str, str], streaming: bool) -> None:
+        self.options = {k.lower(): v for k, v in options.items()}
+        self.settings: Settings = settings_from_options(options)
+        self.topics, self.pattern = _topics_option(self.options)
+        self.starting = _offsets_spec(
+            "startingOffsets", self.options.get("startingoffsets"), "latest" if streaming else "earliest"
+        )
+        self.ending = _offsets_spec("endingOffsets", self.options.get("endingoffsets"), "latest")
+        if isinstance(self.starting, str) and self.starting == "latest" and not streaming:
+            raise DisklessSourceError("startingOffsets=latest is not allowed for a batch query (it reads nothing)")
+        if streaming and "endingoffsets" in self.options:
+            raise DisklessSourceError("endingOffsets is not allowed for a streaming query")
+        self.starting_ts = _int_option(self.options, "startingTimestamp")
+        self.ending_ts = _int_option(self.options, "endingTimestamp")
+        self.max_records = _int_option(self.options, "maxRecordsPerPartition")
+        self.max_per_trigger = _int_option(self.options, "maxOffsetsPerTrigger")
+        if self.max_records == 0 or self.max_per_trigger == 0:
+            raise DisklessSourceError("maxRecordsPerPartition and maxOffsetsPerTrigger must be positive")
+
+    async def partitions(self, client: ClusterClient) -> list[PartitionInfo]:
+        view = await client.metadata(self.topics)
+        names = self.topics if self.topics is not None else sorted(t for t in view.topics if self.pattern.search(t))  # type: ignore[union-attr]
+        if not names:
+            raise DisklessSourceError(f"subscribePattern {self.pattern.pattern!r} matches no topic")  # type: ignore[union-attr]
+        return [p for name in names for p in view.topics[name]]
+
+    def _resolve_spec(
+        self, name: str, spec: str | dict[str, dict[str, int]], parts: list[PartitionInfo], default: int
+    ) -> list[int]:
+        """Requested offsets per partition (EARLIEST/LATEST markers or absolute offsets)."""
+        if isinstance(spec, str):
+            return [EARLIEST if spec == "earliest" else LATEST] * len(parts)
+        known = {(p.topic, p.index) for p in parts}
+        for topic, entries in spec.items():
+            for index in entries:
+                if (topic, int(index)) not in known:
+                    topics = {p.topic for p in parts}
+                    what = f"partition {index} of topic {topic!r}" if topic in topics else f"topic {topic!r}"
+                    raise DisklessSourceError(f"{name} names {what}, which is not read (does it exist?)")
+        return [spec.get(p.topic, {}).get(str(p.index), default) for p in parts]
+
+    async def offsets(
+        self, client: ClusterClient, parts: list[PartitionInfo], which: str
+    ) -> tuple[list[int], list[int], list[int]]:
+        """(wanted, earliest, latest) per partition for ``which`` = "start" or "end"."""
+        earliest = await client.list_offsets([(p, EARLIEST) for p in parts])
+        latest = await client.list_offsets([(p, LATEST) for p in parts])
+        spec = self.starting if which == "start" else self.ending
+        ts = self.starting_ts if which == "start" else self.ending_ts
+        if ts is not None:
+            found = await client.list_offsets([(p, ts) for p in parts])
+            wanted = [f if f >= 0 else last for f, last in zip(found, latest, strict=True)]
+        else:
+            requested = self._resolve_spec(
+                "startingOffsets" if which == "start" else "endingOffsets",
+                spec,
+                parts,
+                EARLIEST if which == "start" else LATEST,
+            )
+            wanted = [
+                first if r == EARLIEST else last if r == LATEST else r
+                for r, first, last in zip(requested, earliest, latest, strict=True)
+            ]
+        return wanted, earliest, latest
+
+
+def _check_range(part: PartitionInfo, start: int, end: int, earliest: int, latest: int) -> None:
+    where = f"{part.topic}-{part.index}"
+    if start < earliest:
+        raise DisklessSourceError(
+            f"{where}: starting offset {start} is before the log start offset {earliest} (deleted by retention?)"
+        )
+    if end > latest:
+        raise DisklessSourceError(f"{where}: ending offset {end} is past the latest readable offset {latest}")
+    if start > end:
+        raise DisklessSourceError(f"{where}: starting offset {start} is after ending offset {end}")
+
+
+def _split(
+    part: PartitionInfo,
+    brokers: tuple[tuple[int, str, int], ...],
+    start: int,
+    end: int,
+    max_records: int | None,
+    settings: Settings,
+) -> list[RangePartition]:
+    if start >= end:
+        return []
+    step = max_records or (end - start)
+    return [RangePartition(part, brokers, s, min(s + step, end), settings) for s in range(start, end, step)]
+
+
+def _brokers(client: ClusterClient) -> tuple[tuple[int, str, int], ...]:
+    return tuple((node, host, port) for node, (host, port) in sorted(client.view.brokers.items()))
+
+
+def _read(partition: RangePartition) -> Iterator[pa.RecordBatch]:
+    """An executor's read of one range: Arrow batches as they are decoded."""
+    schema = arrow_schema()
+    loop = asyncio.new_event_loop()
+    client = ClusterClient(partition.settings)
+    client.view.brokers = {node: (host, port) for node, host, port in partition.brokers}
+    reader = PartitionReader(client, partition.part, partition.start, partition.end, schema)
+    try:
+        while True:
+            batch = loop.run_until_complete(reader.next_batch())
+            if batch is None:
+                return
+            yield batch
+    finally:
+        loop.run_until_complete(reader.close())
+        loop.run_until_complete(client.close())
+        loop.close()
+
+
+class DisklessReader(DataSourceReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = dict(options)
+        self.settings = settings_from_options(options)
+
+    def partitions(self) -> Sequence[InputPartition]:
+        plan = _Plan(self.options, streaming=False)
+
+        async def run() -> list[RangePartition]:
+            client = ClusterClient(plan.settings)
+            try:
+                parts = await plan.partitions(client)
+                starts, earliest, latest = await plan.offsets(client, parts, "start")
+                ends, _, _ = await plan.offsets(client, parts, "end")
+                out: list[RangePartition] = []
+                brokers = _brokers(client)
+                settings = await client.with_secret()
+                for part, s, e, first, last in zip(parts, starts, ends, earliest, latest, strict=True):
+                    _check_range(part, s, e, first, last)
+                    out.extend(_split(part, brokers, s, e, plan.max_records, settings))
+                return out
+            finally:
+                await client.close()
+
+        ranges = asyncio.run(run())
+        # Spark needs at least one partition; an empty range reads nothing.
+        return ranges or [RangePartition(PartitionInfo("", "", 0, -1, ()), (), 0, 0, self.settings)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        if partition.start >= partition.end:
+            return iter(())
+        return _read(partition)
+
+
+class DisklessStreamReader(DataSourceStreamReader):
+    def __init__(self, options: dict[str, str]) -> None:
+        self.options = dict(options)
+        self.plan = _Plan(self.options, streaming=True)
+        self.settings = self.plan.settings
+        self._parts: dict[tuple[str, int], PartitionInfo] = {}
+        self._brokers: tuple[tuple[int, str, int], ...] = ()
+
+    def _run(self, coro: Any) -> Any:
+        return asyncio.run(coro)
+
+    async def _snapshot(self, client: ClusterClient) -> list[PartitionInfo]:
+        parts = await self.plan.partitions(client)
+        self._parts = {(p.topic, p.index): p for p in parts}
+        self._brokers = _brokers(client)
+        self.settings = await client.with_secret()
+        return parts
+
+    def initialOffset(self) -> dict[str, dict[str, int]]:
+        async def run() -> dict[str, dict[str, int]]:
+            client = ClusterClient(self.settings)
+            try:
+                parts = await self._snapshot(client)
+                starts, earliest, latest = await self.plan.offsets(client, parts, "start")
+                out: dict[str, dict[str, int]] = {}
+                for part, s, first, last in zip(parts, starts, earliest, latest, strict=True):
+                    _check_range(part, s, last, first, last)
+                    out.setdefault(part.topic, {})[str(part.index)] = s
+                return out
+            finally:
+                await client.close()
+
+        return self._run(run())
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.plan.max_per_trigger is not None:
+            return ReadMaxRows(self.plan.max_per_trigger)
+        return ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, dict[str, int]], limit: ReadLimit) -> dict[str, dict[str, int]]:
+        async def run() -> dict[str, dict[str, int]]:
+            client = ClusterClient(self.settings)
+            try:
+                parts = await self._snapshot(client)
+                latest = await client.list_offsets([(p, LATEST) for p in parts])
+                earliest = await client.list_offsets([(p, EARLIEST) for p in parts])
+            finally:
+                await client.close()
+            end: dict[str, dict[str, int]] = {}
+            lags: list[tuple[PartitionInfo, int, int]] = []
+            for part, first, last in zip(parts, earliest, latest, strict=True):
+                begun = start.get(part.topic, {}).get(str(part.index))
+                if begun is None:
+                    # A partition new since the last batch: this batch only records where it starts,
+                    # so the start of its first real batch is in the checkpoint, never re-derived.
+                    end.setdefault(part.topic, {})[str(part.index)] = first
+                    continue
+                lags.append((part, begun, max(begun, last)))
+            budget = limit.maxRows if isinstance(limit, ReadMaxRows) else None
+            total = sum(last - begun for _, begun, last in lags)
+            for part, begun, last in lags:
+                take = last - begun
+                if budget is not None and total > budget:
+                    # Proportionally to each partition's lag, as Spark's Kafka source rate-limits.
+                    take = min(take, (take * budget) // total)
+                end.setdefault(part.topic, {})[str(part.index)] = begun + take
+            if (
+                budget is not None
+                and total > budget
+                and all(end[p.topic][str(p.index)] == b for p, b, last in lags if last > b)
+            ):
+                # Rounding gave nobody anything: let the most lagging partition advance.
+                part, begun, last = max(lags, key=lambda x: x[2] - x[1])
+                end[part.topic][str(part.index)] = begun + min(last - begun, budget)
+            return end
+
+        return self._run(run())
+
+    def partitions(self, start: dict[str, dict[str, int]], end: dict[str, dict[str, int]]) -> Sequence[InputPartition]:
+        missing = [(t, int(p)) for t, parts in end.items() for p in parts if (t, int(p)) not in self._parts]
+        if missing or not self._parts:
+
+            async def run() -> None:
+                client = ClusterClient(self.settings)
+                try:
+                    await self._snapshot(client)
+                finally:
+                    await client.close()
+
+            self._run(run())
+        out: list[RangePartition] = []
+        for topic, parts in end.items():
+            for index, stop in parts.items():
+                begun = start.get(topic, {}).get(index, stop)
+                part = self._parts.get((topic, int(index)))
+                if part is None:
+                    raise DisklessSourceError(f"{topic}-{index} is in the checkpoint but no longer exists")
+                out.extend(_split(part, self._brokers, begun, stop, self.plan.max_records, self.settings))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, RangePartition)
+        return _read(partition)
+
+    def commit(self, end: dict[str, dict[str, int]]) -> None:
+        """Nothing to do: offsets live in Spark's checkpoint, not in the cluster."""
+
+
+@dataclass
+class _Written(WriterCommitMessage):
+    records: int
+
+
+class DisklessWriter(DataSourceWriter):
+    """Rows (key, value, headers, partition[, topic]) produced with an idempotent producer."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        self.options = {k.lower(): v for k, v in options.items()}
+        self.settings = settings_from_options(options)
+        self.topic = self.options.get("topic")
+        names = set(schema.fieldNames())
+        if "value" not in names:
+            raise DisklessSourceError("the DataFrame written needs a value column (key, headers, partition optional)")
+        if not self.topic and "topic" not in names:
+            raise DisklessSourceError("give option topic or a topic column")
+        if self.topic:
+
+            async def run() -> None:
+                client = ClusterClient(self.settings)
+                try:
+                    await client.metadata([self.topic])  # type: ignore[list-item]
+                finally:
+                    await client.close()
+
+            asyncio.run(run())
+
+    def write(self, iterator: Iterator[Any]) -> _Written:
+        from confluent_kafka import KafkaException, Producer
+
+        timeout_ms = int(self.settings.timeout_s * 1000)
+        producer = Producer(
+            {
+                "bootstrap.servers": ",".join(f"{h}:{p}" for h, p in self.settings.bootstrap),
+                "enable.idempotence": True,
+                "acks": "all",
+                "linger.ms": 5,
+                "message.timeout.ms": max(timeout_ms, 5000),
+                "client.id": "diskless-spark-writer",
+            }
+        )
+        errors: list[str] = []
+
+        def delivered(err: Any, msg: Any) -> None:
+            if err is not None:
+                errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")
+
+        def as_bytes(value: Any) -> bytes | None:
+            if value is None or isinstance(value, bytes):
+                return value
+            if isinstance(value, (bytearray, memoryview)):
+                return bytes(value)
+            return str(value).encode()
+
+        count = 0
+        for row in iterator:
+            fields = row.asDict() if hasattr(row, "asDict") else dict(row)
+            topic = self.topic or fields.get("topic")
+            if not topic:
+                raise DisklessSourceError("a row has no topic (and no topic option is set)")
+            kwargs: dict[str, Any] = {"value": as_bytes(fields.get("value")), "key": as_bytes(fields.get("key"))}
+            if fields.get("partition") is not None:
+                kwargs["partition"] = int(fields["partition"])
+            headers = fields.get("headers")
+            if headers:
+                kwargs["headers"] = [(h["key"], as_bytes(h["value"])) for h in headers]
+            while True:
+                try:
+                    producer.produce(topic, on_delivery=delivered, **kwargs)
+                    break
+                except BufferError:
+                    producer.poll(0.1)  # local queue full: let deliveries drain it
+                except KafkaException as exc:
+                    raise DisklessSourceError(f"producing to {topic}: {exc}") from exc
+            producer.poll(0)
+            count += 1
+            if errors:
+                break
+        remaining = producer.flush(self.settings.timeout_s + 5)
+        if errors:
+            raise DisklessSourceError(f"{len(errors)} records were not written: {errors[:3]}")
+        if remaining:
+            raise DisklessSourceError(f"{remaining} records not acknowledged within {self.settings.timeout_s} s")
+        return _Written(count)
+
+
+class DisklessDataSource(DataSource):
+    """``format("diskless")``: see the module docstring for options."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "diskless"
+
+    def schema(self) -> StructType:
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return DisklessReader(self.options)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return DisklessStreamReader(self.options)
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return DisklessWriter(self.options, schema)
