@@ -33,6 +33,7 @@ import fcntl
 import gc
 import json
 import os
+import secrets
 import select
 import signal
 import socket
@@ -47,6 +48,7 @@ from typing import Any, TextIO
 from diskless.local.servers import BrokerServer, EtcdServer, ManagedProcess, S3Server, WalManagerServer, free_port
 from diskless.local.supervisor import RestartPolicy, Supervisor
 from diskless.logs import configure_logging
+from diskless.security.tls import DevCerts, make_dev_certs
 
 BUCKET = "diskless"
 DEMO_TOPIC = "diskless-demo"
@@ -137,6 +139,11 @@ class DevCluster:
     paused: set[str] = field(default_factory=set)
     _starting: dict[str, float] = field(default_factory=dict)  # broker being restarted -> ready deadline
     _control: socket.socket | None = None
+    # Security defaults (issue 14): a fresh cluster secret for internal requests, a local CA whose
+    # certificate every broker's SASL_SSL listener presents, and one SCRAM user to try it with.
+    cluster_secret: str = field(default_factory=lambda: secrets.token_hex(32))
+    sasl_user: tuple[str, str] = ("dev", "")
+    certs: DevCerts | None = None
 
     # --- start -----------------------------------------------------------------------------------
 
@@ -163,6 +170,9 @@ class DevCluster:
         self.etcd = self._start_etcd()
         self.say(f"  etcd       http://{self.etcd.endpoint}  pid {self.etcd.pid}")
         self.request.check()
+        self.certs = make_dev_certs(self.root / "tls", sorted({slot.host for slot in self.slots}))
+        self.sasl_user = ("dev", secrets.token_urlsafe(12))
+        _add_scram_user(self.etcd.endpoint, *self.sasl_user)
         overrides = {
             "broker.session.timeout.ms": str(SESSION_TIMEOUT_MS),
             "controlled.shutdown.timeout.ms": str(CONTROLLED_SHUTDOWN_TIMEOUT_MS),
@@ -172,6 +182,8 @@ class DevCluster:
             "diskless.s3.access.key": self.s3.access_key,
             "diskless.s3.secret.key": self.s3.secret_key,
             "metrics.port": "0",
+            "diskless.cluster.secret": self.cluster_secret,
+            "ssl.keystore.location": str(self.certs.keystore),
             **self.broker_overrides,
         }
         azs = sorted({slot.az for slot in self.slots}) if self.az_listeners else []
@@ -190,6 +202,7 @@ class DevCluster:
             # AZ k's listener: port + 100 k + the broker's index (9192, 9292, ... for --port 9092).
             for k, az in enumerate(azs, start=1):
                 broker.az_ports[az] = self._broker_port(slot.host, index + 100 * k)
+            broker.tls_port = self._broker_port(slot.host, index + 100 * (len(azs) + 1))
             self.brokers.append(broker)
             broker.spawn()
         for broker in self.brokers:
@@ -197,7 +210,9 @@ class DevCluster:
             self._wait_broker(broker)
             self.say(f"  broker {broker.node_id}   {broker.bootstrap:<16} {broker.rack}  pid {broker.pid}")
         self.request.check()
-        manager_overrides = {k: v for k, v in overrides.items() if k.startswith(("diskless.s3.", "broker.session"))}
+        manager_overrides = {
+            k: v for k, v in overrides.items() if k.startswith(("diskless.s3.", "broker.session", "diskless.cluster."))
+        }
         self.wal_manager = WalManagerServer("wal-manager", self.root, self.etcd.endpoint, self.s3.endpoint)
         self.wal_manager.overrides.update(manager_overrides)
         self.wal_manager.detached = True
@@ -302,6 +317,15 @@ class DevCluster:
                 "secret_key": self.s3.secret_key,
             },
             "etcd": {"endpoint": self.etcd.endpoint, "url": f"http://{self.etcd.endpoint}"},
+            "cluster_secret": self.cluster_secret,
+            "tls": {
+                "ca": str(self.certs.ca) if self.certs is not None else None,
+                "bootstrap_servers": ",".join(b.tls_bootstrap for b in self.brokers if b.tls_bootstrap),
+                "security_protocol": "SASL_SSL",
+                "sasl_mechanism": "SCRAM-SHA-256",
+                "username": self.sasl_user[0],
+                "password": self.sasl_user[1],
+            },
             "brokers": {
                 str(b.node_id): {
                     "az": b.rack,
@@ -718,10 +742,34 @@ def _exclusive(root: Path) -> Iterator[bool]:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+def _add_scram_user(etcd_endpoint: str, user: str, password: str) -> None:
+    """The dev SCRAM user, written into etcd as ``kafka-storage format --add-scram`` would."""
+    import asyncio
+
+    import aetcd
+
+    from diskless.config import BrokerConfig
+    from diskless.security.scram import credential_from_password
+    from diskless.security.store import EtcdSecurityStore
+
+    async def add() -> None:
+        host, _, port = etcd_endpoint.rpartition(":")
+        client = aetcd.Client(host=host, port=int(port))
+        await client.connect()
+        try:
+            store = EtcdSecurityStore(client, BrokerConfig().cluster_id)
+            await store.put_credential(user, credential_from_password("SCRAM-SHA-256", password))
+        finally:
+            await client.close()
+
+    asyncio.run(add())
+
+
 def _connect_help(cluster: DevCluster) -> list[str]:
     assert cluster.s3 is not None and cluster.etcd is not None
     by_az = cluster.bootstrap_by_az()
     first = next(iter(by_az.values())).split(",")[0]
+    tls_first = next((b.tls_bootstrap for b in cluster.brokers if b.tls_bootstrap), "")
     lines = ["", "Connect (bootstrap.servers):"]
     lines += [f"  {az}:  {servers}" for az, servers in by_az.items()]
     lines += [f"  all:   {cluster.bootstrap}  (inter-broker listener: clients get the AZ of the broker asked)"]
@@ -738,6 +786,12 @@ def _connect_help(cluster: DevCluster) -> list[str]:
         f"S3:   {cluster.s3.endpoint}  bucket '{BUCKET}'  ({cluster.s3.kind}; "
         f"access key '{cluster.s3.access_key}', secret '{cluster.s3.secret_key}')",
         f"etcd: http://{cluster.etcd.endpoint}  (keys under /diskless/)",
+        "",
+        "TLS + SASL (SCRAM-SHA-256) listeners, certificates from a local CA:",
+        f"  kcat -b {tls_first} -L -X security.protocol=SASL_SSL -X sasl.mechanisms=SCRAM-SHA-256 \\",
+        f"    -X sasl.username={cluster.sasl_user[0]} -X sasl.password={cluster.sasl_user[1]}"
+        f" -X ssl.ca.location={cluster.certs.ca if cluster.certs else ''}",
+        "  Internal requests need the cluster secret (cluster.json: cluster_secret); clients cannot send them.",
         f"Described in {cluster.root / 'cluster.json'}; logs in {cluster.root}/*.log",
     ]
     return lines

@@ -341,6 +341,12 @@ class BrokerServer(ManagedProcess):
         # Per-AZ listeners (diskless.listener.az.map): clients of each AZ get a listener of their
         # own on every broker; ``port`` stays the inter-broker listener (BROKER).
         self.az_ports: dict[str, int] = {az: free_port(host) for az in client_azs or []}
+        # A SASL_SSL listener for clients when set (diskless dev: its local CA's certificate).
+        self.tls_port: int | None = None
+
+    @property
+    def tls_bootstrap(self) -> str | None:
+        return None if self.tls_port is None else f"{self.host}:{self.tls_port}"
 
     @property
     def bootstrap(self) -> str:
@@ -354,8 +360,9 @@ class BrokerServer(ManagedProcess):
 
     def listener_args(self) -> tuple[str, dict[str, str]]:
         """``listeners`` and the settings that go with it (none without per-AZ listeners)."""
+        tls = [] if self.tls_port is None else [f"SASL_SSL://{self.host}:{self.tls_port}"]
         if not self.az_ports:
-            return f"PLAINTEXT://{self.host}:{self.port}", {}
+            return ",".join([f"PLAINTEXT://{self.host}:{self.port}", *tls]), {}
         names = {az: az_listener_name(az) for az in self.az_ports}
         listeners = [f"BROKER://{self.host}:{self.port}"]
         listeners += [f"{names[az]}://{self.host}:{port}" for az, port in self.az_ports.items()]
@@ -363,7 +370,7 @@ class BrokerServer(ManagedProcess):
             "inter.broker.listener.name": "BROKER",
             "diskless.listener.az.map": ",".join(f"{names[az]}:{az}" for az in self.az_ports),
         }
-        return ",".join(listeners), settings
+        return ",".join([*listeners, *tls]), settings
 
     @property
     def ready_file(self) -> Path:

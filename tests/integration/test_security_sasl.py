@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import ssl
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,6 +36,7 @@ from confluent_kafka.admin import (
     ScramMechanism,
     UserScramCredentialUpsertion,
 )
+from rawclient import Session
 
 from diskless.local.servers import BrokerServer, EtcdServer
 from diskless.security.scram import credential_from_password
@@ -45,6 +47,8 @@ pytestmark = pytest.mark.integration
 
 TOPIC = "ledger"
 CLUSTER_ID = "diskless-cluster-0000000"
+ALLOW = AclPermissionType.ALLOW
+TOPIC_AUTHORIZATION_FAILED = 29
 HOST = "127.0.1.1"
 
 
@@ -212,3 +216,93 @@ def test_sasl_ssl_scram_clients_and_topic_acls(secure: SecureBroker) -> None:
         wrong.list_topics(timeout=5)
     wrong.poll(1)  # error callbacks are served by poll
     assert any(e.code() == KafkaError._AUTHENTICATION for e in errors), errors
+
+
+def test_acls_on_reads_groups_metadata_and_admin(secure: SecureBroker) -> None:
+    admin = AdminClient(client_config(secure, "admin", "admin-secret", "SCRAM-SHA-512"))
+    admin.create_topics([NewTopic(TOPIC, 1, 1), NewTopic("hidden", 1, 1)])[TOPIC].result(30)
+    users = [
+        UserScramCredentialUpsertion(
+            name, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), f"{name}-pw".encode()
+        )
+        for name in ("bob", "carol")
+    ]
+    for future in admin.alter_user_scram_credentials(users).values():
+        future.result(30)
+    read = AclBinding(
+        ResourceType.TOPIC,
+        TOPIC,
+        ResourcePatternType.LITERAL,
+        "User:bob",
+        "*",
+        AclOperation.READ,
+        AclPermissionType.ALLOW,
+    )
+    readers = AclBinding(
+        ResourceType.GROUP, "readers-", ResourcePatternType.PREFIXED, "User:bob", "*", AclOperation.READ, ALLOW
+    )
+    for future in admin.create_acls([read, readers]).values():
+        future.result(30)
+    assert produce(client_config(secure, "admin", "admin-secret", "SCRAM-SHA-512"), b"x") is None
+
+    # Metadata: carol sees no topic; bob sees only the one he may read.
+    carol = AdminClient(client_config(secure, "carol", "carol-pw"))
+    assert set(carol.list_topics(timeout=15).topics) == set()
+    bob = client_config(secure, "bob", "bob-pw")
+    assert set(AdminClient(bob).list_topics(timeout=15).topics) == {TOPIC}
+
+    # A consumer group bob has no ACL on: GROUP_AUTHORIZATION_FAILED.
+    consumer = Consumer({**bob, "group.id": "bobs-group", "auto.offset.reset": "earliest"})
+    try:
+        consumer.subscribe([TOPIC])
+        deadline = time.monotonic() + 30
+        error = None
+        while error is None and time.monotonic() < deadline:
+            message = consumer.poll(1)
+            if message is not None and message.error() is not None:
+                error = message.error()
+        assert error is not None and error.code() == KafkaError.GROUP_AUTHORIZATION_FAILED, error
+    finally:
+        consumer.close()
+
+    # Non-super users cannot change ACLs: CLUSTER_AUTHORIZATION_FAILED.
+    grab = AclBinding(
+        ResourceType.TOPIC, "*", ResourcePatternType.LITERAL, "User:bob", "*", AclOperation.ALL, AclPermissionType.ALLOW
+    )
+    bob_admin = AdminClient(bob)
+    with pytest.raises(Exception, match="CLUSTER_AUTHORIZATION_FAILED"):
+        bob_admin.create_acls([grab])[grab].result(30)
+
+    # DeleteAcls takes bob's READ away: his reads are then refused.
+    everything_of_bob = AclBindingFilter(
+        ResourceType.ANY, None, ResourcePatternType.ANY, "User:bob", None, AclOperation.ANY, AclPermissionType.ANY
+    )
+    deleted = admin.delete_acls([everything_of_bob])[everything_of_bob].result(30)
+    expected = [(TOPIC, AclOperation.READ), ("readers-", AclOperation.READ)]
+    assert sorted((b.name, b.operation) for b in deleted) == sorted(expected)
+    admin.create_acls([readers])[readers].result(30)  # the group again: only the topic is denied now
+    assert set(AdminClient(bob).list_topics(timeout=15).topics) == set()
+    assert read_error(bob, 10) is None  # nothing read (librdkafka keeps waiting for the topic)
+    # On the wire: a Fetch by a principal without READ (ANONYMOUS, on the PLAINTEXT listener).
+    with Session(secure.broker.bootstrap, timeout=10) as session:
+        assert session.fetch(TOPIC, 0, 0).error_code == TOPIC_AUTHORIZATION_FAILED
+        (topic,) = session.metadata([TOPIC]).topics
+        assert topic.error_code == TOPIC_AUTHORIZATION_FAILED
+
+
+def read_error(config: dict[str, Any], seconds: float) -> int | None:
+    """The error a consumer assigned TOPIC-0 gets within ``seconds`` (None: none, and nothing read)."""
+    from confluent_kafka import TopicPartition as CTopicPartition
+
+    consumer = Consumer({**config, "group.id": f"readers-{uuid.uuid4().hex[:6]}", "enable.auto.commit": False})
+    try:
+        consumer.assign([CTopicPartition(TOPIC, 0, 0)])
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            message = consumer.poll(1)
+            if message is not None and message.error() is not None:
+                return int(message.error().code())
+            assert message is None, "a denied consumer read a record"
+        return None
+    finally:
+        consumer.close()
