@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test unit integration bench lint format clean
+.PHONY: install run test unit integration bench tier lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ integration: install
 # BENCH_ARGS passes flags, e.g. make bench BENCH_ARGS="--partitions 1000" or "--quick".
 bench: install
 	$(PY) -m diskless bench $(BENCH_ARGS)
+
+# Tier the local `make run` cluster's committed WAL ranges into segment objects (PySpark job, one
+# shot); TIER_ARGS passes flags, e.g. make tier TIER_ARGS="--every 60" or "--master spark://host:7077".
+tier: install
+	$(PY) -m diskless tier --dev-dir ./data $(TIER_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check diskless wal_manager tests bench

@@ -127,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     from diskless.reassign import add_arguments as reassign_arguments
 
     reassign_arguments(reassign)
+    tier = sub.add_parser(
+        "tier", help="tier committed WAL ranges into per-partition segment objects (PySpark job, make tier)"
+    )
+    from diskless.spark.tier_job import add_arguments as tier_arguments
+
+    tier_arguments(tier)
     bench = sub.add_parser("bench", help="benchmark a local 3-AZ cluster against issue 10's targets (make bench)")
     from diskless.bench.options import add_arguments, options_from
 
@@ -137,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
 
         configure_logging("WARNING")
         return reassign_main(args)
+    if args.command == "tier":
+        from diskless.spark.tier_job import main as tier_main
+
+        configure_logging("WARNING")
+        return tier_main(args)
     if args.command == "bench":
         from diskless.bench.runner import run_bench
 

@@ -112,6 +112,33 @@ class BrokerConfig:
             " internal requests; unset, one is created in etcd (security/cluster_secret.py).",
         ),
     )
+    # --- tiering (diskless tier, diskless/spark/tier_job.py) ---
+    diskless_tier_min_age_ms: int = field(
+        default=3600000,
+        metadata=_prop(
+            "diskless.tier.min.age.ms",
+            "diskless tier --every: tier a partition once its oldest untiered batch is older than this.",
+        ),
+    )
+    diskless_tier_min_bytes: int = field(
+        default=16 * 1024 * 1024,
+        metadata=_prop(
+            "diskless.tier.min.bytes",
+            "diskless tier --every: tier a partition once its pointer segments hold more bytes than this.",
+        ),
+    )
+    diskless_tier_commit_timeout_ms: int = field(
+        default=300000,
+        metadata=_prop(
+            "diskless.tier.commit.timeout.ms",
+            "Leaders refuse TierCommits of segment objects written longer ago; the WAL manager gives"
+            " unreferenced segment objects at least this plus twice the clock skew before deleting them.",
+        ),
+    )
+    diskless_tier_segment_bytes: int = field(
+        default=512 * 1024 * 1024,
+        metadata=_prop("diskless.tier.segment.bytes", "Largest segment object the tier job writes."),
+    )
     # --- security (diskless/security/) ---
     listener_security_protocol_map: str | None = field(
         default=None,

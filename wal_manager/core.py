@@ -283,6 +283,30 @@ class WalManagerCore:
         if obj is not None and obj.partitions is None and not obj.unreadable and key not in self._needs_trailer:
             self._want_trailer(key, 0)
 
+    def on_segment_listed(
+        self, key: str, size: int, created_ms: int, partition: PartitionRef, hold_ms: int, now_ms: int
+    ) -> None:
+        """A listing shows tiered segment object ``key`` (diskless/storage/segment_object.py) of
+        ``partition``, last written at ``created_ms`` (the store's clock).
+
+        Segments follow the WAL objects' rule with their own timeout: a leader refuses a
+        TierCommit of a segment written more than ``diskless.tier.commit.timeout.ms`` ago, and the
+        service passes ``hold_ms`` so that nothing is asked before that timeout plus twice the
+        skew (the writer's clock and the store's) has passed: ``grace_ms + hold_ms`` in all. The
+        partition is in the key, so no trailer is read. A segment rewritten later (a rerun of the
+        job puts the same key again) starts over with its new time: evidence about the older
+        write says nothing about commits of the newer one."""
+        obj = self._objects.get(key)
+        effective = created_ms + max(0, hold_ms)
+        if obj is not None and obj.created_ms < effective:
+            self._forget(key)
+            obj = None
+        if obj is None:
+            obj = _Object(key=key, created_ms=effective, size=size, first_seen_ms=now_ms)
+            self._objects[key] = obj
+            self._bytes_known += size
+            self._add_partitions(obj, [partition], now_ms)
+
     def on_scan_complete(
         self, listed: Iterable[str], scanned_prefixes: Iterable[str], started_ms: int, now_ms: int
     ) -> None:

@@ -43,6 +43,7 @@ from diskless.protocol.framing import FrameDecoder, FrameError
 from diskless.security.cluster_secret import configured_secret, load_cluster_secret
 from diskless.security.internal_auth import ClusterSecret, InternalAuthState
 from diskless.storage.object_store import InvalidRange, NoSuchKey, ObjectStore
+from diskless.storage.segment_object import SEGMENTS_PREFIX, parse_segment_key
 from diskless.storage.wal_format import TAIL_READ_HINT, WAL_KEY_ROOT, CorruptWalObject, parse_tail
 
 from .core import NO_EPOCH, Answer, LeaderView, ManagerConfig, PartitionRef, WalManagerCore, route_question
@@ -226,7 +227,23 @@ class WalManagerService:
         async for info in self.store.list(WAL_KEY_ROOT):
             core.on_listed(info.key, info.size, _now_ms())
             listed.add(info.key)
-        core.on_scan_complete(listed, [WAL_KEY_ROOT], started_ms, _now_ms())
+        # Tiered segment objects (issue 12): same rule, their partition is in the key.
+        hold_ms = (
+            self.config.diskless_tier_commit_timeout_ms
+            + 2 * self.config.wal_manager_clock_skew_ms
+            - self.config.wal_manager_grace_ms
+        )
+        async for info in self.store.list(SEGMENTS_PREFIX):
+            parsed = parse_segment_key(info.key)
+            try:
+                ref = PartitionRef(parsed[0], parsed[1]) if parsed is not None else None
+            except ValueError:
+                ref = None
+            if ref is None:
+                continue  # not a segment key: never ours to delete
+            core.on_segment_listed(info.key, info.size, info.last_modified_ms, ref, hold_ms, _now_ms())
+            listed.add(info.key)
+        core.on_scan_complete(listed, [WAL_KEY_ROOT, SEGMENTS_PREFIX], started_ms, _now_ms())
         SCAN_SECONDS.observe(time.monotonic() - started)
 
     async def _read_trailers(self) -> None:

@@ -86,6 +86,15 @@ class TierRpcs(ApiFamily):
         code, plog, replica = self._leader_log(topic, index, epoch)
         if plog is None or replica is None or replica.topic_id != topic_id:
             return _refused(code, f"not the leader of {topic}-{index} at epoch {epoch} ({code.name})")
+        # The WAL manager may delete an unreferenced segment object once it is older than this
+        # timeout plus skew (wal_manager/core.py): never let a late commit reference it.
+        age = self.broker.now_ms() - info.created_ms
+        if info.created_ms < 0 or age > self.broker.config.diskless_tier_commit_timeout_ms:
+            return _refused(
+                ErrorCode.request_timed_out,
+                f"segment {info.log_key} was written {age} ms ago, more than diskless.tier.commit.timeout.ms:"
+                " rerun the job (it rewrites the same segment)",
+            )
         store = self.broker.store
         if store is None:
             return _refused(ErrorCode.invalid_request, "this broker has no object storage")

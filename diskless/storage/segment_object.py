@@ -32,7 +32,7 @@ from __future__ import annotations
 import bisect
 import struct
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import crc32c
 
@@ -92,6 +92,11 @@ class SegmentInfo:
     max_timestamp: int
     digest: int  # range digest (see module docstring)
     batches: int
+    # When the writer started putting the objects (its clock): leaders refuse TierCommits of
+    # segments older than diskless.tier.commit.timeout.ms, which is what lets the WAL manager
+    # delete an unreferenced segment after its grace (safety rule 3). Not part of the identity:
+    # a rerun writes the same segment at another time.
+    created_ms: int = field(default=-1, compare=False)
 
     @property
     def log_key(self) -> str:
@@ -117,6 +122,7 @@ class SegmentInfo:
                 max_timestamp=int(data["max_timestamp"]),  # type: ignore[call-overload]
                 digest=int(data["digest"]),  # type: ignore[call-overload]
                 batches=int(data["batches"]),  # type: ignore[call-overload]
+                created_ms=int(data.get("created_ms", -1)),  # type: ignore[call-overload]
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptSegment(f"not a segment description: {exc}") from None
@@ -156,8 +162,8 @@ class SegmentWriter:
         self.digest = digest_update(self.digest, header)
         self.batches += 1
 
-    def finish(self) -> tuple[bytes, bytes, SegmentInfo]:
-        """(.log bytes, .index bytes, description)."""
+    def finish(self, created_ms: int = -1) -> tuple[bytes, bytes, SegmentInfo]:
+        """(.log bytes, .index bytes, description); ``created_ms``: when the objects are put."""
         if self.batches == 0:
             raise ValueError("an empty segment")
         info = SegmentInfo(
@@ -170,6 +176,7 @@ class SegmentWriter:
             self.max_timestamp,
             self.digest,
             self.batches,
+            created_ms,
         )
         return b"".join(self._chunks), bytes(self._index), info
 
