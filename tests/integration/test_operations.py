@@ -9,6 +9,7 @@ confluent-kafka and aiokafka admin clients drive them.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import os
 import signal
@@ -47,6 +48,7 @@ from kio.static.primitive import i8
 from rawclient import Session
 from support import LocalCluster, wait_until
 
+from diskless.bench import reassign as reassign_bench
 from diskless.local.servers import BrokerServer
 
 pytestmark = pytest.mark.integration
@@ -464,3 +466,16 @@ def test_scale_out_and_decommission_with_the_reassign_tool(cluster_factory) -> N
     for topic in ("dk", "ck"):
         assert sorted(consume_all(cluster.bootstrap, topic, 600)) == list(range(600))
     admin.close()
+
+
+def test_reassign_benchmark_small(tmp_path: Path) -> None:
+    """`python -m diskless.bench.reassign` at a small size: a diskless topic's move copies only its
+    pointers (far less than the classic topic's records), and neither loses or duplicates data."""
+    out = io.StringIO()
+    diskless, classic = reassign_bench.run(4, 3, 16384, ["diskless", "classic"], tmp_path / "bench", out, 1.0)
+    for result in (diskless, classic):
+        assert result.lost == 0 and result.duplicated == 0, result
+        assert result.acked_total >= 256 and result.read_back >= result.acked_total, result
+        assert result.consumer_read_during > 0, result
+    assert classic.copied_bytes > 4 * 1024 * 1024
+    assert diskless.copied_bytes * 20 < classic.copied_bytes, (diskless, classic)
