@@ -29,9 +29,12 @@ from diskless.replication.partition import Partition
 REFRESH_MS = 5_000
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FetchedPartition:
-    """What the leader knows when a follower's fetch of one partition arrives."""
+    """What the leader knows when a follower's fetch of one partition arrives.
+
+    Not frozen: one is built per partition of every replica fetch, and a frozen dataclass sets
+    each field through ``object.__setattr__`` (a third of the quiet check's cost at 1,000 partitions)."""
 
     error: bool  # not the leader, stale epoch, unknown partition
     fetch_offset: int
