@@ -335,9 +335,13 @@ class FetchApis(ApiFamily):
                     # read_committed stops at the last stable offset (open transactions).
                     max_offset = plog.last_stable_offset if committed else None
                     diverging = None
+                    allowance: int | None = None
                     if follower >= 0:
                         # A follower reads up to our log end and, by the offset it asks for, tells us its own.
                         max_offset = plog.log_end_offset
+                        # leader.replication.throttled.rate: a replica joining by reassignment (operations.py).
+                        allowance = self.broker.operations.replication_allowance(state, follower)
+                        limit = limit if allowance is None else min(limit, allowance)
                         diverging = replica.diverging_epoch(getattr(p, "last_fetched_epoch", -1), p.fetch_offset)
                         if diverging is None and p.fetch_offset <= plog.log_end_offset:
                             self.broker.on_follower_fetch(replica, follower, p.fetch_offset)
@@ -347,6 +351,8 @@ class FetchApis(ApiFamily):
                         if diverging is not None:
                             entry["diverging_epoch"] = {"epoch": diverging.epoch, "end_offset": diverging.end_offset}
                             has_error = True  # answer now: the follower must truncate before fetching on
+                        elif allowance == 0:
+                            pass  # throttled: nothing for this replica until the bucket refills
                         else:
                             # Replicas copy pointer entries; consumers read tiered ranges from segments.
                             result = plog.read(
@@ -364,6 +370,8 @@ class FetchApis(ApiFamily):
                             else:
                                 entry["records"] = result.records
                                 total += len(result.records)
+                            if allowance is not None:
+                                self.broker.operations.replication_served(len(result.records))
                             if committed and follower < 0 and result.records:
                                 aborted = plog.txns.aborted_between(p.fetch_offset, plog.last_stable_offset)
                                 entry["aborted_transactions"] = [

@@ -24,6 +24,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from diskless.cluster import broker_configs, reassignment
 from diskless.cluster.elections import PREFERRED, elect_preferred, imbalanced_partitions
 from diskless.cluster.metadata import PartitionState
+from diskless.replication.throttle import ThrottleBucket
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -45,6 +46,7 @@ class Operations:
         self.static_config = broker.config
         self._pass_scheduled = False
         self._last_rebalance = time.monotonic()
+        self._throttle = ThrottleBucket()
 
     @property
     def live(self) -> set[int]:
@@ -128,6 +130,22 @@ class Operations:
                     await asyncio.sleep(0.01)
                 log.info("dynamic broker configs altered", resource=name, configs=merged)
 
+    # --- replication throttle ----------------------------------------------------------------
+
+    def replication_allowance(self, state: PartitionState | None, follower: int) -> int | None:
+        """Bytes a replica fetch of ``follower`` may be served now; None when not throttled. Only
+        replicas a reassignment is adding are throttled (as kafka-reassign-partitions --throttle
+        lists them), at this broker's ``leader.replication.throttled.rate``."""
+        if state is None or follower not in state.adding:
+            return None
+        raw = self.dynamic_value("leader.replication.throttled.rate")
+        if raw is None or int(raw) >= 2**62:
+            return None
+        return self._throttle.allowance(int(raw), time.monotonic())
+
+    def replication_served(self, size: int) -> None:
+        self._throttle.consume(size)
+
     # --- controller duties ---------------------------------------------------------------------
 
     def partition_changed(self, state: PartitionState) -> None:
@@ -165,9 +183,7 @@ class Operations:
                 if reassignment.complete(state, live) is None:
                     continue
                 try:
-                    done = await self.change_partition(
-                        topic.name, index, lambda s: reassignment.complete(s, self.live)
-                    )
+                    done = await self.change_partition(topic.name, index, lambda s: reassignment.complete(s, self.live))
                 except ConcurrentChange:
                     continue  # decided again at the next pass
                 if done is not None:

@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -479,3 +480,56 @@ def test_reassign_benchmark_small(tmp_path: Path) -> None:
         assert result.consumer_read_during > 0, result
     assert classic.copied_bytes > 4 * 1024 * 1024
     assert diskless.copied_bytes * 20 < classic.copied_bytes, (diskless, classic)
+
+
+def test_classic_reassignment_is_throttled_by_leader_replication_throttled_rate(cluster_factory) -> None:
+    """kafka-reassign-partitions --throttle: with the brokers' dynamic `leader.replication.throttled.rate`
+    a leader serves a replica joining through a reassignment no faster than that; removing the
+    throttle lets the move finish."""
+    cluster = cluster_factory()
+    admin = kp_admin(cluster)
+    admin.create_topics([NewTopic("slow", -1, replica_assignments={0: [0]})])
+    producer = KafkaProducer(bootstrap_servers=cluster.bootstrap, acks="all", batch_size=65536, linger_ms=20)
+    for i in range(400):
+        producer.send("slow", value=i.to_bytes(8, "big") + bytes(8192))
+    producer.flush(60)
+    producer.close()
+    rate = 256 * 1024
+    throttle = IncrementalAlterConfigsRequest(
+        resources=(
+            AlterConfigsResource(
+                resource_type=i8(4),
+                resource_name="",
+                configs=(
+                    AlterableConfig(name="leader.replication.throttled.rate", config_operation=i8(0), value=str(rate)),
+                ),
+            ),
+        ),
+        validate_only=False,
+    )
+    with Session(cluster.brokers[0].bootstrap) as session:
+        (answer,) = session.request(throttle).responses
+    assert answer.error_code == 0, answer
+    tp = TopicPartition("slow", 0)
+    started = time.monotonic()
+    assert admin.alter_partition_reassignments({tp: [1, 0]}) == {tp: None}
+    follower_log = cluster.brokers[1].data_dir / "slow-0"
+
+    def copied() -> int:
+        return sum(f.stat().st_size for f in follower_log.glob("*.log")) if follower_log.exists() else 0
+
+    wait_until(lambda: copied() > 0, timeout=30)
+    time.sleep(2.0)  # a measurement window, not a synchronisation
+    elapsed = time.monotonic() - started
+    assert admin.list_partition_reassignments() != {}, "3.3 MB moved at 256 KB/s within seconds"
+    assert copied() <= rate * (elapsed + 1.5), (copied(), elapsed)  # one second's burst of slack
+    admin.alter_configs(
+        [
+            KPConfigResource(
+                KPConfigResourceType.BROKER, "0", configs={"leader.replication.throttled.rate": ("SET", str(1 << 40))}
+            )
+        ],
+        incremental=True,
+    )
+    wait_until(lambda: not admin.list_partition_reassignments(), timeout=60, message="unthrottled move done")
+    admin.close()
