@@ -42,6 +42,7 @@ from diskless.protocol.client import ClientError, KafkaClientConnection
 from diskless.protocol.framing import FrameDecoder, FrameError
 from diskless.security.cluster_secret import configured_secret, load_cluster_secret
 from diskless.security.internal_auth import ClusterSecret, InternalAuthState
+from diskless.security.tls import internal_client_context, server_context
 from diskless.storage.object_store import InvalidRange, NoSuchKey, ObjectStore
 from diskless.storage.segment_object import SEGMENTS_PREFIX, parse_segment_key
 from diskless.storage.wal_format import TAIL_READ_HINT, WAL_KEY_ROOT, CorruptWalObject, parse_tail
@@ -106,7 +107,7 @@ class WalManagerService:
         self._server: asyncio.Server | None = None
         self._leaders: dict[int, KafkaClientConnection] = {}
         # Proved to the brokers (WalReferences) and checked on representatives' notices.
-        self.cluster_secret = ClusterSecret(configured_secret(config))
+        self.cluster_secret = ClusterSecret(configured_secret(config), internal_client_context(config))
         self._stop = asyncio.Event()
         self.deleted_total = 0
 
@@ -125,7 +126,9 @@ class WalManagerService:
         await self.etcd.load_and_watch()
         await self.store.ensure_bucket()
         listener = self.config.listener
-        self._server = await asyncio.start_server(self._on_connection, listener.host, listener.port)
+        # Notices come over the inter-broker protocol: TLS when that is SSL (security/tls.py).
+        tls = server_context(self.config) if self.cluster_secret.tls is not None else None
+        self._server = await asyncio.start_server(self._on_connection, listener.host, listener.port, ssl=tls)
         self.port = self._server.sockets[0].getsockname()[1]
         if self.config.metrics_port >= 0:
             self.metrics_port = serve_metrics(self.config.metrics_host or listener.host, self.config.metrics_port)

@@ -40,6 +40,7 @@ from diskless.produce.representative import Representative
 from diskless.replication.partition import Partition
 from diskless.security.cluster_secret import configured_secret, load_cluster_secret
 from diskless.security.internal_auth import ClusterSecret
+from diskless.security.tls import internal_client_context
 from diskless.storage import pointer
 from diskless.storage.object_store import ObjectStore
 
@@ -83,7 +84,7 @@ class Broker:
         self.backend.on_change = self._on_metadata_change
         # What this broker proves to its peers and checks on every internal request; known at
         # start (from config, or etcd: security/cluster_secret.py), shared by every connection.
-        self.cluster_secret = ClusterSecret(configured_secret(config))
+        self.cluster_secret = ClusterSecret(configured_secret(config), internal_client_context(config))
         self.replicas = ReplicaManager(
             config.log_dirs,
             self.node_id,

@@ -61,8 +61,12 @@ class KafkaClientConnection:
 
     async def connect(self, timeout: float = 5.0) -> None:
         local = (self.local_host, 0) if self.local_host else None
+        tls = self.credentials.tls if self.credentials is not None else None
         self._reader, self._writer = await asyncio.wait_for(
-            asyncio.open_connection(self.host, self.port, local_addr=local), timeout
+            asyncio.open_connection(
+                self.host, self.port, local_addr=local, ssl=tls, server_hostname=self.host if tls else None
+            ),
+            timeout,
         )
         self._read_task = asyncio.create_task(self._read_loop())
         if self.credentials is not None:
@@ -132,11 +136,14 @@ class KafkaClientConnection:
                 if waiting is future:
                     self._waiting.pop(correlation, None)
 
-    async def request(self, api_key: int, version: int, body: dict[str, Any], timeout: float = 30.0) -> Any:
+    async def request(self, api_key: int, version: int, body: Any, timeout: float = 30.0) -> Any:
+        """Send ``body`` (a dict, or the request entity already built) and await the decoded answer."""
         request_cls = load_request_schema(api_key, version)
         response_cls = load_response_schema(api_key, version)
         out = io.BytesIO()
-        entity_writer(request_cls)(out, m.build(request_cls, body))
+        # Replica fetchers pass entities they keep between fetches (replication/fetcher.py).
+        entity = body if isinstance(body, request_cls) else m.build(request_cls, body)
+        entity_writer(request_cls)(out, entity)
         skip = 5 if response_cls.__flexible__ and api_key != m.API_API_VERSIONS else 4
 
         def decode(frame: bytes) -> Any:

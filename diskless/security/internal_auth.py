@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,8 +39,11 @@ class ClusterSecret:
     Shared by reference between the server and every outgoing connection of a process, so a
     value learned after they were built still reaches them. Never printed."""
 
-    def __init__(self, value: bytes | None = None) -> None:
+    def __init__(self, value: bytes | None = None, tls: ssl.SSLContext | None = None) -> None:
         self._value = value
+        # When the inter-broker listener is SSL/SASL_SSL: internal connections open TLS with this
+        # context (verifying the listener against ssl.truststore.location) before the handshake.
+        self.tls = tls
 
     @property
     def value(self) -> bytes | None:

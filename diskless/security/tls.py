@@ -48,6 +48,14 @@ def client_context(truststore: str | None, keystore: str | None = None) -> ssl.S
     return context
 
 
+def internal_client_context(config: BrokerConfig) -> ssl.SSLContext | None:
+    """For brokers' and the WAL manager's own connections: TLS when the inter-broker listener's
+    protocol is SSL or SASL_SSL, verified against ``ssl.truststore.location`` (else system CAs)."""
+    if not config.security_protocol(config.inter_broker_listener).endswith("SSL"):
+        return None
+    return client_context(config.ssl_truststore_location)
+
+
 def principal_of(peercert: dict[str, Any] | None) -> str:
     """``User:CN=alice,O=example`` for a verified client certificate, else ANONYMOUS."""
     if not peercert or not peercert.get("subject"):
