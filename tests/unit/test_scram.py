@@ -129,3 +129,12 @@ def test_librdkafka_before_2_6_1_repeated_client_nonce_is_accepted() -> None:
     other.server_first(credential)
     with pytest.raises(AuthenticationFailed):
         other.client_final(f"c=biws,r=x{CLIENT_NONCE}{SERVER_NONCE},p={proof}".encode())
+
+
+def test_certificate_principal_is_the_rfc2253_subject() -> None:
+    from diskless.security.tls import principal_of
+
+    subject = ((("countryName", "SE"),), (("organizationName", "Acme, Inc"),), (("commonName", "alice"),))
+    assert principal_of({"subject": subject}) == "User:CN=alice,O=Acme\\, Inc,C=SE"
+    assert principal_of({}) == "User:ANONYMOUS"
+    assert principal_of(None) == "User:ANONYMOUS"
