@@ -27,9 +27,9 @@ from .fetch_apis import FetchApis
 from .logdir_apis import LogDirApis
 from .metadata_apis import MetadataApis
 from .produce_apis import ProduceApis
-from .tier_rpcs import TierRpcs
 from .reassign_apis import ReassignApis
 from .security_apis import SecurityApis
+from .tier_rpcs import TierRpcs
 from .txn_apis import TxnApis
 from .txn_verification_rpcs import TxnVerificationRpcs
 
@@ -51,8 +51,8 @@ class KafkaApis:
         self.configs = ConfigApis(broker)
         self.txn = TxnApis(broker)
         self.diskless = DisklessRpcs(broker)
-        self.tier = TierRpcs(broker)
         self.security = SecurityApis(broker)
+        self.tier = TierRpcs(broker)
         self.zone_policy = broker.config.zone_policy()
         self._handlers: dict[int, Callable[[m.RequestHeader, Any], Any]] = {
             m.API_API_VERSIONS: self.api_versions,
@@ -107,6 +107,8 @@ class KafkaApis:
                 result = await result
             return result
 
+        if self.security.authorizer is None:
+            return await run(request)  # no authorizer (Kafka's default): nothing to decide
         return await self.security.handle_authorized(header, request, run)
 
     def api_versions(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
