@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable
+from typing import Any
 
 import structlog
 from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v13.request import FetchPartition as _FETCH_PARTITION
+from kio.schema.fetch.v13.request import FetchRequest as _FETCH_REQUEST
+from kio.schema.fetch.v13.request import FetchTopic as _FETCH_TOPIC
 
 from diskless.aio import cancel_and_wait
 from diskless.cluster.metadata import BrokerInfo
@@ -32,7 +37,7 @@ from .partition import FOLLOWER, DivergingEpoch, Partition
 
 log = structlog.get_logger(__name__)
 
-FETCH_VERSION = 13  # the first naming topics by id
+FETCH_VERSION = 13  # the first naming topics by id (the kio classes below are this version's)
 
 
 def _now_ms() -> int:
@@ -67,6 +72,8 @@ class ReplicaFetcher:
         # same name gets a new replica whose log must not receive the old incarnation's batches).
         self._asked: dict[tuple[str, int], Partition] = {}
         self._asked_by_id: dict[tuple[str, int], Partition] = {}  # the same, by (topic id, index)
+        # Each partition's request entry with the fetch position it was built for (_request).
+        self._built: dict[tuple[str, int], tuple[tuple[int, ...], Any]] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._conn: KafkaClientConnection | None = None
@@ -143,33 +150,53 @@ class ReplicaFetcher:
             if self._handle(response):
                 await asyncio.sleep(0.1)  # leadership moving: give the metadata watch a moment
 
-    def _request(self, active: list[Partition]) -> dict[str, object]:
-        topics: dict[str, list[dict[str, int]]] = {}
+    def _request(self, active: list[Partition]) -> Any:
+        """The Fetch request naming every partition in ``active``, as a kio entity.
+
+        Each partition's entry is built once and kept while its fetch position (epochs, offsets)
+        stays the same: at 1,000 partitions building all of them anew for every fetch cost more
+        than encoding them, and between two fetches only the partitions that got data move."""
+        topics: dict[str, list[Any]] = {}
         self._asked = {(p.topic, p.index): p for p in active}
         self._asked_by_id = {(p.topic_id, p.index): p for p in active}
+        built: dict[tuple[str, int], tuple[tuple[int, ...], Any]] = {}
         for p in active:
-            topics.setdefault(p.topic_id, []).append(
-                {
+            log = p.log
+            position = (p.leader_epoch, log.log_end_offset, log.epochs.latest_epoch, log.log_start_offset)
+            key = (p.topic_id, p.index)
+            entry = self._built.get(key)
+            if entry is None or entry[0] != position:
+                partition = {
                     "partition": p.index,
-                    "current_leader_epoch": p.leader_epoch,
-                    "fetch_offset": p.log.log_end_offset,
-                    "last_fetched_epoch": p.log.epochs.latest_epoch,
-                    "log_start_offset": p.log.log_start_offset,
+                    "current_leader_epoch": position[0],
+                    "fetch_offset": position[1],
+                    "last_fetched_epoch": position[2],
+                    "log_start_offset": position[3],
                     "partition_max_bytes": self.fetch_max_bytes,
                 }
-            )
-        return {
-            "replica_id": self.node_id,
-            "max_wait": self.wait_max_ms,
-            "min_bytes": 1,
-            "max_bytes": self.fetch_max_bytes * 10,
-            "isolation_level": 0,
-            "session_id": 0,
-            "session_epoch": -1,
-            "topics": [{"topic_id": _wire_id(t), "partitions": parts} for t, parts in topics.items()],
-            "forgotten_topics_data": [],
-            "rack_id": "",
-        }
+                entry = (position, m.build(_FETCH_PARTITION, partition))
+            built[key] = entry
+            topics.setdefault(p.topic_id, []).append(entry[1])
+        self._built = built  # partitions no longer fetched are forgotten
+        request = m.build(
+            _FETCH_REQUEST,
+            {
+                "replica_id": self.node_id,
+                "max_wait": self.wait_max_ms,
+                "min_bytes": 1,
+                "max_bytes": self.fetch_max_bytes * 10,
+                "isolation_level": 0,
+                "session_id": 0,
+                "session_epoch": -1,
+                "topics": [],
+                "forgotten_topics_data": [],
+                "rack_id": "",
+            },
+        )
+        return dataclasses.replace(
+            request,
+            topics=tuple(_FETCH_TOPIC(topic_id=_wire_id(t), partitions=tuple(parts)) for t, parts in topics.items()),
+        )
 
     def _handle(self, response: object) -> bool:
         """Apply a fetch response; True if some partition reported a leadership problem."""
@@ -197,7 +224,9 @@ class ReplicaFetcher:
                         entries = partition.on_fetched(
                             data.records or b"", data.high_watermark, data.log_start_offset, now, self._sent_ms
                         )
-                        if entries:
+                        # Prefetching serves tail reads; a replica still catching up (a reassignment
+                        # copying a long pointer log) would pull every WAL object it points to.
+                        if entries and partition.log.log_end_offset >= data.high_watermark:
                             self.on_pointers(entries)
                     progressed = True
                 elif code == ErrorCode.offset_out_of_range and partition.log.log_end_offset < data.log_start_offset:
