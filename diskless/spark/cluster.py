@@ -41,6 +41,7 @@ from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError, KafkaClientConnection
 from diskless.security.cluster_secret import configured_secret, load_cluster_secret
 from diskless.security.internal_auth import ClusterSecret
+from diskless.security.tls import internal_client_context
 from diskless.storage import pointer
 from diskless.storage.object_store import ObjectStore
 
@@ -175,8 +176,8 @@ def open_connection(
 ) -> KafkaClientConnection:
     """A connection to a broker, opened the way brokers open theirs: with the cluster secret it
     proves it at connect time, which FetchPointers needs; ``connect`` it before use."""
-    del config  # nothing else of the broker-style config concerns connections yet
-    credentials = ClusterSecret(secret) if secret is not None else None
+    # TLS as brokers use it between themselves when the inter-broker listener is SSL/SASL_SSL.
+    credentials = ClusterSecret(secret, internal_client_context(config)) if secret is not None else None
     return KafkaClientConnection(host, port, client_id, credentials=credentials)
 
 
