@@ -121,9 +121,7 @@ _CHECKS: dict[int, Callable[[Any], list[Check]]] = {
     m.API_LIST_OFFSETS: lambda r: _topics(a.DESCRIBE, _names(r.topics, "name")),
     m.API_OFFSET_FOR_LEADER_EPOCH: lambda r: _topics(a.DESCRIBE, _names(r.topics, "topic", "name")),
     m.API_CREATE_TOPICS: lambda r: [],  # CREATE on the cluster or each topic: create_topics_checks
-    m.API_DELETE_TOPICS: lambda r: _topics(
-        a.DELETE, _names(getattr(r, "topics", None), "name") or _names(getattr(r, "topic_names", None), "")
-    ),
+    m.API_DELETE_TOPICS: lambda r: [],  # by name or by id: delete_topics_checks
     m.API_DELETE_RECORDS: lambda r: _topics(a.DELETE, _names(r.topics, "name")),
     m.API_CREATE_PARTITIONS: lambda r: _topics(a.ALTER, _names(r.topics, "name")),
     m.API_DESCRIBE_CONFIGS: lambda r: _config_checks(a.DESCRIBE_CONFIGS, r.resources),
@@ -263,7 +261,9 @@ class SecurityApis(ApiFamily):
             return await self._metadata(request, handle)
         if key == m.API_INIT_PRODUCER_ID:
             return await self._init_producer_id(header, request, handle)
-        if key == m.API_CREATE_TOPICS:
+        if key == m.API_DELETE_TOPICS:
+            checks = self._delete_topics_checks(request)
+        elif key == m.API_CREATE_TOPICS:
             checks = (
                 []
                 if self.allowed(a.CREATE, a.CLUSTER, a.CLUSTER_NAME)
@@ -280,6 +280,14 @@ class SecurityApis(ApiFamily):
         if key == m.API_LIST_GROUPS and body is not None and not self.allowed(a.DESCRIBE, a.CLUSTER, a.CLUSTER_NAME):
             body["groups"] = [g for g in body.get("groups", []) if self.allowed(a.DESCRIBE, a.GROUP, g["group_id"])]
         return body
+
+    def _delete_topics_checks(self, request: Any) -> list[Check]:
+        """DELETE on each topic, named or given by id (an id no topic has is checked as itself, so
+        only a principal allowed on every topic, or on that string, gets UNKNOWN_TOPIC_ID)."""
+        names = _names(getattr(request, "topic_names", None), "")
+        for item in getattr(request, "topics", None) or ():
+            names.append(self._topic_name(item) or str(getattr(item, "topic_id", "")))
+        return _topics(a.DELETE, names)
 
     def _principal(self) -> str:
         session = self._session()

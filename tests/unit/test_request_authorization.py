@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import sys
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -103,3 +105,19 @@ def test_produce_is_decided_per_topic() -> None:
     (denied,) = body["responses"]
     assert denied["name"] == second.name
     assert {p["error_code"] for p in denied["partition_responses"]} == {ErrorCode.topic_authorization_failed}
+
+
+def test_delete_topics_by_id_is_checked_against_the_topic_name() -> None:
+    apis = security()
+    assert apis.authorizer is not None
+    apis.authorizer.replace([a.AclBinding(a.TOPIC, "mine", a.LITERAL, "User:p", "*", a.DELETE, a.ALLOW)])
+    ids = {"mine": uuid.UUID(int=1), "theirs": uuid.UUID(int=2)}
+    apis.broker.metadata.topics = {n: SimpleNamespace(name=n, topic_id=str(i)) for n, i in ids.items()}
+    schema = load_request_schema(m.API_DELETE_TOPICS, 6)
+    topic_cls = type(Sample().build(schema).topics[0])
+    for name, allowed in (("mine", True), ("theirs", False)):
+        request = schema(topics=(topic_cls(name=None, topic_id=ids[name]),), timeout=datetime.timedelta(seconds=5))
+        body, seen = run(apis, "User:p", m.API_DELETE_TOPICS, 6, request)
+        assert bool(seen) is allowed, name
+        if not allowed:
+            assert {r["error_code"] for r in body["responses"]} == {ErrorCode.topic_authorization_failed}
