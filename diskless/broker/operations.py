@@ -45,6 +45,7 @@ class Operations:
         # it into ``broker.config`` whenever they change (cluster/broker_configs.py).
         self.static_config = broker.config
         self._pass_scheduled = False
+        self._pass_again = False
         self._last_rebalance = time.monotonic()
         self._throttle = ThrottleBucket()
 
@@ -151,13 +152,20 @@ class Operations:
     def partition_changed(self, state: PartitionState) -> None:
         """A partition's state changed: if a reassignment of it may now complete, the controller
         does so right away rather than at its next periodic pass."""
-        if not reassignment.in_progress(state) or not self._is_controller() or self._pass_scheduled:
+        if not reassignment.in_progress(state) or not self._is_controller():
+            return
+        if self._pass_scheduled:
+            self._pass_again = True  # the running pass may have looked before this change
             return
         self._pass_scheduled = True
 
         async def run() -> None:
             try:
-                await self.complete_reassignments()
+                while True:
+                    self._pass_again = False
+                    await self.complete_reassignments()
+                    if not self._pass_again:
+                        break
             finally:
                 self._pass_scheduled = False
 

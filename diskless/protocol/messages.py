@@ -112,7 +112,7 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     API_ALTER_REPLICA_LOG_DIRS: (1, 2),
     API_DESCRIBE_LOG_DIRS: (1, 4),
     API_ELECT_LEADERS: (0, 2),
-    API_ALTER_PARTITION_REASSIGNMENTS: (0, 1),
+    API_ALTER_PARTITION_REASSIGNMENTS: (0, 0),  # v1 (KIP-860) is Kafka 4.1: ApiVersions stays 4.0's
     API_LIST_PARTITION_REASSIGNMENTS: (0, 0),
     API_DESCRIBE_TOPIC_PARTITIONS: (0, 0),
     # Security. librdkafka wants SaslHandshake v0 advertised before it uses SASL at all.
