@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test unit integration bench tier lint format clean
+.PHONY: install run test unit integration bench bench-spark tier lint format clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,11 @@ bench: install
 # shot); TIER_ARGS passes flags, e.g. make tier TIER_ARGS="--every 60" or "--master spark://host:7077".
 tier: install
 	$(PY) -m diskless tier --dev-dir ./data $(TIER_ARGS)
+
+# The diskless Spark data source's read throughput beside a Kafka consumer on the same diskless
+# topic (own cluster, ~2 minutes); SPARK_BENCH_ARGS e.g. "--records 1000000" or "--dev-dir ./data".
+bench-spark: install
+	$(PY) -m diskless.spark.bench $(SPARK_BENCH_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check diskless wal_manager tests bench

@@ -3,8 +3,10 @@
 Brokers are asked only for metadata, through the Kafka protocol (Metadata, ListOffsets) and the
 internal FetchPointers RPC (pointer entries, last stable offset and aborted transactions of a
 range). Record data of diskless segments is then read by the executor itself from object storage
-(coalesced ranged GETs of WAL objects); classic segments come back from FetchPointers as record
-batches read from the leader's disk, exactly what its Fetch would return.
+(coalesced ranged GETs of WAL objects); tiered ranges, which FetchPointers answers with a
+descriptor of the segment object holding them, are read from that object (``fetch.tier_reader``:
+its offset index, then ranged GETs of whole batches); classic segments come back from
+FetchPointers as record batches read from the leader's disk, exactly what its Fetch would return.
 
 Connections are ``KafkaClientConnection``s opened by ``open_connection`` with the broker-style
 ``BrokerConfig`` (``diskless.config`` properties file, ``DISKLESS_*`` environment, ``dev.dir``'s
@@ -35,6 +37,9 @@ import pyarrow as pa
 from kio.schema.errors import ErrorCode
 
 from diskless.config import BrokerConfig, load_config
+from diskless.fetch.tier_reader import TierReader
+from diskless.fetch.wal_reader import WalCache
+from diskless.log.partition_log import TIERED
 from diskless.log.segment import POINTERS, RECORDS
 from diskless.protocol import internal, records
 from diskless.protocol import messages as m
@@ -69,7 +74,7 @@ class Settings:
     read_committed: bool = True
     timeout_s: float = 30.0
     config_path: str | None = None
-    config_overrides: tuple[tuple[str, str], ...] = ()
+    config_overrides: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold secrets
     client_id: str = "diskless-spark"
     fetch_max_bytes: int = 1024 * 1024  # pointer entries (or classic records) per FetchPointers
     chunk_bytes: int = 16 * 1024 * 1024  # WAL bytes fetched and decoded at a time
@@ -115,6 +120,8 @@ def settings_from_options(options: Mapping[str, str]) -> Settings:
                 overrides[f"diskless.s3.{name}"] = str(s3[key])
         if s3.get("secret_key"):
             overrides["diskless.s3.secret.key"] = str(s3["secret_key"])
+        if cluster.get("cluster_secret"):  # diskless dev gives its brokers one
+            overrides["diskless.cluster.secret"] = str(cluster["cluster_secret"])
         etcd = (cluster.get("etcd") or {}).get("endpoint")
         if etcd:
             overrides["metadata.etcd.endpoints"] = str(etcd)
@@ -375,6 +382,7 @@ class PartitionReader:
         self._units: deque[Any] = deque()  # PointerEntry | InlineEntry | memoryview batch, in offset order
         self._filter: AbortedFilter | None = None
         self._store: ObjectStore | None = None
+        self._tiers: TierReader | None = None
         self.bytes_read = 0
 
     async def close(self) -> None:
@@ -399,8 +407,8 @@ class PartitionReader:
                 raise DisklessSourceError(
                     f"{self._where()}: FetchPointers at offset {self.offset}: {_error_name(code)}"
                 )
-            data = answer.get("data") or b""
-            if data:
+            units = await self._units_of(answer)
+            if units:
                 break
             readable = answer["last_stable_offset"] if self.settings.read_committed else answer["high_watermark"]
             bound = "last stable offset" if self.settings.read_committed else "high watermark"
@@ -410,15 +418,35 @@ class PartitionReader:
                     f"only up to {readable} ({bound})"
                 )
             await asyncio.sleep(0.2)  # a new leader's high watermark catches up; bounded by timeout.ms
-        kind = answer.get("kind", RECORDS)
-        if kind == POINTERS:
-            self._units.extend(pointer.iter_entries(data))
-        elif kind == RECORDS:
-            self._units.extend(iter_batches(data))
-        else:
-            raise DisklessSourceError(f"{self._where()}: the leader answered entries of kind {kind!r}, unknown here")
+        self._units.extend(units)
         aborted = answer.get("aborted_transactions") or []
         self._filter = AbortedFilter.of(aborted) if self.settings.read_committed else None
+
+    async def _units_of(self, answer: dict[str, Any]) -> list[Any]:
+        """Pointer entries, or batches: classic ones as read, tiered ones from their segment object."""
+        data = answer.get("data") or b""
+        if not data:
+            return []
+        kind = answer.get("kind", RECORDS)
+        if kind == POINTERS:
+            return list(pointer.iter_entries(data))
+        if kind == RECORDS:
+            return list(iter_batches(data))
+        if kind == TIERED:
+            if self._tiers is None:
+                # Blocks of segment bytes are cached for the next slice of the same segment.
+                self._tiers = TierReader(self._object_store(), WalCache(64 * 1024 * 1024))
+            store = self._object_store()
+            try:
+                batches = await asyncio.wait_for(self._tiers.read(bytes(data)), self.settings.timeout_s * 2)
+            except Exception as exc:
+                raise DisklessSourceError(
+                    f"{self._where()}: cannot read the tiered segment object at offset {self.offset} from S3 at "
+                    f"{store.endpoint_url} (bucket {store.bucket}): {type(exc).__name__}: {exc}"
+                ) from exc
+            self.bytes_read += len(batches)
+            return list(iter_batches(batches))
+        raise DisklessSourceError(f"{self._where()}: the leader answered entries of kind {kind!r}, unknown here")
 
     def _object_store(self) -> ObjectStore:
         if self._store is None:

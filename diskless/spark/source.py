@@ -27,7 +27,7 @@ import asyncio
 import json
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -96,7 +96,7 @@ class RangePartition(InputPartition):
     brokers: tuple[tuple[int, str, int], ...]
     start: int
     end: int
-    settings: Settings  # with the cluster secret the driver resolved
+    settings: Settings = field(repr=False)  # with the cluster secret the driver resolved
 
 
 def _topics_option(options: dict[str, str]) -> tuple[list[str] | None, re.Pattern[str] | None]:
@@ -353,7 +353,7 @@ class DisklessStreamReader(DataSourceStreamReader):
                     end.setdefault(part.topic, {})[str(part.index)] = first
                     continue
                 lags.append((part, begun, max(begun, last)))
-            budget = limit.maxRows if isinstance(limit, ReadMaxRows) else None
+            budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
             total = sum(last - begun for _, begun, last in lags)
             for part, begun, last in lags:
                 take = last - begun

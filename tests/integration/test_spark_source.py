@@ -291,19 +291,23 @@ def test_streaming_query_sees_every_record_once_across_a_restart(cluster_factory
             return []
         return [(r["partition"], r["offset"], bytes(r["value"])) for r in df.collect()]
 
+    def streamed(query: Any, count: int) -> bool:
+        if query.exception() is not None:  # fail at once, not at the deadline
+            raise AssertionError(f"streaming query failed: {query.exception()}")
+        return len(written()) >= count
+
     first = produce_confluent(cluster.bootstrap, topic, "zstd", 100, "first")
     query = start()
     try:
-        wait_until(lambda: len(written()) >= 100, timeout=90, message="first records streamed")
+        wait_until(lambda: streamed(query, 100), timeout=90, interval=1.0, message="first records streamed")
         more = produce_transactions(cluster.bootstrap, topic, "stream-txn", [True, False])
-        wait_until(lambda: len(written()) >= 110, timeout=60, message="committed transaction streamed")
+        wait_until(lambda: streamed(query, 110), timeout=60, interval=1.0, message="committed transaction streamed")
     finally:
         query.stop()
     later = produce_confluent(cluster.bootstrap, topic, "snappy", 80, "later")
     query = start()
     try:
-        wait_until(lambda: len(written()) >= 190, timeout=90, message="records after the restart streamed")
-        assert query.exception() is None
+        wait_until(lambda: streamed(query, 190), timeout=90, interval=1.0, message="records after the restart streamed")
     finally:
         query.stop()
     got = written()

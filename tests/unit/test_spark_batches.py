@@ -1,0 +1,126 @@
+"""The Spark data source's batch decoding (``diskless/spark/batches.py``): records of every codec
+into Arrow columns of Spark's Kafka schema, offset ranges cut inside batches, and Kafka's
+read_committed filtering of aborted transactions and control batches. Batches are built by the
+independent test encoder (``batches.py`` beside this file)."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+from batches import CODECS, Record, make_batch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from diskless.protocol.records import parse_header
+from diskless.spark.batches import AbortedFilter, Columns, control_type, iter_batches
+from diskless.spark.source import arrow_schema
+
+SCHEMA = arrow_schema()
+
+records = st.lists(
+    st.builds(
+        Record,
+        value=st.one_of(st.none(), st.binary(max_size=40)),
+        key=st.one_of(st.none(), st.binary(max_size=10)),
+        headers=st.lists(st.tuples(st.text(max_size=5), st.one_of(st.none(), st.binary(max_size=5))), max_size=3).map(
+            tuple
+        ),
+    ),
+    min_size=1,
+    max_size=20,
+)
+
+
+def rows(batch) -> list[tuple]:  # type: ignore[no-untyped-def]
+    d = batch.to_pydict()
+    return [
+        (d["offset"][i], d["key"][i], d["value"][i], tuple((h["key"], h["value"]) for h in d["headers"][i] or ()))
+        for i in range(batch.num_rows)
+    ]
+
+
+@given(
+    recs=records,
+    codec=st.sampled_from(CODECS),
+    base=st.integers(0, 1000),
+    cut=st.tuples(st.integers(0, 25), st.integers(0, 25)),
+)
+def test_records_of_every_codec_become_arrow_rows_within_the_range(recs, codec, base, cut) -> None:  # type: ignore[no-untyped-def]
+    batch = make_batch(recs, base_offset=base, compression=codec)
+    start, end = base + min(cut), base + max(cut)
+    columns = Columns("t", 3, SCHEMA)
+    (whole,) = iter_batches(batch + batch[:30])  # a partial batch after it is left out
+    added = columns.add_batch(whole, start, end)
+    out = columns.take()
+    assert out.schema == SCHEMA
+    expected = [(base + i, r.key, r.value, r.headers) for i, r in enumerate(recs) if start <= base + i < end]
+    assert added == len(expected) == out.num_rows
+    assert rows(out) == expected
+    assert set(out.column("topic").to_pylist()) <= {"t"} and set(out.column("partition").to_pylist()) <= {3}
+    assert len(columns) == 0  # take() starts afresh
+
+
+def test_timestamps_and_their_type() -> None:
+    create = make_batch([Record(b"a", timestamp=1_000), Record(b"b", timestamp=1_005)], base_offset=7)
+    append = make_batch([Record(b"c"), Record(b"d")], base_offset=9, base_timestamp=5, log_append_time=True)
+    columns = Columns("t", 0, SCHEMA)
+    columns.add_batch(memoryview(create), 0, 100)
+    columns.add_batch(memoryview(append), 0, 100)
+    out = columns.take().to_pydict()
+    assert [round(ts.timestamp() * 1000) for ts in out["timestamp"]] == [1_000, 1_005, 5, 5]
+    assert out["timestampType"] == [0, 0, 1, 1]
+    assert out["headers"] == [None] * 4  # no headers is null, as Spark's Kafka source shows it
+
+
+def _marker(pid: int, offset: int, commit: bool) -> bytes:
+    key = struct.pack(">hh", 0, 1 if commit else 0)
+    return make_batch(
+        [Record(b"\x00\x00\x00\x00\x00\x00", key=key)],
+        base_offset=offset,
+        producer_id=pid,
+        control=True,
+        transactional=True,
+    )
+
+
+def test_read_committed_drops_aborted_transactions_and_control_batches_as_kafka_does() -> None:
+    # pid 1 aborts [0, 2), pid 2 commits [2, 4) interleaved, pid 1 then commits a later transaction.
+    log = [
+        make_batch([b"a1", b"a2"], base_offset=0, producer_id=1, transactional=True),
+        make_batch([b"c1", b"c2"], base_offset=2, producer_id=2, transactional=True),
+        make_batch([b"plain"], base_offset=4),
+        _marker(1, 5, commit=False),
+        _marker(2, 6, commit=True),
+        make_batch([b"a3"], base_offset=7, producer_id=1, transactional=True),
+        _marker(1, 8, commit=True),
+    ]
+    filt = AbortedFilter.of([(1, 0)])
+    columns = Columns("t", 0, SCHEMA)
+    for raw in log:
+        view = memoryview(raw)
+        header = parse_header(view)
+        kind = control_type(view, header) if header.is_control else None
+        if not filt.skip(header, kind):
+            columns.add_batch(view, 0, 100)
+    assert columns.take().column("value").to_pylist() == [b"c1", b"c2", b"plain", b"a3"]
+
+
+def test_dev_dir_gives_brokers_object_storage_and_the_cluster_secret(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from diskless.spark.cluster import settings_from_options
+
+    described = {
+        "s3": {"endpoint": "http://127.0.0.1:8333", "bucket": "b", "access_key": "ak", "secret_key": "S3-SECRET"},
+        "etcd": {"endpoint": "127.0.0.1:2379"},
+        "cluster_secret": "c0ffee",
+        "brokers": {"1": {"address": "127.0.1.1:9092"}, "2": {"address": "127.0.2.1:9093"}},
+    }
+    (tmp_path / "cluster.json").write_text(json.dumps(described))
+    settings = settings_from_options({"dev.dir": str(tmp_path), "timeout.ms": "2000"})
+    config = settings.broker_config()
+    assert settings.bootstrap == (("127.0.1.1", 9092), ("127.0.2.1", 9093))
+    assert (config.diskless_s3_endpoint, config.diskless_s3_bucket) == ("http://127.0.0.1:8333", "b")
+    assert (config.diskless_s3_access_key, config.diskless_s3_secret_key) == ("ak", "S3-SECRET")
+    assert config.diskless_cluster_secret == "c0ffee" and config.metadata_etcd_endpoints == "127.0.0.1:2379"
+    assert "c0ffee" not in repr(settings) and "S3-SECRET" not in repr(settings)
+    assert settings.timeout_s == 2.0 and settings.read_committed
