@@ -23,7 +23,7 @@ from diskless.fetch.tier_reader import TierReader
 from diskless.log.partition_log import TIERED, OffsetMovedToTiered, OffsetOutOfRange, PartitionLog
 from diskless.log.segment import POINTERS
 from diskless.metrics import DISKLESS_FOLLOWER_READS
-from diskless.protocol import internal
+from diskless.protocol import internal, records
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError
 from diskless.replication.follower_reads import (
@@ -37,7 +37,7 @@ from diskless.replication.follower_reads import (
     max_staleness_ms,
 )
 from diskless.replication.partition import Partition, wrap_pointers
-from diskless.storage import pointer
+from diskless.storage import pointer, segment_object
 
 from .api_base import EARLIEST, LATEST, MAX_TIMESTAMP, READ_COMMITTED, ApiFamily, _find_partition, _ms
 from .client_zone import current_client_az
@@ -483,9 +483,11 @@ class FetchApis(ApiFamily):
             if found is not None:
                 hit = plog.record_with_max_timestamp(await self.broker.batch_bytes(*found))
         else:
+            # Tiered ranges first (their pointer entries may be gone), then the log's own entries.
+            hit = await self._tiered_offset_for(plog, timestamp)
             # The first batch reaching the timestamp normally holds the answer; record timestamps
             # need not be monotonic, so keep going if it does not.
-            for segment, location in plog.batches_reaching(timestamp):
+            for segment, location in [] if hit is not None else plog.batches_reaching(timestamp):
                 hit = plog.first_record_reaching(await self.broker.batch_bytes(segment, location), timestamp)
                 if hit is not None:
                     break
@@ -493,6 +495,35 @@ class FetchApis(ApiFamily):
         # (below the last stable offset for read_committed, the high watermark otherwise).
         fetchable = plog.last_stable_offset if committed else plog.high_watermark
         return hit if hit is not None and hit[0] < fetchable else None
+
+    async def _tiered_offset_for(self, plog: PartitionLog, timestamp: int) -> tuple[int, int] | None:
+        """The first record at or after ``timestamp`` in the tiered ranges in effect, read from
+        their segment objects a few MB at a time (only tiers whose max timestamp reaches it)."""
+        for tier in list(plog.tiers):
+            info = tier.info
+            if info.last_offset >= plog.tiered_end or info.last_offset < plog.log_start_offset:
+                continue
+            if info.max_timestamp < timestamp:
+                continue
+            offset = max(info.base_offset, plog.log_start_offset)
+            while offset <= info.last_offset:
+                descriptor = {
+                    "segment": info.to_dict(),
+                    "offset": offset,
+                    "max_bytes": 4 * 1024 * 1024,
+                    "max_offset": plog.high_watermark,
+                }
+                data = await self._tier_reader().read(msgpack.packb(descriptor))
+                if not data:
+                    break
+                for batch in segment_object.iter_batches(data):
+                    header = records.parse_header(batch)
+                    if header.max_timestamp >= timestamp and not header.is_control:
+                        hit = plog.first_record_reaching(bytes(batch), timestamp)
+                        if hit is not None:
+                            return hit
+                    offset = header.last_offset + 1
+        return None
 
     async def offset_for_leader_epoch(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         """The end offset of the client's leader epoch (KIP-320). For a diskless partition that a

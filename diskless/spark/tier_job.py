@@ -166,6 +166,9 @@ class Range:
     end: int  # exclusive: the last stable offset
     pointer_bytes: int
     oldest_untiered_ms: int
+    tiered_end: int = 0  # offsets below are served from segment objects
+    segment_objects: int = 0
+    tiered_bytes: int = 0
 
 
 @dataclass
@@ -184,6 +187,7 @@ class Driver:
         self.settings = settings
         self.brokers: dict[int, tuple[str, int]] = {}
         self._conns: dict[tuple[str, int], KafkaClientConnection] = {}
+        self._connecting = asyncio.Lock()  # partitions commit concurrently: one connection per broker
 
     async def close(self) -> None:
         for conn in self._conns.values():
@@ -191,6 +195,10 @@ class Driver:
         self._conns.clear()
 
     async def _conn(self, address: tuple[str, int]) -> KafkaClientConnection:
+        async with self._connecting:
+            return await self._open(address)
+
+    async def _open(self, address: tuple[str, int]) -> KafkaClientConnection:
         conn = self._conns.get(address)
         if conn is not None and conn.connected:
             return conn
@@ -259,6 +267,9 @@ class Driver:
                     p["end"],
                     p["pointer_bytes"],
                     p["oldest_untiered_ms"],
+                    p.get("tiered_end", 0),
+                    p.get("segment_objects", 0),
+                    p.get("tiered_bytes", 0),
                 )
                 known = out.get((found.topic_id, found.partition))
                 if known is None or known.leader_epoch < found.leader_epoch:
@@ -450,36 +461,61 @@ def run_once(
     report.segments = len(results)
     if after_segments is not None:
         after_segments(results)
-
-    async def commit_all() -> None:
-        driver = Driver(settings)
-        driver.brokers = {}
-        try:
-            await driver.discover()
-            stopped: set[tuple[str, int]] = set()
-            for segment, result in zip(segments, results, strict=True):
-                key = (segment.range.topic_id, segment.range.partition)
-                if key in stopped:
-                    continue
-                info = SegmentInfo.from_dict(result["segment"])
-                answer = await driver.commit(segment, info)
-                if answer.get("error_code", 0) != 0:
-                    stopped.add(key)
-                    name = ErrorCode(answer["error_code"]).name
-                    report.refused.append(
-                        f"{segment.range.topic}-{segment.range.partition} [{info.base_offset}, {info.last_offset}]:"
-                        f" {name} {answer.get('error_message', '')}"
-                    )
-                    continue
-                report.committed += 1
-                report.duplicates += bool(answer.get("duplicate"))
-                report.bytes += info.size
-        finally:
-            await driver.close()
-
-    asyncio.run(commit_all())
+    for attempt in range(COMMIT_ATTEMPTS):
+        late = asyncio.run(_commit_all(settings, segments, results, report, last=attempt == COMMIT_ATTEMPTS - 1))
+        if not late:
+            break
+        # Segments whose commit came too late for the leader (diskless.tier.commit.timeout.ms):
+        # written again (same bytes, a fresh time) and committed again.
+        again = spark.sparkContext.parallelize([tasks[i] for i in late], len(late)).map(write_segment).collect()
+        for i, result in zip(late, again, strict=True):
+            results[i] = result
     report.seconds = time.monotonic() - started
     return report
+
+
+COMMIT_ATTEMPTS = 3
+
+
+async def _commit_all(
+    settings: TierSettings, segments: list[Segment], results: list[dict[str, Any]], report: TierReport, last: bool
+) -> list[int]:
+    """TierCommit every segment not committed yet: partitions concurrently, each partition's
+    segments in offset order, stopping at its first refusal. Returns the indexes refused only
+    because they were written too long ago (to write again), unless this is the ``last`` try."""
+    driver = Driver(settings)
+    late: list[int] = []
+    by_partition: dict[tuple[str, int], list[int]] = {}
+    for i, segment in enumerate(segments):
+        if not results[i].get("committed"):
+            by_partition.setdefault((segment.range.topic_id, segment.range.partition), []).append(i)
+
+    async def one_partition(indexes: list[int]) -> None:
+        for i in indexes:
+            segment = segments[i]
+            info = SegmentInfo.from_dict(results[i]["segment"])
+            answer = await driver.commit(segment, info)
+            code = answer.get("error_code", 0)
+            if code == ErrorCode.request_timed_out and not last:
+                late.extend(indexes[indexes.index(i) :])
+                return
+            if code != 0:
+                report.refused.append(
+                    f"{segment.range.topic}-{segment.range.partition} [{info.base_offset}, {info.last_offset}]:"
+                    f" {ErrorCode(code).name} {answer.get('error_message', '')}"
+                )
+                return
+            results[i]["committed"] = True
+            report.committed += 1
+            report.duplicates += bool(answer.get("duplicate"))
+            report.bytes += info.size
+
+    try:
+        await driver.discover()
+        await asyncio.gather(*(one_partition(indexes) for indexes in by_partition.values()))
+    finally:
+        await driver.close()
+    return sorted(late)
 
 
 # --- command line ---------------------------------------------------------------------------------
