@@ -93,7 +93,9 @@ class WalManagerService:
         self.instance = uuid.uuid4().hex[:12]
         self.metadata = ClusterMetadata(config.cluster_id)
         assert config.metadata_etcd_endpoints and config.diskless_s3_endpoint
-        self.etcd = EtcdMetadataStore(config.metadata_etcd_endpoints, config.cluster_id, self.metadata)
+        self.etcd = EtcdMetadataStore(
+            config.metadata_etcd_endpoints, config.cluster_id, self.metadata, config.etcd_credentials
+        )
         self.store = ObjectStore(
             config.diskless_s3_endpoint,
             config.diskless_s3_bucket,

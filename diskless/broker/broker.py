@@ -78,7 +78,9 @@ class Broker:
         if config.metadata_etcd_endpoints:
             from diskless.cluster.etcd_store import EtcdMetadataStore
 
-            self.backend = EtcdMetadataStore(config.metadata_etcd_endpoints, config.cluster_id, self.metadata)
+            self.backend = EtcdMetadataStore(
+                config.metadata_etcd_endpoints, config.cluster_id, self.metadata, config.etcd_credentials
+            )
         else:
             self.backend = LocalBackend(os.path.join(config.log_dirs, "cluster-metadata.json"), self.metadata)
         self.backend.on_change = self._on_metadata_change

@@ -77,9 +77,21 @@ def _monotonic_ms() -> int:
 
 
 class EtcdMetadataStore:
-    def __init__(self, endpoint: str, cluster_id: str, metadata: ClusterMetadata) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        cluster_id: str,
+        metadata: ClusterMetadata,
+        credentials: tuple[str, str] | None = None,
+    ) -> None:
         host, _, port = endpoint.replace("http://", "").rpartition(":")
-        self.client = aetcd.Client(host=host or "127.0.0.1", port=int(port), timeout=10)
+        # etcd's own authentication (user, password), when it has it on; the keeper's separate
+        # connection authenticates with them too (lease_keeper.py).
+        self._credentials = credentials
+        user, password = credentials if credentials is not None else (None, None)
+        self.client = aetcd.Client(
+            host=host or "127.0.0.1", port=int(port), timeout=10, username=user, password=password
+        )
         self._target = f"{host or '127.0.0.1'}:{int(port)}"  # the keepalive thread's own connection
         self.prefix = f"/diskless/{cluster_id}/"
         self.metadata = metadata
@@ -226,6 +238,7 @@ class EtcdMetadataStore:
                 self.fence,
                 max(ttl_seconds / 3, 0.2),
                 on_expired=lambda: loop.call_soon_threadsafe(self._register_again),
+                credentials=self._credentials,
             )
             assert self._lease is not None
             self._keeper.keep(int(self._lease.id))

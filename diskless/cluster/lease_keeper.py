@@ -42,8 +42,11 @@ class LeaseKeeper:
         fence: LeaseFence,
         interval: float,
         on_expired: Callable[[], None],
+        credentials: tuple[str, str] | None = None,
     ) -> None:
         self.target = target  # host:port of etcd's gRPC endpoint
+        self.credentials = credentials  # etcd user and password, when etcd has authentication on
+        self._token: list[tuple[str, str]] | None = None  # gRPC metadata carrying etcd's auth token
         self.fence = fence
         self.interval = interval
         self.on_expired = on_expired  # called on the keeper's thread: hand it to the loop thread-safely
@@ -76,9 +79,22 @@ class LeaseKeeper:
             self._thread.join(timeout)
             self._thread = None
 
+    def _auth(self) -> list[tuple[str, str]] | None:
+        """etcd's auth token as call metadata (fetched once, again after a failure), or None."""
+        if self.credentials is None:
+            return None
+        if self._token is None:
+            user, password = self.credentials
+            answer = self._auth_stub.Authenticate(
+                rpc_pb2.AuthenticateRequest(name=user, password=password), timeout=3 * self.interval
+            )
+            self._token = [("token", answer.token)]
+        return self._token
+
     def _run(self) -> None:
         channel = grpc.insecure_channel(self.target)
         stub = rpc_pb2_grpc.LeaseStub(channel)
+        self._auth_stub = rpc_pb2_grpc.AuthStub(channel)
         try:
             while not self._stop.wait(self.interval):
                 self._refresh_once(stub)
@@ -94,9 +110,12 @@ class LeaseKeeper:
         try:
             # A refresh that hangs is given up after 3 intervals, well within the TTL, so the next
             # one is tried; a slow success still counts from its sending (lease.py).
-            replies = stub.LeaseKeepAlive(iter([rpc_pb2.LeaseKeepAliveRequest(ID=lease_id)]), timeout=3 * self.interval)
+            replies = stub.LeaseKeepAlive(
+                iter([rpc_pb2.LeaseKeepAliveRequest(ID=lease_id)]), timeout=3 * self.interval, metadata=self._auth()
+            )
             reply = next(iter(replies), None)
         except grpc.RpcError as exc:
+            self._token = None  # an expired or revoked token: authenticate again next round
             log.warning("lease refresh failed", error=str(exc.code()) if hasattr(exc, "code") else repr(exc))
             return
         with self._lock:
