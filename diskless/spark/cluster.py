@@ -167,7 +167,10 @@ async def resolve_secret(settings: Settings, config: BrokerConfig) -> bytes | No
     host, _, port = endpoint.replace("http://", "").rpartition(":")
     import aetcd
 
-    client = aetcd.Client(host=host or "127.0.0.1", port=int(port), timeout=settings.timeout_s)
+    user, password = config.etcd_credentials or (None, None)
+    client = aetcd.Client(
+        host=host or "127.0.0.1", port=int(port), timeout=settings.timeout_s, username=user, password=password
+    )
     try:
         await asyncio.wait_for(client.connect(), settings.timeout_s)
         return await asyncio.wait_for(load_cluster_secret(config, client), settings.timeout_s)
