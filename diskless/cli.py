@@ -133,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     from diskless.spark.tier_job import add_arguments as tier_arguments
 
     tier_arguments(tier)
+    users = sub.add_parser("users", help="add, delete or list SCRAM users in the cluster's store (the first admin)")
+    from diskless.security.users_cli import add_arguments as users_arguments
+
+    users_arguments(users)
     bench = sub.add_parser("bench", help="benchmark a local 3-AZ cluster against issue 10's targets (make bench)")
     from diskless.bench.options import add_arguments, options_from
 
@@ -148,6 +152,11 @@ def main(argv: list[str] | None = None) -> int:
 
         configure_logging("WARNING")
         return tier_main(args)
+    if args.command == "users":
+        from diskless.security.users_cli import main as users_main
+
+        configure_logging("WARNING")
+        return users_main(args)
     if args.command == "bench":
         from diskless.bench.runner import run_bench
 
