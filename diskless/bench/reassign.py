@@ -47,6 +47,7 @@ class KindResult:
     lost: int
     duplicated: int
     consumer_read_during: int
+    producer_errors: list[str]
 
 
 def _wait(condition: Any, timeout: float, what: str) -> Any:
@@ -107,7 +108,7 @@ def _value(seq: int, size: int) -> bytes:
 def run_kind(
     root: Path, diskless: bool, mb: float, partitions: int, record_size: int, rate_mbps: float, out: Any
 ) -> KindResult:
-    from confluent_kafka import Consumer, Producer
+    from confluent_kafka import Consumer, KafkaException, Producer
     from confluent_kafka import TopicPartition as TP
     from kafka import KafkaAdminClient
     from kafka import TopicPartition as KTP
@@ -158,16 +159,21 @@ def run_kind(
         next_seq = [count]
         read_during = [0]
 
+        producer_errors: list[str] = []
+
         def keep_producing() -> None:
             producer = Producer(producer_conf)
             interval = record_size / (rate_mbps * 1024 * 1024)
             due = time.monotonic()
-            while not stop.is_set():
-                producer.produce(topic, _value(next_seq[0], record_size), on_delivery=on_delivery)
-                next_seq[0] += 1
-                due += interval
-                producer.poll(max(0.0, due - time.monotonic()))  # paces the load at rate_mbps
-            producer.flush(120)
+            try:
+                while not stop.is_set():
+                    producer.produce(topic, _value(next_seq[0], record_size), on_delivery=on_delivery)
+                    next_seq[0] += 1
+                    due += interval
+                    producer.poll(max(0.0, due - time.monotonic()))  # paces the load at rate_mbps
+                producer.flush(120)
+            except KafkaException as exc:  # e.g. a fatal idempotence error: reported, not hidden
+                producer_errors.append(str(exc))
 
         consumer = Consumer(
             {"bootstrap.servers": cluster.bootstrap, "group.id": f"bench-{kind}", "enable.auto.commit": False}
@@ -244,6 +250,7 @@ def run_kind(
             lost=len(wanted - seen.keys()),
             duplicated=sum(1 for n in seen.values() if n > 1),
             consumer_read_during=read_during[0],
+            producer_errors=producer_errors,
         )
     finally:
         cluster.stop()
@@ -294,7 +301,10 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         Path(args.json).write_text(json.dumps([asdict(r) for r in results], indent=1))
-    return 0 if all(r.lost == 0 and r.duplicated == 0 for r in results) else 1
+    for r in results:
+        for error in r.producer_errors:
+            print(f"{r.kind}: producer failed: {error}")
+    return 0 if all(r.lost == 0 and r.duplicated == 0 and not r.producer_errors for r in results) else 1
 
 
 if __name__ == "__main__":

@@ -473,12 +473,12 @@ def test_reassign_benchmark_small(tmp_path: Path) -> None:
     """`python -m diskless.bench.reassign` at a small size: a diskless topic's move copies only its
     pointers (far less than the classic topic's records), and neither loses or duplicates data."""
     out = io.StringIO()
-    diskless, classic = reassign_bench.run(4, 3, 16384, ["diskless", "classic"], tmp_path / "bench", out, 1.0)
+    diskless, classic = reassign_bench.run(3, 2, 16384, ["diskless", "classic"], tmp_path / "bench", out, 1.0)
     for result in (diskless, classic):
-        assert result.lost == 0 and result.duplicated == 0, result
-        assert result.acked_total >= 256 and result.read_back >= result.acked_total, result
+        assert result.lost == 0 and result.duplicated == 0 and not result.producer_errors, result
+        assert result.acked_total >= 192 and result.read_back >= result.acked_total, result
         assert result.consumer_read_during > 0, result
-    assert classic.copied_bytes > 4 * 1024 * 1024
+    assert classic.copied_bytes > 3 * 1024 * 1024
     assert diskless.copied_bytes * 20 < classic.copied_bytes, (diskless, classic)
 
 
