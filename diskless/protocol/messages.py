@@ -23,6 +23,7 @@ from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
 from .framing import encode_frame
+from .length_guard import check_lengths
 
 API_PRODUCE = 0
 API_FETCH = 1
@@ -215,6 +216,9 @@ def parse_header(frame: bytes) -> tuple[RequestHeader, int]:
 def decode_request(header: RequestHeader, frame: bytes, body_pos: int) -> Any:
     cls = _request_type(header.api_key, header.api_version)
     try:
+        # Lengths first: kio reserves memory from a declared count, and an absurd one aborts the
+        # process (length_guard.py).
+        check_lengths(cls, memoryview(frame)[body_pos:])
         entity, _size = _reader(cls)(memoryview(frame)[body_pos:], 0)
     except Exception as exc:  # kio raises assorted errors on garbage
         raise MalformedRequest(f"cannot decode {cls.__name__}: {exc}") from exc
