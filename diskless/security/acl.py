@@ -115,25 +115,53 @@ def validate_binding(binding: AclBinding) -> str | None:
 
 
 class Authorizer:
+    """Decisions over the current set of bindings. Literal bindings are indexed by name and
+    decisions are memoised until the set changes: a request's check must not scan every ACL."""
+
+    CACHE_LIMIT = 100_000  # decisions remembered; cleared whole beyond it (bounded memory)
+
     def __init__(self, super_users: frozenset[str] = frozenset(), allow_everyone_if_no_acl_found: bool = False) -> None:
         self.super_users = super_users
         self.allow_everyone_if_no_acl_found = allow_everyone_if_no_acl_found
-        self._by_type: dict[int, list[AclBinding]] = {}
+        self._all: list[AclBinding] = []
+        self._literal: dict[tuple[int, str], list[AclBinding]] = {}
+        self._prefixed: dict[int, list[AclBinding]] = {}
+        self._decisions: dict[tuple[str, str, int, int, str], bool] = {}
 
     def replace(self, bindings: Iterable[AclBinding]) -> None:
-        """Swap in the whole set (ACLs are few and change rarely; lookups stay simple)."""
-        by_type: dict[int, list[AclBinding]] = {}
-        for binding in bindings:
-            by_type.setdefault(binding.resource_type, []).append(binding)
-        self._by_type = by_type
+        """Swap in the whole set (ACLs are few and change rarely)."""
+        literal: dict[tuple[int, str], list[AclBinding]] = {}
+        prefixed: dict[int, list[AclBinding]] = {}
+        everything = list(bindings)
+        for binding in everything:
+            if binding.pattern_type == PREFIXED:
+                prefixed.setdefault(binding.resource_type, []).append(binding)
+            else:
+                literal.setdefault((binding.resource_type, binding.resource_name), []).append(binding)
+        self._all, self._literal, self._prefixed = everything, literal, prefixed
+        self._decisions = {}
 
     def bindings(self) -> list[AclBinding]:
-        return [b for group in self._by_type.values() for b in group]
+        return list(self._all)
 
     def authorize(self, principal: str, host: str, operation: int, resource_type: int, name: str) -> bool:
         if principal in self.super_users:
             return True
-        found = [b for b in self._by_type.get(resource_type, ()) if b.applies_to(resource_type, name)]
+        key = (principal, host, operation, resource_type, name)
+        decision = self._decisions.get(key)
+        if decision is None:
+            decision = self._decide(principal, host, operation, resource_type, name)
+            if len(self._decisions) >= self.CACHE_LIMIT:
+                self._decisions = {}
+            self._decisions[key] = decision
+        return decision
+
+    def _decide(self, principal: str, host: str, operation: int, resource_type: int, name: str) -> bool:
+        found = [
+            *self._literal.get((resource_type, name), ()),
+            *(self._literal.get((resource_type, WILDCARD), ()) if name != WILDCARD else ()),
+            *(b for b in self._prefixed.get(resource_type, ()) if name.startswith(b.resource_name)),
+        ]
         if not found:
             return self.allow_everyone_if_no_acl_found
         kind = principal.partition(":")[0]

@@ -118,3 +118,12 @@ def test_an_allow_for_one_principal_never_lets_another_in(name: str, op: int) ->
     a = authorizer(acl(TOPIC, name, ALICE, op))
     assert a.authorize(ALICE, "h", op, TOPIC, name)
     assert not a.authorize(BOB, "h", op, TOPIC, name)
+
+
+def test_decisions_follow_every_replacement_of_the_acls() -> None:
+    a = authorizer(acl(TOPIC, "t", ALICE, READ))
+    assert a.authorize(ALICE, "h", READ, TOPIC, "t")
+    a.replace([acl(TOPIC, "t", ALICE, READ, permission=DENY)])
+    assert not a.authorize(ALICE, "h", READ, TOPIC, "t")
+    a.replace([acl(TOPIC, "t", BOB, READ), acl(TOPIC, "*", ALICE, READ)])
+    assert a.authorize(ALICE, "h", READ, TOPIC, "t") and a.authorize(ALICE, "h", READ, TOPIC, "*")
