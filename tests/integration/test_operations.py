@@ -533,3 +533,20 @@ def test_classic_reassignment_is_throttled_by_leader_replication_throttled_rate(
     )
     wait_until(lambda: not admin.list_partition_reassignments(), timeout=60, message="unthrottled move done")
     admin.close()
+
+
+def test_dynamic_broker_config_on_a_standalone_broker_survives_restart(broker) -> None:
+    """A broker without etcd keeps dynamic configs in its metadata file, as it keeps topics."""
+    confluent = AdminClient({"bootstrap.servers": broker.bootstrap})
+    change = incremental("log.segment.bytes", "2097152", AlterConfigOpType.SET)
+    confluent.incremental_alter_configs([change])[change].result(timeout=30)
+    resource = ConfigResource(ResourceType.BROKER, "0")
+
+    def segment_bytes() -> ConfigEntry:
+        return confluent.describe_configs([resource])[resource].result(timeout=30)["log.segment.bytes"]
+
+    assert (segment_bytes().value, segment_bytes().source) == ("2097152", ConfigSource.DYNAMIC_BROKER_CONFIG.value)
+    broker.stop()
+    broker.start()
+    confluent = AdminClient({"bootstrap.servers": broker.bootstrap})
+    assert segment_bytes().value == "2097152"
