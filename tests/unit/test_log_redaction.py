@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Iterator
 
+import pytest
 import structlog
 
 from diskless.config import load_config
@@ -16,7 +18,21 @@ S3_ACCESS = "AKIAEXAMPLEACCESS01"
 CLUSTER_SECRET = "cluster-secret-xyz-123"
 
 
-def test_credentials_from_config_and_env_are_redacted(monkeypatch) -> None:
+@pytest.fixture
+def restored_logging() -> Iterator[None]:
+    """configure_logging changes process-wide state: put it back for the tests that follow."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+    structlog.reset_defaults()
+
+
+def test_credentials_from_config_and_env_are_redacted(monkeypatch, restored_logging) -> None:
     stream = io.StringIO()
     monkeypatch.setattr("sys.stderr", stream)
     configure_logging("DEBUG")
