@@ -134,12 +134,16 @@ def _length(buf: memoryview, pos: int, end: int, flexible: bool, prefix: int) ->
     return value, pos + prefix
 
 
-def _element(buf: memoryview, pos: int, end: int, kind: str, detail: Any, flexible: bool) -> int:
+def _element(buf: memoryview, pos: int, end: int, kind: str, detail: Any, flexible: bool, nullable: bool) -> int:
     if kind == "fixed":
         return _need(pos, detail, end, "field")
     if kind == "prefixed":
         size, pos = _length(buf, pos, end, flexible, detail)
-        return pos if size < 0 else _need(pos, size, end, "string or bytes")
+        if size < 0:
+            if not nullable:
+                raise LengthError(f"non-nullable string or bytes at {pos} is null")
+            return pos
+        return _need(pos, size, end, "string or bytes")
     return _entity(buf, pos, end, detail)
 
 
@@ -148,6 +152,9 @@ def _step(buf: memoryview, pos: int, end: int, step: _Step, flexible: bool) -> i
     if is_array:
         count, pos = _length(buf, pos, end, flexible, 4)
         if count < 0:
+            # kio would hand a handler None where the schema promises a sequence; Kafka refuses it.
+            if not optional:
+                raise LengthError(f"non-nullable array at {pos} is null")
             return pos
         smallest = (
             _min_size(detail) if kind == "entity" else (detail if kind == "fixed" else (1 if flexible else detail))
@@ -155,7 +162,7 @@ def _step(buf: memoryview, pos: int, end: int, step: _Step, flexible: bool) -> i
         if count * smallest > end - pos or (smallest == 0 and count > MAX_EMPTY_ELEMENTS):
             raise LengthError(f"array of {count} elements at {pos} cannot fit in {end - pos} bytes")
         for _ in range(count):
-            pos = _element(buf, pos, end, kind, detail, flexible)
+            pos = _element(buf, pos, end, kind, detail, flexible, True)
         return pos
     if kind == "entity" and optional:
         _need(pos, 1, end, "struct marker")
@@ -163,7 +170,7 @@ def _step(buf: memoryview, pos: int, end: int, step: _Step, flexible: bool) -> i
         pos += 1
         if not present:
             return pos
-    return _element(buf, pos, end, kind, detail, flexible)
+    return _element(buf, pos, end, kind, detail, flexible, optional)
 
 
 def _entity(buf: memoryview, pos: int, end: int, cls: type) -> int:

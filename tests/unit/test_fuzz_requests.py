@@ -241,3 +241,15 @@ def test_well_formed_requests_pass_the_length_guard_and_decode_unchanged(
     again = io.BytesIO()
     m._writer(cls)(again, m.decode_request(header, frame, pos))
     assert again.getvalue() == out.getvalue()
+
+
+def test_null_is_refused_where_the_schema_does_not_allow_it() -> None:
+    """CreatePartitions v0 with topics = null (count -1) reached the handler as None and failed there."""
+    frame = header_bytes(37, 0) + struct.pack(">i", -1) + struct.pack(">i", 1000) + b"\x00"
+    header, pos = m.parse_header(frame)
+    with pytest.raises(m.MalformedRequest, match="null"):
+        m.decode_request(header, frame, pos)
+    # Metadata v4's topics may be null ("all topics"): still accepted.
+    frame = header_bytes(3, 4) + struct.pack(">i", -1) + b"\x01"
+    header, pos = m.parse_header(frame)
+    assert m.decode_request(header, frame, pos).topics is None
