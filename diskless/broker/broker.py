@@ -409,7 +409,7 @@ class Broker:
         # Only the fetching follower can rejoin, and only while it is a live broker: stale progress
         # of a dead follower must never put it back into the ISR (Kafka expands on a fetch, too).
         state = partition.leader_state
-        if state is not None and follower in state.isr_to_expand() and follower in self.metadata.brokers:
+        if state is not None and state.may_rejoin(follower) and follower in self.metadata.brokers:
             self._propose_isr(partition, sorted({*state.isr, follower}))
 
     def _shrink_isrs(self) -> None:

@@ -42,7 +42,9 @@ class LeaderState:
 
     def on_follower_fetch(self, follower: int, fetch_offset: int, leader_leo: int, now_ms: int) -> bool:
         """Record a follower fetch; True if the high watermark advanced."""
-        progress = self.followers.setdefault(follower, FollowerProgress(last_caught_up_ms=now_ms))
+        progress = self.followers.get(follower)
+        if progress is None:  # not setdefault: that built a FollowerProgress on every replica fetch
+            progress = self.followers[follower] = FollowerProgress(last_caught_up_ms=now_ms)
         progress.log_end_offset = fetch_offset
         progress.last_fetch_ms = now_ms
         if fetch_offset >= leader_leo:
@@ -74,13 +76,15 @@ class LeaderState:
         return out
 
     def isr_to_expand(self) -> list[int]:
-        out = []
-        for replica, progress in self.followers.items():
-            if replica in self.isr or replica not in self.replicas:
-                continue
-            if progress.log_end_offset >= max(self.high_watermark, self.epoch_start_offset):
-                out.append(replica)
-        return out
+        return [replica for replica in self.followers if self.may_rejoin(replica)]
+
+    def may_rejoin(self, follower: int) -> bool:
+        """Whether ``follower``, out of the ISR, has caught up enough to be added back (asked on
+        every replica fetch of every partition, so for the one fetching follower only)."""
+        if follower in self.isr or follower not in self.replicas:
+            return False
+        progress = self.followers.get(follower)
+        return progress is not None and progress.log_end_offset >= max(self.high_watermark, self.epoch_start_offset)
 
     def apply_isr(self, isr: list[int], leader_leo: int) -> bool:
         """The store accepted a new ISR; returns True if that advanced the high watermark."""
