@@ -127,6 +127,17 @@ def main(argv: list[str] | None = None) -> int:
     from diskless.reassign import add_arguments as reassign_arguments
 
     reassign_arguments(reassign)
+    chaos = sub.add_parser(
+        "chaos", help="faults against a local cluster under load; checks no acknowledged record is lost or duplicated"
+    )
+    chaos.add_argument("--seed", type=int, default=1, help="decides the faults, victims and timings (default 1)")
+    chaos.add_argument("--duration", type=float, default=45.0, help="seconds of faults, roughly (default 45)")
+    chaos.add_argument("--brokers", type=int, default=3)
+    chaos.add_argument("--partitions", type=int, default=3, help="per topic (default 3)")
+    chaos.add_argument("--rate", type=int, default=100, help="records per second per topic (default 100)")
+    chaos.add_argument("--data-dir", help="keep the cluster's data and logs here (default: a temporary dir)")
+    chaos.add_argument("--json", help="also write the result as JSON to this file")
+    chaos.add_argument("--quick", action="store_true", help="every kind of fault once (about a minute; make test)")
     tier = sub.add_parser(
         "tier", help="tier committed WAL ranges into per-partition segment objects (PySpark job, make tier)"
     )
@@ -162,6 +173,23 @@ def main(argv: list[str] | None = None) -> int:
 
         configure_logging("WARNING")
         return run_bench(options_from(args))
+    if args.command == "chaos":
+        from diskless.chaos.run import Options, main_chaos
+
+        configure_logging("WARNING")
+        return main_chaos(
+            Options(
+                seed=args.seed,
+                duration_s=args.duration,
+                brokers=args.brokers,
+                azs=min(3, args.brokers),
+                partitions=args.partitions,
+                rate=args.rate,
+                data_dir=args.data_dir,
+                json_path=args.json,
+                quick=args.quick,
+            )
+        )
     if args.command == "dev":
         from diskless.dev import control, run_dev
 
