@@ -1,13 +1,15 @@
 """The ``diskless`` Spark data source against a real cluster, a real S3 server and a local Spark.
 
 What is produced (confluent-kafka and aiokafka, every codec, committed and aborted transactions,
-classic then diskless ranges of one topic) is recorded from the producers' acknowledgements; the
+tiered (the tiering job's segment objects), diskless and classic ranges of one topic) is
+recorded from the producers' acknowledgements; the
 data source must return exactly the committed records: same count and same checksum of
 (partition, offset, key, value, headers).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from typing import Any
@@ -18,7 +20,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 from support import wait_until
 
-from diskless.spark import DisklessDataSource, DisklessSourceError
+from diskless.spark import DisklessDataSource, DisklessSourceError, tier_job
 
 OVERRIDES = {"transaction.state.log.num.partitions": "3", "offsets.topic.num.partitions": "3"}
 PARTITIONS = 2
@@ -31,9 +33,10 @@ def create_topic(bootstrap: str, topic: str, partitions: int, configs: dict[str,
     admin.create_topics([NewTopic(topic, partitions, rf, config=configs)])[topic].result(30)
 
 
-def set_diskless(bootstrap: str, topic: str) -> None:
+def set_diskless(bootstrap: str, topic: str, enabled: bool) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    entry = ConfigEntry("diskless.enabled", "true", incremental_operation=AlterConfigOpType.SET)
+    value = "true" if enabled else "false"
+    entry = ConfigEntry("diskless.enabled", value, incremental_operation=AlterConfigOpType.SET)
     resource = ConfigResource("topic", topic, incremental_configs=[entry])
     admin.incremental_alter_configs([resource])[resource].result(30)
 
@@ -109,6 +112,11 @@ def produce_transactions(bootstrap: str, topic: str, tid: str, plan: list[bool])
     return committed
 
 
+def tier_settings(cluster: Any) -> tier_job.TierSettings:
+    overrides = {"diskless.s3.endpoint": cluster.s3.endpoint, "metadata.etcd.endpoints": cluster.etcd.endpoint}
+    return tier_job.settings_from_args(cluster.bootstrap, None, overrides, None)
+
+
 def spark_rows(df: Any) -> list[Row]:
     out = []
     for r in df.collect():
@@ -139,19 +147,24 @@ def reader(spark: Any, cluster: Any, topic: str, **options: str) -> Any:
 async def test_batch_read_equals_committed_records_of_every_client_codec_and_range(cluster_factory, spark) -> None:
     cluster = cluster_factory(s3=True, overrides=OVERRIDES)
     topic = "mixed"
-    create_topic(cluster.bootstrap, topic, PARTITIONS, {})
+    configs = {"diskless.enabled": "true", "segment.bytes": "20000"}
+    create_topic(cluster.bootstrap, topic, PARTITIONS, configs)
     expected: list[Row] = []
-    # Classic range: plain and gzip records, one committed and one aborted transaction.
-    expected += produce_confluent(cluster.bootstrap, topic, "none", 30, "classic")
-    expected += produce_confluent(cluster.bootstrap, topic, "gzip", 30, "classic")
-    expected += produce_transactions(cluster.bootstrap, topic, "classic-txn", [True, False])
-    set_diskless(cluster.bootstrap, topic)
     # Diskless range: every codec from both clients, committed and aborted transactions between.
     for codec in ("none", "gzip", "snappy", "lz4", "zstd"):
         expected += produce_confluent(cluster.bootstrap, topic, codec, 40, "diskless")
     expected += produce_transactions(cluster.bootstrap, topic, "diskless-txn", [False, True, False, True])
+    # Tiered range: what is committed so far goes to segment objects (the tiering job).
+    report = await asyncio.to_thread(tier_job.run_once, spark, tier_settings(cluster))  # it runs its own loops
+    assert report.committed > 0 and not report.refused, report.line()
+    # Untiered diskless range after it.
     for codec in ("gzip", "snappy", "lz4", "zstd"):
         expected += await produce_aiokafka(cluster.bootstrap, topic, codec, 25)
+    # Classic range: the topic switched back; plain and gzip records, a committed and an aborted transaction.
+    set_diskless(cluster.bootstrap, topic, False)
+    expected += produce_confluent(cluster.bootstrap, topic, "none", 30, "classic")
+    expected += produce_confluent(cluster.bootstrap, topic, "gzip", 30, "classic")
+    expected += produce_transactions(cluster.bootstrap, topic, "classic-txn", [True, False])
     assert len({(p, o) for p, o, *_ in expected}) == len(expected)
 
     rows = spark_rows(reader(spark, cluster, topic))
