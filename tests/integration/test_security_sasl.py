@@ -65,6 +65,9 @@ class SecureBroker:
             "allow.everyone.if.no.acl.found": "false",
             "auto.create.topics.enable": "false",
             "offsets.topic.replication.factor": "1",
+            "transaction.state.log.replication.factor": "1",
+            "transaction.state.log.num.partitions": "2",
+            "offsets.topic.num.partitions": "2",
         }
         self.broker = BrokerServer(0, root / "broker-0", HOST, "az-1", None, overrides, client_azs=["az-1"])
 
@@ -306,3 +309,37 @@ def read_error(config: dict[str, Any], seconds: float) -> int | None:
         return None
     finally:
         consumer.close()
+
+
+def test_transactional_ids_need_write(secure: SecureBroker) -> None:
+    admin = AdminClient(client_config(secure, "admin", "admin-secret", "SCRAM-SHA-512"))
+    admin.create_topics([NewTopic(TOPIC, 1, 1)])[TOPIC].result(30)
+    users = [
+        UserScramCredentialUpsertion(name, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), password)
+        for name, password in (("alice", b"alice-pw"), ("bob", b"bob-pw"))
+    ]
+    for future in admin.alter_user_scram_credentials(users).values():
+        future.result(30)
+    grants = [
+        AclBinding(ResourceType.TOPIC, TOPIC, ResourcePatternType.LITERAL, p, "*", AclOperation.WRITE, ALLOW)
+        for p in ("User:alice", "User:bob")
+    ]
+    txn = ResourceType.TRANSACTIONAL_ID
+    grants.append(
+        AclBinding(txn, "tx-alice", ResourcePatternType.LITERAL, "User:alice", "*", AclOperation.WRITE, ALLOW)
+    )
+    for future in admin.create_acls(grants).values():
+        future.result(30)
+
+    alice = Producer({**client_config(secure, "alice", "alice-pw"), "transactional.id": "tx-alice"})
+    alice.init_transactions(30)
+    alice.begin_transaction()
+    alice.produce(TOPIC, b"in-a-transaction")
+    alice.commit_transaction(30)
+
+    bob = Producer({**client_config(secure, "bob", "bob-pw"), "transactional.id": "tx-alice"})
+    with pytest.raises(Exception, match="TRANSACTIONAL_ID_AUTHORIZATION_FAILED"):
+        bob.init_transactions(30)
+    # bob may write the topic without a transaction (idempotent: WRITE on a topic suffices, KIP-679).
+    assert produce({**client_config(secure, "bob", "bob-pw")}, b"plain") is None
+    assert end_offset(client_config(secure, "admin", "admin-secret", "SCRAM-SHA-512")) == 3  # 2 records + a marker
