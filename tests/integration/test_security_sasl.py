@@ -38,7 +38,7 @@ from confluent_kafka.admin import (
 )
 from rawclient import Session
 
-from diskless.local.servers import BrokerServer, EtcdServer
+from diskless.local.servers import BrokerServer, EtcdServer, S3Server
 from diskless.security.scram import credential_from_password
 from diskless.security.store import EtcdSecurityStore
 from diskless.security.tls import make_dev_certs
@@ -53,8 +53,9 @@ HOST = "127.0.1.1"
 
 
 class SecureBroker:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, s3: bool = False) -> None:
         self.root = root
+        self.s3 = S3Server(root / "s3") if s3 else None
         self.certs = make_dev_certs(root / "certs", [HOST])
         self.etcd = EtcdServer(root / "etcd")
         overrides = {
@@ -68,10 +69,14 @@ class SecureBroker:
             "transaction.state.log.replication.factor": "1",
             "transaction.state.log.num.partitions": "2",
             "offsets.topic.num.partitions": "2",
+            "metrics.port": "0",
         }
         self.broker = BrokerServer(0, root / "broker-0", HOST, "az-1", None, overrides, client_azs=["az-1"])
 
     def start(self) -> SecureBroker:
+        if self.s3 is not None:
+            self.s3.start()
+            self.broker.overrides["diskless.s3.endpoint"] = self.s3.endpoint
         self.etcd.start()
         asyncio.run(self._add_admin())
         self.broker.etcd = self.etcd.endpoint
@@ -95,6 +100,8 @@ class SecureBroker:
     def kill(self) -> None:
         self.broker.kill()
         self.etcd.kill()
+        if self.s3 is not None:
+            self.s3.kill()
 
 
 @pytest.fixture
@@ -343,3 +350,37 @@ def test_transactional_ids_need_write(secure: SecureBroker) -> None:
     # bob may write the topic without a transaction (idempotent: WRITE on a topic suffices, KIP-679).
     assert produce({**client_config(secure, "bob", "bob-pw")}, b"plain") is None
     assert end_offset(client_config(secure, "admin", "admin-secret", "SCRAM-SHA-512")) == 3  # 2 records + a marker
+
+
+@pytest.fixture
+def secure_s3(tmp_path: Path) -> Iterator[SecureBroker]:
+    cluster = SecureBroker(tmp_path, s3=True)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.kill()
+
+
+def puts(broker: BrokerServer) -> float:
+    samples = broker.metrics()
+    return sum(
+        v
+        for k, v in samples.items()
+        if k.startswith("diskless_object_store_requests_total{") and 'operation="put"' in k
+    )
+
+
+def test_denied_diskless_produce_uploads_nothing(secure_s3: SecureBroker) -> None:
+    admin = AdminClient(client_config(secure_s3, "admin", "admin-secret", "SCRAM-SHA-512"))
+    admin.create_topics([NewTopic(TOPIC, 1, 1, config={"diskless.enabled": "true"})])[TOPIC].result(30)
+    upsert = UserScramCredentialUpsertion("bob", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 4096), b"bob-pw")
+    admin.alter_user_scram_credentials([upsert])["bob"].result(30)
+    read = AclBinding(ResourceType.TOPIC, TOPIC, ResourcePatternType.LITERAL, "User:bob", "*", AclOperation.READ, ALLOW)
+    admin.create_acls([read])[read].result(30)
+    assert produce(client_config(secure_s3, "admin", "admin-secret", "SCRAM-SHA-512"), b"from-admin") is None
+    before = puts(secure_s3.broker)
+    assert before >= 1  # the admin's record went to a WAL object
+    error = produce(client_config(secure_s3, "bob", "bob-pw"), b"from-bob")
+    assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED, error
+    assert puts(secure_s3.broker) == before  # refused before the representative buffered anything
+    assert end_offset(client_config(secure_s3, "admin", "admin-secret", "SCRAM-SHA-512")) == 1
