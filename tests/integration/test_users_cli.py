@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import KafkaError
 from confluent_kafka.admin import AdminClient
+from rawclient import RawClient, metadata_request
 
 from diskless.local.servers import BrokerServer, EtcdServer
 
@@ -82,3 +83,15 @@ def test_users_add_list_delete(cluster: tuple[EtcdServer, BrokerServer]) -> None
     assert not can_log_in(broker)
     missing = users(etcd, "delete", "--user", "admin", "--mechanism", "SCRAM-SHA-512")
     assert missing.returncode == 1 and "no SCRAM-SHA-512 credential" in missing.stderr
+
+
+def test_sasl_listener_serves_nothing_before_authentication(cluster: tuple[EtcdServer, BrokerServer]) -> None:
+    """Kafka's SaslServerAuthenticator: a request other than ApiVersions/SaslHandshake/
+    SaslAuthenticate before authentication closes the connection, unanswered."""
+    _, broker = cluster
+    with RawClient(broker.bootstrap_for("az-1")) as raw:
+        raw.send(metadata_request(None))
+        assert raw.wait_closed(10)
+    # On the PLAINTEXT inter-broker listener of the same broker, the same request is answered.
+    with RawClient(broker.bootstrap) as raw:
+        assert raw.request(metadata_request(None)).brokers
