@@ -89,6 +89,16 @@ async def test_client_connection_cannot_commit_or_replicate(cluster_factory) -> 
         assert "results" not in answer
     assert high_watermark(cluster.bootstrap) == 0
 
+    # Every internal RPC (tiering, transaction verification, ...) is refused the same way.
+    conn = KafkaClientConnection(broker.host, broker.port, "rawclient")
+    await conn.connect()
+    try:
+        for api in sorted(internal.INTERNAL_APIS - internal.AUTH_APIS):
+            answer = await conn.wait(conn.send_internal(api, {}))
+            assert answer == {"error_code": CLUSTER_AUTHORIZATION_FAILED}, (api, answer)
+    finally:
+        await conn.close()
+
     # A replica fetch (replica_id >= 0) from a client connection is refused too, per partition.
     conn = KafkaClientConnection(broker.host, broker.port, "rawclient")
     await conn.connect()
