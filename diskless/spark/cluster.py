@@ -48,7 +48,7 @@ from diskless.security.cluster_secret import configured_secret, load_cluster_sec
 from diskless.security.internal_auth import ClusterSecret
 from diskless.security.tls import internal_client_context
 from diskless.storage import pointer
-from diskless.storage.object_store import ObjectStore
+from diskless.storage.object_store import NoSuchKey, ObjectStore
 
 from .batches import AbortedFilter, Columns, CorruptBatch, control_type, iter_batches
 
@@ -367,6 +367,13 @@ class ClusterClient:
         raise DisklessSourceError(f"{part.topic}-{part.index}: no replica answered as leader ({'; '.join(problems)})")
 
 
+MAX_POINTER_REFRESHES = 3
+
+
+class _PointersMoved(Exception):
+    """A WAL object named by pointer entries no longer exists (its range moved or was deleted)."""
+
+
 class PartitionReader:
     """Reads offsets [start, end) of one partition into Arrow batches (executor side).
 
@@ -386,6 +393,7 @@ class PartitionReader:
         self._filter: AbortedFilter | None = None
         self._store: ObjectStore | None = None
         self._tiers: TierReader | None = None
+        self._moved = 0
         self.bytes_read = 0
 
     async def close(self) -> None:
@@ -489,6 +497,8 @@ class PartitionReader:
                 ranges = [(units[i].offset, units[i].offset + units[i].size) for i in indexes]
                 try:
                     chunks = await asyncio.wait_for(store.get_ranges(key, ranges), self.settings.timeout_s * 2)
+                except NoSuchKey as exc:
+                    raise _PointersMoved(key) from exc
                 except Exception as exc:
                     raise DisklessSourceError(
                         f"{self._where()}: cannot read WAL object {key} from S3 at {store.endpoint_url} "
@@ -519,7 +529,20 @@ class PartitionReader:
                     break
                 units.append(self._units.popleft())
                 size += header.size if header is not None else len(unit)
-            for batch in await self._resolve(units):
+            try:
+                resolved = await self._resolve(units)
+            except _PointersMoved as exc:
+                # The object went after our pointers were read: its range was tiered (or removed by
+                # retention) meanwhile, and the WAL manager deleted it. Ask the leader again.
+                self._moved += 1
+                if self._moved > MAX_POINTER_REFRESHES:
+                    raise DisklessSourceError(
+                        f"{self._where()}: WAL object {exc} is gone from object storage although the leader "
+                        f"still points into it at offset {self.offset}"
+                    ) from exc
+                self._units.clear()
+                continue
+            for batch in resolved:
                 try:
                     header = records.parse_header(batch)
                     hidden = False

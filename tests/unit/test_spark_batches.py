@@ -124,3 +124,55 @@ def test_dev_dir_gives_brokers_object_storage_and_the_cluster_secret(tmp_path) -
     assert config.diskless_cluster_secret == "c0ffee" and config.metadata_etcd_endpoints == "127.0.0.1:2379"
     assert "c0ffee" not in repr(settings) and "S3-SECRET" not in repr(settings)
     assert settings.timeout_s == 2.0 and settings.read_committed
+
+
+class _FakeClient:
+    """FetchPointers answers in order: pointers into a WAL object, then (asked again) the batches."""
+
+    def __init__(self, answers: list[dict]) -> None:  # type: ignore[type-arg]
+        from diskless.spark.cluster import Settings
+
+        self.settings = Settings(bootstrap=(("127.0.0.1", 1),), timeout_s=1.0)
+        self.config = self.settings.broker_config()
+        self.answers = answers
+        self.asked: list[int] = []
+
+    async def fetch_pointers(self, part, offset, max_bytes):  # type: ignore[no-untyped-def]
+        self.asked.append(offset)
+        return self.answers.pop(0)
+
+
+class _GoneStore:
+    endpoint_url = "http://s3"
+    bucket = "b"
+
+    async def get_ranges(self, key, ranges):  # type: ignore[no-untyped-def]
+        from diskless.storage.object_store import NoSuchKey
+
+        raise NoSuchKey(key)
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_pointers_into_a_deleted_wal_object_are_asked_for_again() -> None:
+    """A range tiered (and its WAL object deleted) after the reader got its pointers: the reader
+    asks the leader again from the same offset and reads what it answers now."""
+    from diskless.spark.cluster import PartitionInfo, PartitionReader
+    from diskless.storage.pointer import encode_pointer_entry
+
+    batch = make_batch([b"a", b"b", b"c"], base_offset=0)
+    entry = encode_pointer_entry(batch[:61], "wal/gone.wal", 0, len(batch))
+    common = {"error_code": 0, "high_watermark": 3, "last_stable_offset": 3, "log_start_offset": 0}
+    client = _FakeClient(
+        [
+            {**common, "kind": "pointers", "data": entry, "aborted_transactions": []},
+            {**common, "kind": "records", "data": batch, "aborted_transactions": []},
+        ]
+    )
+    reader = PartitionReader(client, PartitionInfo("t", "id", 0, 1, (1,)), 0, 3, SCHEMA)  # type: ignore[arg-type]
+    reader._store = _GoneStore()  # type: ignore[assignment]
+    out = await reader.next_batch()
+    assert out is not None and out.column("value").to_pylist() == [b"a", b"b", b"c"]
+    assert client.asked == [0, 0]
+    assert await reader.next_batch() is None
