@@ -86,6 +86,7 @@ def _escape(value: str) -> str:
 class DevCerts:
     ca: Path  # the CA certificate: clients' truststore / ssl.ca.location
     keystore: Path  # broker certificate + key (ssl.keystore.location)
+    ca_key: Path  # the CA's private key (mode 600): issue_client_cert signs with it
 
 
 def make_dev_certs(directory: Path, hosts: list[str], days: int = 30) -> DevCerts:
@@ -154,4 +155,41 @@ def make_dev_certs(directory: Path, hosts: list[str], days: int = 30) -> DevCert
         + key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
     keystore.chmod(0o600)
-    return DevCerts(ca_path, keystore)
+    ca_key_path = directory / "ca-key.pem"
+    ca_key_path.write_bytes(ca_key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    ca_key_path.chmod(0o600)
+    return DevCerts(ca_path, keystore, ca_key_path)
+
+
+def issue_client_cert(certs: DevCerts, common_name: str, days: int = 30) -> tuple[Path, Path]:
+    """A client certificate ``CN=<common_name>`` from the development CA: (certificate, key) PEM
+    files beside it, for ``ssl.client.auth`` listeners (its principal: ``User:CN=<common_name>``)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert = x509.load_pem_x509_certificate(certs.ca.read_bytes())
+    ca_key = serialization.load_pem_private_key(certs.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    now = datetime.datetime.now(datetime.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    cert_path = certs.ca.parent / f"client-{common_name}.pem"
+    key_path = certs.ca.parent / f"client-{common_name}-key.pem"
+    cert_path.write_bytes(cert.public_bytes(pem))
+    key_path.write_bytes(key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    key_path.chmod(0o600)
+    return cert_path, key_path
