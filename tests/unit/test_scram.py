@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import hmac
 
@@ -138,3 +139,29 @@ def test_certificate_principal_is_the_rfc2253_subject() -> None:
     assert principal_of({"subject": subject}) == "User:CN=alice,O=Acme\\, Inc,C=SE"
     assert principal_of({}) == "User:ANONYMOUS"
     assert principal_of(None) == "User:ANONYMOUS"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200), st.binary(max_size=300))
+def test_hostile_sasl_bytes_only_ever_fail_authentication(first: bytes, final: bytes) -> None:
+    """What an unauthenticated client sends can only end in AuthenticationFailed, never a crash."""
+    credential = credential_from_password("SCRAM-SHA-256", PASSWORD, SALT, 4096)
+    server = ScramServer("SCRAM-SHA-256")
+    with contextlib.suppress(AuthenticationFailed):
+        server.client_first(first)
+        server.server_first(credential)
+        server.client_final(final)
+    assert not server.complete
+    with contextlib.suppress(AuthenticationFailed):
+        parse_plain(first)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.text(max_size=8), st.one_of(st.none(), st.integers(), st.binary(max_size=40), st.text())))
+def test_hostile_internal_handshake_bodies_are_refused(body: dict) -> None:
+    from diskless.security.internal_auth import ClusterSecret, InternalAuthState
+
+    state = InternalAuthState(ClusterSecret(b"secret"))
+    state.challenge()
+    answer, close = state.prove(body, "client")
+    assert close and not state.authenticated and answer == {"error_code": 58}
