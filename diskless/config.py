@@ -28,7 +28,13 @@ ENV_PREFIX = "DISKLESS_"
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 # Settings whose values are credentials: registered with the log redactor (security/redact.py).
 SECRET_PROPERTIES = frozenset(
-    {"diskless.s3.access.key", "diskless.s3.secret.key", "diskless.cluster.secret", "ssl.key.password"}
+    {
+        "diskless.s3.access.key",
+        "diskless.s3.secret.key",
+        "diskless.cluster.secret",
+        "ssl.key.password",
+        "metadata.etcd.password",
+    }
 )
 
 
@@ -91,6 +97,15 @@ class BrokerConfig:
     metrics_host: str | None = field(default=None, metadata=_prop("metrics.host", "Defaults to the listener's host."))
     metadata_etcd_endpoints: str | None = field(
         default=None, metadata=_prop("metadata.etcd.endpoints", "host:port of etcd; unset runs a standalone broker.")
+    )
+    metadata_etcd_username: str | None = field(
+        default=None, metadata=_prop("metadata.etcd.username", "etcd user when etcd has authentication on.")
+    )
+    metadata_etcd_password: str | None = field(
+        default=None,
+        metadata=_prop(
+            "metadata.etcd.password", "Its password (DISKLESS_METADATA_ETCD_PASSWORD keeps it off the command line)."
+        ),
     )
     broker_session_timeout_ms: int = field(
         default=9000, metadata=_prop("broker.session.timeout.ms", "Lease TTL: a broker silent this long is fenced.")
@@ -161,6 +176,13 @@ class BrokerConfig:
         metadata=_prop("ssl.truststore.location", "PEM file of the CAs client certificates must chain to."),
     )
     ssl_client_auth: str = field(default="none", metadata=_prop("ssl.client.auth", "none, requested or required."))
+    connection_failed_authentication_delay_ms: int = field(
+        default=100,
+        metadata=_prop(
+            "connection.failed.authentication.delay.ms",
+            "A failed SASL authentication is answered (and the connection closed) this much later (slows guessing).",
+        ),
+    )
     authorizer_class_name: str = field(
         default="",
         metadata=_prop("authorizer.class.name", "Any non-empty value enables ACL authorization (security/acl.py)."),
@@ -293,6 +315,13 @@ class BrokerConfig:
     @property
     def super_user_set(self) -> frozenset[str]:
         return frozenset(u.strip() for u in self.super_users.split(";") if u.strip())
+
+    @property
+    def etcd_credentials(self) -> tuple[str, str] | None:
+        """(user, password) for etcd, when both are set."""
+        if self.metadata_etcd_username and self.metadata_etcd_password:
+            return self.metadata_etcd_username, self.metadata_etcd_password
+        return None
 
     def zone_policy(self) -> ZonePolicy:
         """How this broker decides its clients' AZs (``cluster/client_az.py``)."""

@@ -453,8 +453,10 @@ class SecurityApis(ApiFamily):
             session.became(f"User:{session.scram.username}")
             return self._sasl_answer(ErrorCode.none, None, final)
         except AuthenticationFailed as exc:
-            log.warning("SASL authentication failed", mechanism=mechanism, reason=str(exc))
+            log.warning("SASL authentication failed", mechanism=mechanism, reason=str(exc), peer=session.host)
             session.close_after_answer = True
+            # As Kafka: the failure is answered late, so guessing passwords costs time per try.
+            await asyncio.sleep(self.broker.config.connection_failed_authentication_delay_ms / 1000)
             message = (
                 "Authentication failed during authentication due to invalid credentials with SASL mechanism "
                 + mechanism
