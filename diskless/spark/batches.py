@@ -153,19 +153,36 @@ class Columns:
         h_starts, h_nulls = self.header_starts, self.header_nulls
         h_keys, h_values = self.header_keys, self.header_values
         added = 0
+        value_bytes = 0
+        base_us = base_ts * 1000
+        append_us = header.max_timestamp * 1000
         pos = 0
         try:
+            # Varints of one byte (small deltas, short keys, header counts) are decoded inline:
+            # this loop is the reader's hot path, and a call per field costs more than the field.
             for _ in range(header.record_count):
                 length, pos = _varint(body, pos)
                 record_end = pos + length
-                pos += 1  # record attributes (unused in v2)
-                ts_delta, pos = _varint(body, pos)
-                offset_delta, pos = _varint(body, pos)
-                offset = base_offset + offset_delta
+                b = body[pos + 1]  # after the record attributes (unused in v2)
+                if b < 0x80:
+                    ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 2
+                else:
+                    ts_delta, pos = _varint(body, pos + 1)
+                b = body[pos]
+                if b < 0x80:
+                    offset = base_offset + ((b >> 1) ^ -(b & 1))
+                    pos += 1
+                else:
+                    offset_delta, pos = _varint(body, pos)
+                    offset = base_offset + offset_delta
                 if not start <= offset < end:
                     pos = record_end
                     continue
-                key_len, pos = _varint(body, pos)
+                b = body[pos]
+                if b < 0x80:
+                    key_len, pos = (b >> 1) ^ -(b & 1), pos + 1
+                else:
+                    key_len, pos = _varint(body, pos)
                 if key_len >= 0:
                     keys.append(body[pos : pos + key_len])
                     pos += key_len
@@ -175,10 +192,14 @@ class Columns:
                 if value_len >= 0:
                     values.append(body[pos : pos + value_len])
                     pos += value_len
-                    self.value_bytes += value_len
+                    value_bytes += value_len
                 else:
                     values.append(None)
-                count, pos = _varint(body, pos)
+                count = body[pos]
+                if count < 0x80:
+                    count, pos = (count >> 1) ^ -(count & 1), pos + 1
+                else:
+                    count, pos = _varint(body, pos)
                 for _ in range(count):
                     hk_len, pos = _varint(body, pos)
                     h_keys.append(body[pos : pos + hk_len].decode())
@@ -192,13 +213,15 @@ class Columns:
                 h_starts.append(len(h_keys))
                 h_nulls.append(count == 0)  # Spark's Kafka source: no headers is a null array
                 offsets.append(offset)
-                stamps.append((header.max_timestamp if log_append else base_ts + ts_delta) * 1000)
+                stamps.append(append_us if log_append else base_us + ts_delta * 1000)
                 types.append(ts_type)
                 added += 1
                 if pos != record_end:
                     raise CorruptBatch(f"record at offset {offset} is {pos - record_end} bytes off its length")
         except (IndexError, UnicodeDecodeError) as exc:
             raise CorruptBatch(f"batch at offset {base_offset}: truncated or garbled record ({exc})") from exc
+        finally:
+            self.value_bytes += value_bytes
         return added
 
     def take(self) -> pa.RecordBatch:
@@ -222,10 +245,10 @@ class Columns:
         columns = {
             "key": pa.array(self.keys, type=pa.binary()),
             "value": pa.array(self.values, type=pa.binary()),
-            "topic": pa.array([self.topic] * n, type=self.schema.field("topic").type),
-            "partition": pa.array([self.partition] * n, type=self.schema.field("partition").type),
+            "topic": pa.repeat(pa.scalar(self.topic, self.schema.field("topic").type), n),
+            "partition": pa.repeat(pa.scalar(self.partition, self.schema.field("partition").type), n),
             "offset": pa.array(self.offsets, type=self.schema.field("offset").type),
-            "timestamp": pa.array(self.timestamps, type=pa.int64()).cast(self.schema.field("timestamp").type),
+            "timestamp": pa.array(self.timestamps, type=self.schema.field("timestamp").type),
             "timestampType": pa.array(self.timestamp_types, type=self.schema.field("timestampType").type),
             "headers": headers,
         }

@@ -22,13 +22,14 @@ records = st.lists(
     st.builds(
         Record,
         value=st.one_of(st.none(), st.binary(max_size=40)),
-        key=st.one_of(st.none(), st.binary(max_size=10)),
+        key=st.one_of(st.none(), st.binary(max_size=100)),  # lengths past one varint byte too
+        timestamp=st.one_of(st.none(), st.integers(1_700_000_000_000 - 10**6, 1_700_000_000_000 + 10**6)),
         headers=st.lists(st.tuples(st.text(max_size=5), st.one_of(st.none(), st.binary(max_size=5))), max_size=3).map(
             tuple
         ),
     ),
     min_size=1,
-    max_size=20,
+    max_size=80,  # offset deltas past one varint byte too
 )
 
 
@@ -44,7 +45,7 @@ def rows(batch) -> list[tuple]:  # type: ignore[no-untyped-def]
     recs=records,
     codec=st.sampled_from(CODECS),
     base=st.integers(0, 1000),
-    cut=st.tuples(st.integers(0, 25), st.integers(0, 25)),
+    cut=st.tuples(st.integers(0, 85), st.integers(0, 85)),
 )
 def test_records_of_every_codec_become_arrow_rows_within_the_range(recs, codec, base, cut) -> None:  # type: ignore[no-untyped-def]
     batch = make_batch(recs, base_offset=base, compression=codec)
@@ -57,6 +58,9 @@ def test_records_of_every_codec_become_arrow_rows_within_the_range(recs, codec, 
     expected = [(base + i, r.key, r.value, r.headers) for i, r in enumerate(recs) if start <= base + i < end]
     assert added == len(expected) == out.num_rows
     assert rows(out) == expected
+    default_ts = 1_700_000_000_000  # make_batch's for records without one
+    stamps = [default_ts if r.timestamp is None else r.timestamp for i, r in enumerate(recs) if start <= base + i < end]
+    assert [round(t.timestamp() * 1000) for t in out.column("timestamp").to_pylist()] == stamps
     assert set(out.column("topic").to_pylist()) <= {"t"} and set(out.column("partition").to_pylist()) <= {3}
     assert len(columns) == 0  # take() starts afresh
 
