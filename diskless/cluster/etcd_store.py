@@ -76,6 +76,12 @@ def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    """Hand ``callback`` to ``loop`` from another thread; nothing to do once the loop has closed."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(callback)
+
+
 class EtcdMetadataStore:
     def __init__(
         self,
@@ -237,7 +243,7 @@ class EtcdMetadataStore:
                 self._target,
                 self.fence,
                 max(ttl_seconds / 3, 0.2),
-                on_expired=lambda: loop.call_soon_threadsafe(self._register_again),
+                on_expired=lambda: _call_soon(loop, self._register_again),
                 credentials=self._credentials,
             )
             assert self._lease is not None

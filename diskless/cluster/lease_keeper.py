@@ -97,7 +97,10 @@ class LeaseKeeper:
         self._auth_stub = rpc_pb2_grpc.AuthStub(channel)
         try:
             while not self._stop.wait(self.interval):
-                self._refresh_once(stub)
+                try:
+                    self._refresh_once(stub)
+                except Exception:  # never let the thread die: no keepalive at all fences the broker
+                    log.exception("lease keepalive failed")
         finally:
             channel.close()
 
