@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -110,6 +111,8 @@ def main() -> None:
                     producer.poll(0.05)
             if i % 10_000 == 0:
                 producer.poll(0)
+            if i % 100_000 == 0:
+                print(f"produced {i} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
         assert producer.flush(300) == 0, "records not delivered"
         result["produce_s"] = round(time.monotonic() - started, 1)
 
