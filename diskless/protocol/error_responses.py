@@ -35,6 +35,8 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "results_by_topic_v3_and_below": ("v3_and_below_topics",),
     "results_by_partition": ("partitions",),
     "partitions": ("partition_indexes",),
+    "replica_election_results": ("topic_partitions",),  # ElectLeaders
+    "partition_result": ("partitions",),
 }
 
 # Fields that say which item an answer is about; everything else an error answer leaves at its
@@ -48,6 +50,7 @@ _IDENTITY = frozenset(
         "index",
         "partition",
         "partition_index",
+        "partition_id",
         "resource_type",
         "resource_name",
         "group_id",
@@ -111,6 +114,8 @@ def error_response(api_key: int, version: int, request: Any, code: ErrorCode, me
     """A response body (the dict ``messages.encode_response`` takes) answering ``request`` with ``code``."""
     cls = m._response_type(api_key, version)
     text = message
+    if api_key == API_ALTER_REPLICA_LOG_DIRS:
+        return _alter_replica_log_dirs(request, code)
     if text is None and code == ErrorCode.unknown_server_error:
         text = UNKNOWN_SERVER_ERROR_MESSAGE
     return _fill(cls, request, code, text, top=True)
@@ -188,6 +193,20 @@ def _fill_list(entity: type, name: str, source: Any, code: ErrorCode, message: s
             answer[key] = item
         items.append(answer)
     return items
+
+
+API_ALTER_REPLICA_LOG_DIRS = 34
+
+
+def _alter_replica_log_dirs(request: Any, code: ErrorCode) -> dict[str, Any]:
+    """AlterReplicaLogDirs asks per directory and is answered per topic: every partition of every
+    directory's topics gets the code (Kafka's AlterReplicaLogDirsRequest.getErrorResponse)."""
+    results: dict[str, list[dict[str, Any]]] = {}
+    for directory in getattr(request, "dirs", None) or ():
+        for topic in directory.topics:
+            parts = results.setdefault(topic.name, [])
+            parts += [{"partition_index": p, "error_code": code} for p in topic.partitions]
+    return {"throttle_time": 0, "results": [{"topic_name": t, "partitions": p} for t, p in results.items()]}
 
 
 def _identity(source: Any, name: str) -> tuple[Any] | None:

@@ -27,6 +27,9 @@ UNANSWERED |= {"creations"}  # CreateAcls answers its creations by position, wit
 SCALAR_LISTS = {"topic_names", "groups", "group_ids", "groups_names", "coordinator_keys", "partitions"}
 SCALAR_LISTS |= {"partition_indexes"}
 IDENTITY = {"name", "topic", "topic_id", "partition", "partition_index", "index", "resource_name", "group_id"}
+# Not answered per item asked about: DescribeLogDirs answers per directory (the topics asked about
+# are not directories), ListPartitionReassignments with one top-level code (its topics carry none).
+TOP_LEVEL_ONLY = {35, 46}
 
 
 class Sample:
@@ -132,7 +135,7 @@ def test_error_response_for_every_served_api_version(api_key: int, version: int,
     values, codes = answered(response)
     assert codes, "the error answer carries no error code"
     assert set(codes) == {code}
-    missing = asked_about(request) - values
+    missing = set() if api_key in TOP_LEVEL_ONLY else asked_about(request) - values
     assert not missing, f"items the request asked about are absent from the answer: {missing}"
 
 
