@@ -5,7 +5,9 @@ derives the high watermark (the smallest log end offset in the ISR, never moving
 proposes ISR changes: a follower that has not caught up to the leader's log end within
 ``replica.lag.time.max.ms`` is dropped; one that has reached the high watermark (and the start of
 the current leader epoch) is added back. Proposals go to the metadata store; the ISR here changes
-only when the store's new state is applied.
+only when the store's new state is applied. While an expansion is proposed, the high watermark
+already waits for the joining follower (Kafka's maximal ISR, KIP-497): the controller may act on
+the stored ISR (complete a reassignment, elect that follower) before the leader applies it.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class LeaderState:
     high_watermark: int
     became_leader_ms: int
     followers: dict[int, FollowerProgress] = field(default_factory=dict)
+    # The ISR proposed to the store and not applied yet, when it adds replicas (None otherwise).
+    maximal_isr: list[int] | None = None
 
     def __post_init__(self) -> None:
         for replica in self.replicas:
@@ -53,7 +57,7 @@ class LeaderState:
 
     def maybe_advance_hw(self, leader_leo: int) -> bool:
         candidate = leader_leo
-        for replica in self.isr:
+        for replica in self.isr if self.maximal_isr is None else self.maximal_isr:
             if replica == self.leader_id:
                 continue
             progress = self.followers.get(replica)
@@ -86,7 +90,17 @@ class LeaderState:
         progress = self.followers.get(follower)
         return progress is not None and progress.log_end_offset >= max(self.high_watermark, self.epoch_start_offset)
 
+    def propose_isr(self, isr: list[int]) -> None:
+        """An ISR change is being proposed to the store: until it is applied (or fails), replicas it
+        adds count for the high watermark as if they were in the ISR."""
+        if set(isr) - set(self.isr):
+            self.maximal_isr = sorted(set(self.isr) | set(isr))
+
+    def proposal_failed(self) -> None:
+        self.maximal_isr = None
+
     def apply_isr(self, isr: list[int], leader_leo: int) -> bool:
         """The store accepted a new ISR; returns True if that advanced the high watermark."""
         self.isr = list(isr)
+        self.maximal_isr = None
         return self.maybe_advance_hw(leader_leo)
