@@ -29,7 +29,11 @@ KIB = 1024
 class BenchOptions:
     partitions: int = 12
     record_size: int = 1024  # bytes of record value (the payload); the first 8 carry the send time
-    rate: int = 300  # records/s per producer (one producer per AZ) in the fixed-rate phases
+    rate: int = 300  # records/s per AZ in the fixed-rate phases, split among the AZ's producers
+    # Producers per AZ. An idempotent producer has at most 5 requests in flight per broker, so one
+    # producer's maximum rate is about 5 requests / produce latency: diskless, with its linger and
+    # PUT in every request's latency, needs more producers than classic to show its maximum.
+    producers_per_az: int = 1
     duration: float = 20.0  # seconds of each of the ``low`` and ``80pct`` phases
     burst: float = 15.0  # seconds at maximum rate
     after: float = 10.0  # seconds of the ``after-burst`` phase
@@ -83,13 +87,20 @@ class BenchOptions:
             raise ValueError("--profile names a kind this run does not run")
         if self.linger_ms < 1:
             raise ValueError("--linger-ms must be >= 1")
+        if self.producers_per_az < 1:
+            raise ValueError("--producers-per-az must be >= 1")
+
+    @property
+    def producer_rate(self) -> int:
+        """Records/s of each producer in the fixed-rate phases (the AZ's rate split among them)."""
+        return max(1, round(self.rate / self.producers_per_az))
 
     def first_phases(self) -> list[dict[str, Any]]:
         """``low``, ``max``, ``after-burst``: one schedule the producers run back to back."""
         return [
-            {"name": "low", "rate": self.rate, "duration": self.duration},
+            {"name": "low", "rate": self.producer_rate, "duration": self.duration},
             {"name": "max", "rate": None, "duration": self.burst},
-            {"name": "after-burst", "rate": self.rate, "duration": self.after},
+            {"name": "after-burst", "rate": self.producer_rate, "duration": self.after},
         ]
 
     def as_dict(self) -> dict[str, Any]:
@@ -106,7 +117,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="smoke test: every figure, tiny numbers (~1 minute)")
     parser.add_argument("--partitions", type=int, help=f"partitions per topic (default {d.partitions})")
     parser.add_argument("--record-size", type=int, help=f"bytes per record value (default {d.record_size})")
-    parser.add_argument("--rate", type=int, help=f"records/s per producer in fixed-rate phases (default {d.rate})")
+    parser.add_argument("--rate", type=int, help=f"records/s per AZ in fixed-rate phases (default {d.rate})")
+    parser.add_argument(
+        "--producers-per-az",
+        type=int,
+        help=f"producer processes per AZ, sharing the AZ's rate (default {d.producers_per_az})",
+    )
     parser.add_argument("--duration", type=float, help=f"seconds of the low and 80pct phases (default {d.duration:g})")
     parser.add_argument("--burst", type=float, help=f"seconds at maximum rate (default {d.burst:g})")
     parser.add_argument("--after", type=float, help=f"seconds of the after-burst phase (default {d.after:g})")
@@ -129,7 +145,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def options_from(args: argparse.Namespace) -> BenchOptions:
     options = BenchOptions.quick_run() if args.quick else BenchOptions()
-    for flag in ("partitions", "record_size", "rate", "duration", "burst", "after", "linger_ms", "producer_linger_ms"):
+    for flag in (
+        "partitions",
+        "record_size",
+        "rate",
+        "producers_per_az",
+        "duration",
+        "burst",
+        "after",
+        "linger_ms",
+        "producer_linger_ms",
+    ):
         value = getattr(args, flag)
         if value is not None:
             setattr(options, flag, value)

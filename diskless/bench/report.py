@@ -150,8 +150,9 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"{o['brokers']} brokers in {o['azs']} AZs, S3: {result['cluster']['s3_kind']}; {o['partitions']} partitions,"
         f" replication {o['replication']}, {o['record_size']} B records, acks=all, producer linger.ms"
-        f" {o['producer_linger_ms']}, diskless.wal.linger.ms {o['linger_ms']}; one producer and one consumer per AZ;"
-        f" fixed rate {o['rate']} records/s per producer{' (quick mode)' if o['quick'] else ''}."
+        f" {o['producer_linger_ms']}, diskless.wal.linger.ms {o['linger_ms']};"
+        f" {o.get('producers_per_az', 1)} producer(s) and one consumer per AZ;"
+        f" fixed rate {o['rate']} records/s per AZ{' (quick mode)' if o['quick'] else ''}."
         f" {result['cpus']} CPUs, load average {result['load_average']['at_start'][0]:g} at the start"
         f" and {result['load_average']['at_end'][0]:g} at the end (1 minute).",
         "",

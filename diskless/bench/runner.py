@@ -195,8 +195,17 @@ def run_kind(
             "linger_ms": options.producer_linger_ms,
             "queue_kbytes": options.producer_queue_kbytes,
         }
+        count = options.producers_per_az
         producers = [
-            gens.spawn("producer", az, {**producer_args, "bootstrap": bootstrap[az]}, az_env(az, shim)) for az in azs
+            gens.spawn(
+                "producer",
+                az,
+                {**producer_args, "bootstrap": bootstrap[az]},
+                az_env(az, shim),
+                name=f"producer-{az}" if count == 1 else f"producer-{az}-{i}",
+            )
+            for az in azs
+            for i in range(count)
         ]
         gens.wait_files(producers, "ready", READY_TIMEOUT_S)
 
@@ -261,7 +270,7 @@ def run_kind(
             gens.wait_files([lagging], "ready", READY_TIMEOUT_S)
             order = {
                 "start_at": time.time() + 0.3,
-                "phases": [{"name": "lagging", "rate": options.rate, "duration": options.duration}],
+                "phases": [{"name": "lagging", "rate": options.producer_rate, "duration": options.duration}],
                 "flush_timeout": FLUSH_TIMEOUT_S,
             }
             third = _windows(order)

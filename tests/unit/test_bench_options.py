@@ -1,0 +1,31 @@
+"""``diskless bench`` load options: ``--producers-per-az`` splits each AZ's fixed rate among that
+many producer processes (an idempotent producer has at most 5 requests in flight per broker, so
+one producer cannot show diskless's maximum throughput); the default keeps one producer per AZ."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from diskless.bench.options import BenchOptions, add_arguments, options_from
+
+
+def _parse(*argv: str) -> BenchOptions:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return options_from(parser.parse_args(list(argv)))
+
+
+def test_the_rate_is_per_az_and_split_among_its_producers() -> None:
+    options = _parse("--rate", "300", "--producers-per-az", "4")
+    assert options.producers_per_az == 4 and options.producer_rate == 75
+    assert {p["name"]: p["rate"] for p in options.first_phases()} == {"low": 75, "max": None, "after-burst": 75}
+    default = _parse("--rate", "300")
+    assert default.producers_per_az == 1 and default.producer_rate == 300
+    assert _parse("--rate", "2", "--producers-per-az", "8").producer_rate == 1  # never below 1 record/s
+
+
+def test_producers_per_az_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="producers-per-az"):
+        _parse("--producers-per-az", "0").validate()
