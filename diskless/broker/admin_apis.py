@@ -18,6 +18,12 @@ from .config_apis import topic_config_entries
 
 log = structlog.get_logger(__name__)
 
+# Kafka's controller refuses requests that would create more partitions than this at once (one
+# metadata batch; KAFKA-17870 for CreateTopics, KAFKA-19673 for CreatePartitions). Here it also
+# keeps a request for 2^31 partitions from holding the event loop (and the etcd lease) hostage.
+MAX_NEW_PARTITIONS_PER_REQUEST = 10000
+EXCESSIVE_PARTITIONS = "Excessively large number of partitions per request."
+
 
 class AdminApis(ApiFamily):
     """Topic administration."""
@@ -33,6 +39,10 @@ class AdminApis(ApiFamily):
     async def create_topics(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         names = [t.name for t in request.topics]
         results = []
+        default = self.broker.config.num_partitions
+        asked = sum(
+            len(t.assignments) or (default if t.num_partitions == -1 else t.num_partitions) for t in request.topics
+        )
         for item in request.topics:
             entry: dict[str, Any] = {
                 "name": item.name,
@@ -41,6 +51,10 @@ class AdminApis(ApiFamily):
                 "replication_factor": -1,
                 "configs": None,
             }
+            if asked > MAX_NEW_PARTITIONS_PER_REQUEST:
+                entry.update(error_code=ErrorCode.policy_violation, error_message=EXCESSIVE_PARTITIONS)
+                results.append(entry)
+                continue
             if names.count(item.name) > 1:
                 entry.update(error_code=ErrorCode.invalid_request, error_message=f"Duplicate topic name {item.name}")
                 results.append(entry)
@@ -113,8 +127,16 @@ class AdminApis(ApiFamily):
 
     async def create_partitions(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         results = []
+        asked = 0
+        for item in request.topics:
+            topic = self._meta.topics.get(item.name)
+            asked += item.count - (len(topic.partitions) if topic is not None else 0)
         for item in request.topics:
             entry: dict[str, Any] = {"name": item.name, "error_code": ErrorCode.none, "error_message": None}
+            if asked > MAX_NEW_PARTITIONS_PER_REQUEST:
+                entry.update(error_code=ErrorCode.policy_violation, error_message=EXCESSIVE_PARTITIONS)
+                results.append(entry)
+                continue
             assignments = [list(a.broker_ids) for a in item.assignments] if item.assignments else None
             try:
                 await self.broker.add_partitions(item.name, item.count, request.validate_only, assignments)

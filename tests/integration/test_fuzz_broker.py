@@ -135,3 +135,39 @@ def test_fuzzed_frames_of_every_api_against_a_live_broker(victim) -> None:
     print(f"fuzzed frames: {outcomes}")
     assert sum(outcomes.values()) >= 100
     still_healthy(broker, session)
+
+
+def test_excessive_partition_counts_are_refused_as_kafka_does(victim) -> None:
+    """CreateTopics/CreatePartitions asking for 2^31-1 partitions blocked the broker's event loop
+    (no answer in 60 s, its etcd lease expired). Kafka refuses more than 10000 new partitions per
+    request with POLICY_VIOLATION (KAFKA-17870, KAFKA-19673)."""
+    import datetime
+
+    from kio.schema.create_partitions.v0.request import CreatePartitionsRequest, CreatePartitionsTopic
+    from kio.schema.create_topics.v5.request import CreatableTopic, CreateTopicsRequest
+    from kio.static.primitive import i16, i32
+
+    broker, session = victim
+    create = CreateTopicsRequest(
+        topics=(
+            CreatableTopic(
+                name="huge", num_partitions=i32(2**31 - 1), replication_factor=i16(1), assignments=(), configs=()
+            ),
+        ),
+        timeout=datetime.timedelta(seconds=10),
+        validate_only=False,
+    )
+    began = time.monotonic()
+    answer = session.request(create)
+    assert answer.topics[0].error_code == ErrorCode.policy_violation, answer
+    assert "Excessively large number of partitions" in (answer.topics[0].error_message or "")
+    grow = CreatePartitionsRequest(
+        topics=(CreatePartitionsTopic(name=TOPIC, count=i32(2**31 - 1), assignments=None),),
+        timeout=datetime.timedelta(seconds=10),
+        validate_only=False,
+    )
+    answer = session.request(grow)
+    assert answer.results[0].error_code == ErrorCode.policy_violation, answer
+    assert time.monotonic() - began < 10
+    assert session.metadata(["huge"]).topics[0].error_code == ErrorCode.unknown_topic_or_partition
+    still_healthy(broker, session)
