@@ -480,7 +480,14 @@ class FetchApis(ApiFamily):
         hit = None
         if timestamp == MAX_TIMESTAMP:
             found = plog.batch_of_max_timestamp()
-            if found is not None:
+            tiered = [t.info for t in plog.tiers if plog.log_start_offset <= t.last_offset < plog.tiered_end]
+            best = max(tiered, key=lambda info: info.max_timestamp, default=None)
+            if best is not None and (
+                found is None or best.max_timestamp >= found[1].max_timestamp or found[1].base_offset < plog.tiered_end
+            ):
+                # The earliest record with the largest timestamp is in a segment object.
+                hit = await self._tiered_offset_for(plog, best.max_timestamp, only=best)
+            elif found is not None:
                 hit = plog.record_with_max_timestamp(await self.broker.batch_bytes(*found))
         else:
             # Tiered ranges first (their pointer entries may be gone), then the log's own entries.
@@ -496,11 +503,16 @@ class FetchApis(ApiFamily):
         fetchable = plog.last_stable_offset if committed else plog.high_watermark
         return hit if hit is not None and hit[0] < fetchable else None
 
-    async def _tiered_offset_for(self, plog: PartitionLog, timestamp: int) -> tuple[int, int] | None:
-        """The first record at or after ``timestamp`` in the tiered ranges in effect, read from
-        their segment objects a few MB at a time (only tiers whose max timestamp reaches it)."""
+    async def _tiered_offset_for(
+        self, plog: PartitionLog, timestamp: int, only: segment_object.SegmentInfo | None = None
+    ) -> tuple[int, int] | None:
+        """The first record at or after ``timestamp`` in the tiered ranges in effect (or in the
+        ``only`` one), read from their segment objects a few MB at a time (only tiers whose max
+        timestamp reaches it)."""
         for tier in list(plog.tiers):
             info = tier.info
+            if only is not None and info != only:
+                continue
             if info.last_offset >= plog.tiered_end or info.last_offset < plog.log_start_offset:
                 continue
             if info.max_timestamp < timestamp:
