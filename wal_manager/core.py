@@ -307,6 +307,11 @@ class WalManagerCore:
             self._bytes_known += size
             self._add_partitions(obj, [partition], now_ms)
 
+    def created_ms(self, key: str) -> int | None:
+        """The creation time the core judges ``key`` by (for segments: write time plus hold)."""
+        obj = self._objects.get(key)
+        return None if obj is None else obj.created_ms
+
     def on_scan_complete(
         self, listed: Iterable[str], scanned_prefixes: Iterable[str], started_ms: int, now_ms: int
     ) -> None:

@@ -43,7 +43,7 @@ from diskless.protocol.framing import FrameDecoder, FrameError
 from diskless.security.cluster_secret import configured_secret, load_cluster_secret
 from diskless.security.internal_auth import ClusterSecret, InternalAuthState
 from diskless.security.tls import internal_client_context, server_context
-from diskless.storage.object_store import InvalidRange, NoSuchKey, ObjectStore
+from diskless.storage.object_store import InvalidRange, NoSuchKey, ObjectInfo, ObjectStore
 from diskless.storage.segment_object import SEGMENTS_PREFIX, parse_segment_key
 from diskless.storage.wal_format import TAIL_READ_HINT, WAL_KEY_ROOT, CorruptWalObject, parse_tail
 
@@ -233,23 +233,48 @@ class WalManagerService:
             core.on_listed(info.key, info.size, _now_ms())
             listed.add(info.key)
         # Tiered segment objects (issue 12): same rule, their partition is in the key.
+        async for info in self.store.list(SEGMENTS_PREFIX):
+            if self._on_segment_listed(core, info):
+                listed.add(info.key)
+        core.on_scan_complete(listed, [WAL_KEY_ROOT, SEGMENTS_PREFIX], started_ms, _now_ms())
+        SCAN_SECONDS.observe(time.monotonic() - started)
+
+    def _on_segment_listed(self, core: WalManagerCore, info: ObjectInfo) -> bool:
+        """Report a listed segment object to the core; False for keys that are not segments."""
+        parsed = parse_segment_key(info.key)
+        try:
+            ref = PartitionRef(parsed[0], parsed[1]) if parsed is not None else None
+        except ValueError:
+            ref = None
+        if ref is None:
+            return False  # never ours to delete
+        # Unreferenced segments wait for the tier commit timeout plus both clocks' skew.
         hold_ms = (
             self.config.diskless_tier_commit_timeout_ms
             + 2 * self.config.wal_manager_clock_skew_ms
             - self.config.wal_manager_grace_ms
         )
-        async for info in self.store.list(SEGMENTS_PREFIX):
-            parsed = parse_segment_key(info.key)
-            try:
-                ref = PartitionRef(parsed[0], parsed[1]) if parsed is not None else None
-            except ValueError:
-                ref = None
-            if ref is None:
-                continue  # not a segment key: never ours to delete
-            core.on_segment_listed(info.key, info.size, info.last_modified_ms, ref, hold_ms, _now_ms())
-            listed.add(info.key)
-        core.on_scan_complete(listed, [WAL_KEY_ROOT, SEGMENTS_PREFIX], started_ms, _now_ms())
-        SCAN_SECONDS.observe(time.monotonic() - started)
+        core.on_segment_listed(info.key, info.size, info.last_modified_ms, ref, hold_ms, _now_ms())
+        return True
+
+    async def _recheck_segments(self, core: WalManagerCore, keys: list[str]) -> list[str]:
+        """Segment objects rewritten since they were judged (a rerun of the tier job puts the same
+        key again and may commit it) start over instead of being deleted: their write time is read
+        again just before the delete. A rewrite between this read and the delete is not caught."""
+        out = []
+        for key in keys:
+            judged = core.created_ms(key)
+            if not key.startswith(SEGMENTS_PREFIX) or judged is None:
+                out.append(key)
+                continue
+            rewritten = False
+            async for info in self.store.list(key):
+                if info.key == key:
+                    self._on_segment_listed(core, info)
+                    rewritten = core.created_ms(key) != judged
+            if not rewritten:
+                out.append(key)
+        return out
 
     async def _read_trailers(self) -> None:
         """Read one page of trailers (concurrently); each outcome is reported for its object alone."""
@@ -372,6 +397,7 @@ class WalManagerService:
     async def _delete(self) -> None:
         core = self._core()
         keys = core.deletable(_now_ms())[: max(1, self.config.wal_manager_delete_rate)]
+        keys = await self._recheck_segments(core, keys)
         if not keys:
             return
         started = time.monotonic()
