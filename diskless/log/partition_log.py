@@ -362,7 +362,7 @@ class PartitionLog:
             entry = view[pos : pos + size]
             pos += size
             header = records.parse_header(entry, pointer.ENTRY_HEADER_POS)
-            if header.base_offset < self.log_end_offset:
+            if header.base_offset < self.log_end_offset and not self._restart_inside(header, now_ms):
                 continue
             tier = self._tier_of_entry(entry, header)
             if tier is not None:
@@ -386,7 +386,7 @@ class PartitionLog:
         """Append batches whose offsets the leader assigned; returns the new log end offset."""
         for batch in records.split_batches(data):
             header = records.parse_header(batch)
-            if header.base_offset < self.log_end_offset:
+            if header.base_offset < self.log_end_offset and not self._restart_inside(header, now_ms):
                 continue
             self.epochs.assign(header.partition_leader_epoch, header.base_offset)
             self._append(batch, header.base_offset, header.last_offset, header.max_timestamp, now_ms)
@@ -395,6 +395,23 @@ class PartitionLog:
             if header.is_control:
                 self.txn_verifier.end(header.producer_id)
         return self.log_end_offset
+
+    def _restart_inside(self, header: records.BatchHeader, now_ms: int) -> bool:
+        """Make room for a replicated batch that holds this empty log's start inside it.
+
+        DeleteRecords moves a leader's log start to any offset, so a follower that restarted its
+        log there is sent the whole batch around it. As Kafka does on UnexpectedAppendOffset, the
+        empty log restarts at the batch's base (the log start stays where it was): skipping the
+        batch as already appended would leave its offsets from the log start on out of the log.
+        """
+        empty = len(self.segments) == 1 and self.active_segment.size == 0 and not self.tiers
+        if not empty or not header.base_offset < self.log_end_offset <= header.last_offset:
+            return False
+        start, high_watermark = self.log_start_offset, self.high_watermark
+        self.truncate_fully_and_start_at(header.base_offset, now_ms)
+        self._set_log_start(start)
+        self.high_watermark = high_watermark
+        return True
 
     def append_marker_as_leader(
         self,

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 from batches import decode_all, values_batch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 
@@ -484,6 +484,7 @@ async def check_follower_against_leader(root: Path, ops: list[tuple[str, int]]) 
 
 
 @given(OPS)
+@example([("produce", 1), ("produce", 1), ("delete", 11), ("replicate", 5), ("fetch", 11)])  # restart inside a batch
 def test_a_follower_answers_fetches_as_its_leader_would(ops: list[tuple[str, int]]) -> None:
     """Whatever the follower has replicated, a fetch in the leader's range gets the leader's
     records, and one below the leader's start as last reported gets OFFSET_OUT_OF_RANGE."""

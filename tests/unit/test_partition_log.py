@@ -484,6 +484,24 @@ def test_append_as_follower_keeps_leader_offsets(tmp_path: Path) -> None:
     assert follower.size_bytes == leader.size_bytes
 
 
+def test_a_follower_restarted_inside_a_batch_keeps_that_batch(tmp_path: Path) -> None:
+    # DeleteRecords cuts the leader's log start anywhere, so a follower that restarts its log at
+    # the leader's start (11) is sent the whole batch holding it (10-14). Dropping that batch as
+    # "already appended" left offsets 11-14 out of the follower's log: a consumer reading there
+    # got 15 onwards (Kafka restarts the empty log at the batch's base, UnexpectedAppendOffset).
+    leader = open_log(tmp_path / "leader")
+    for i in range(4):
+        produce(leader, 5, tag=f"b{i}")
+    leader.delete_records_before(11)
+    follower = open_log(tmp_path / "follower")
+    follower.truncate_fully_and_start_at(leader.log_start_offset, T0)
+    assert follower.append_as_follower(leader.read(11, 1 << 20).records, T0) == 20
+    follower.high_watermark = follower.log_end_offset
+    assert follower.log_start_offset == 11
+    assert [r.offset for r in read_records(follower)] == list(range(11, 20))
+    assert read_records(follower) == read_records(leader)
+
+
 def test_old_create_times_do_not_roll_every_batch(tmp_path: Path) -> None:
     # Records replayed with day-old CreateTime timestamps: segment.ms is measured between record
     # timestamps (Kafka's LogSegment.timeWaitedForRoll), not from the wall clock to the first one.
