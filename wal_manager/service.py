@@ -60,6 +60,8 @@ OBJECT_ERRORS = Counter(
     ["operation", "reason"],
 )
 TRAILER_READ_CONCURRENCY = 16
+VACANCY_CHECK_S = 1.0  # a standby asks etcd directly this often whether the manager key is gone
+ETCD_CALL_TIMEOUT_S = 5.0
 Answered = tuple[str, PartitionRef, Answer, int]
 
 
@@ -149,12 +151,19 @@ class WalManagerService:
         """Campaign, serve while active, fall back to standby when the lease is lost."""
         ttl = max(1, round(self.config.broker_session_timeout_ms / 1000))
         while not self._stop.is_set():
-            lease = await self.etcd.client.lease(ttl)
-            if not await self._campaign(lease):
+            # Every etcd call is bounded: one left hanging across an etcd restart stopped the
+            # instance from ever campaigning again (and so all collection).
+            try:
+                lease = await asyncio.wait_for(self.etcd.client.lease(ttl), ETCD_CALL_TIMEOUT_S)
+                won = await asyncio.wait_for(self._campaign(lease), ETCD_CALL_TIMEOUT_S)
+            except Exception as exc:
+                log.info("could not campaign for the WAL manager key; trying again", error=str(exc))
+                await asyncio.sleep(1.0)
+                continue
+            if not won:
                 ACTIVE.set(0)
                 await self._wait_for_vacancy()
-                with contextlib.suppress(Exception):
-                    await lease.revoke()
+                await self._revoke(lease)
                 continue
             log.info("became the active WAL manager", instance=self.instance)
             ACTIVE.set(1)
@@ -166,9 +175,12 @@ class WalManagerService:
             await cancel_and_wait(keepalive, active, stopper)
             self.core = None
             ACTIVE.set(0)
-            with contextlib.suppress(Exception):
-                await lease.revoke()
+            await self._revoke(lease)
             log.warning("no longer the active WAL manager", instance=self.instance)
+
+    async def _revoke(self, lease: Any) -> None:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(lease.revoke(), ETCD_CALL_TIMEOUT_S)
 
     async def _campaign(self, lease: Any) -> bool:
         key = self.etcd._key("wal-manager")
@@ -181,13 +193,26 @@ class WalManagerService:
         return bool(won)
 
     async def _wait_for_vacancy(self) -> None:
+        """Until the manager key is gone. The metadata watch normally tells; after an etcd restart
+        it can be silently dead (no error, no events), which left every instance waiting forever,
+        so etcd is also asked directly (a linearizable read) every ``VACANCY_CHECK_S``."""
+        key = self.etcd._key("wal-manager")
+        next_check = time.monotonic() + VACANCY_CHECK_S
         while not self._stop.is_set() and self.metadata.wal_manager is not None:
+            if time.monotonic() >= next_check:
+                next_check = time.monotonic() + VACANCY_CHECK_S
+                try:
+                    if await asyncio.wait_for(self.etcd.client.get(key), ETCD_CALL_TIMEOUT_S) is None:
+                        return
+                except Exception as exc:  # etcd down or restarting: ask again next time
+                    log.info("could not read the WAL manager key", error=str(exc))
             await asyncio.sleep(0.2)
 
     async def _keep_alive(self, lease: Any, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            reply = await lease.refresh()
+            # Unanswered before the lease could expire: it may be gone, so this instance steps down.
+            reply = await asyncio.wait_for(lease.refresh(), 2 * interval)
             if reply is not None and getattr(reply, "TTL", 1) <= 0:
                 return  # lease gone: another instance may take over
 
