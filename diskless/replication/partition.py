@@ -13,6 +13,8 @@ import bisect
 import struct
 from dataclasses import dataclass
 
+import structlog
+
 from diskless.cluster.metadata import PartitionState
 from diskless.log.leader_epoch import UNDEFINED_EPOCH
 from diskless.log.partition_log import PartitionLog
@@ -20,6 +22,8 @@ from diskless.tiering.entry import unwrap_tier_state
 
 from .follower_reads import FollowerView
 from .leader_state import LeaderState
+
+log = structlog.get_logger(__name__)
 
 LEADER = "leader"
 FOLLOWER = "follower"
@@ -196,6 +200,8 @@ class Partition:
         if tier_state is not None:
             # We are behind the leader's pointer entries: its tiers hold that range (tiering).
             self.log.adopt_tier_state(tier_state, now_ms)
+            resume = tier_state["resume"]
+            log.info("took the leader's tier state", topic=self.topic, partition=self.index, resume=resume)
             records = b""
         entries = unwrap_pointers(records) if records else None
         if entries is not None:

@@ -472,3 +472,57 @@ def test_open_transaction_is_not_split(cluster_factory, spark) -> None:
     opened = [f"open-{i}".encode() for i in range(5)]
     assert read("read_committed") == before + opened + during
     assert read("read_uncommitted")[:5] == [f"aborted-{i}".encode() for i in range(5)]
+
+
+def test_replica_back_from_downtime_adopts_the_tiers(cluster_factory, spark) -> None:
+    """A follower that was down while its partition was tiered finds the leader's pointer entries
+    gone: it takes the leader's tier state, resumes after it, and serves the tiered range."""
+    cluster = cluster_factory(s3=True, overrides=TIMINGS)
+    topic = "downtime"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 3, config={"diskless.enabled": "true", "segment.bytes": "20000"})])[
+        topic
+    ].result(30)
+    producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(100):
+        producer.produce(topic, f"early-{i}".encode(), partition=0)
+    assert producer.flush(30) == 0
+    (r,) = asyncio.run(tier_ranges(cluster))
+    away = next(b for b in cluster.brokers if b.node_id != r.broker)
+    away.stop()
+    for i in range(200):
+        producer.produce(topic, f"late-{i}".encode(), partition=0)
+    assert producer.flush(30) == 0
+    report = run_once(spark, tier_settings(cluster))
+    assert report.committed == 1 and not report.refused, report.line()
+    producer.produce(topic, b"after", partition=0)
+    assert producer.flush(30) == 0
+
+    away.start()
+    wait_until(
+        lambda: next(Path(away.data_dir).rglob("tier-manifest"), None) is not None,
+        60,
+        message="the returning replica never took the tier state",
+    )
+    manifest = next(Path(away.data_dir).rglob("tier-manifest"))
+    assert "took the leader's tier state" in away.log_path.read_text()
+    wait_until(
+        lambda: min(int(p.name.split(".")[0]) for p in manifest.parent.glob("*.plog")) >= 300,
+        60,
+        message="the returning replica still holds pointer entries of the tiered range",
+    )
+
+    # A consumer in the returning broker's AZ is served by it (zone-aligned follower reads).
+    from confluent_kafka import TopicPartition as CTP
+
+    consumer = Consumer(
+        {"bootstrap.servers": cluster.bootstrap, "group.id": "downtime", "client.id": f"diskless_az={away.rack}"}
+    )
+    consumer.assign([CTP(topic, 0, 0)])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 60
+    while len(got) < 301 and time.monotonic() < deadline:
+        got += [m.value() for m in consumer.consume(100, 1.0) if m.error() is None]
+    consumer.close()
+    want = [f"early-{i}".encode() for i in range(100)] + [f"late-{i}".encode() for i in range(200)] + [b"after"]
+    assert got == want
