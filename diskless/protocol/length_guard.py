@@ -161,6 +161,8 @@ def _step(buf: memoryview, pos: int, end: int, step: _Step, flexible: bool) -> i
         )
         if count * smallest > end - pos or (smallest == 0 and count > MAX_EMPTY_ELEMENTS):
             raise LengthError(f"array of {count} elements at {pos} cannot fit in {end - pos} bytes")
+        if kind == "fixed":  # checked above to fit
+            return pos + count * detail
         for _ in range(count):
             pos = _element(buf, pos, end, kind, detail, flexible, True)
         return pos
