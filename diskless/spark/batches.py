@@ -158,10 +158,17 @@ class Columns:
         append_us = header.max_timestamp * 1000
         pos = 0
         try:
-            # Varints of one byte (small deltas, short keys, header counts) are decoded inline:
+            # Varints of one or two bytes (lengths, deltas, header counts) are decoded inline:
             # this loop is the reader's hot path, and a call per field costs more than the field.
             for _ in range(header.record_count):
-                length, pos = _varint(body, pos)
+                b = body[pos]
+                if b < 0x80:
+                    length, pos = (b >> 1) ^ -(b & 1), pos + 1
+                elif body[pos + 1] < 0x80:
+                    raw = (b & 0x7F) | (body[pos + 1] << 7)
+                    length, pos = (raw >> 1) ^ -(raw & 1), pos + 2
+                else:
+                    length, pos = _varint(body, pos)
                 record_end = pos + length
                 b = body[pos + 1]  # after the record attributes (unused in v2)
                 if b < 0x80:
@@ -188,7 +195,14 @@ class Columns:
                     pos += key_len
                 else:
                     keys.append(None)
-                value_len, pos = _varint(body, pos)
+                b = body[pos]
+                if b < 0x80:
+                    value_len, pos = (b >> 1) ^ -(b & 1), pos + 1
+                elif body[pos + 1] < 0x80:
+                    raw = (b & 0x7F) | (body[pos + 1] << 7)
+                    value_len, pos = (raw >> 1) ^ -(raw & 1), pos + 2
+                else:
+                    value_len, pos = _varint(body, pos)
                 if value_len >= 0:
                     values.append(body[pos : pos + value_len])
                     pos += value_len

@@ -21,7 +21,7 @@ SCHEMA = arrow_schema()
 records = st.lists(
     st.builds(
         Record,
-        value=st.one_of(st.none(), st.binary(max_size=40)),
+        value=st.one_of(st.none(), st.binary(max_size=200)),  # two-byte lengths too
         key=st.one_of(st.none(), st.binary(max_size=100)),  # lengths past one varint byte too
         timestamp=st.one_of(st.none(), st.integers(1_700_000_000_000 - 10**6, 1_700_000_000_000 + 10**6)),
         headers=st.lists(st.tuples(st.text(max_size=5), st.one_of(st.none(), st.binary(max_size=5))), max_size=3).map(
