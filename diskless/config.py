@@ -113,6 +113,13 @@ class BrokerConfig:
     replica_lag_time_max_ms: int = field(default=30000, metadata=_prop("replica.lag.time.max.ms"))
     replica_fetch_wait_max_ms: int = field(default=500, metadata=_prop("replica.fetch.wait.max.ms"))
     replica_fetch_max_bytes: int = field(default=1048576, metadata=_prop("replica.fetch.max.bytes"))
+    max_incremental_fetch_session_cache_slots: int = field(
+        default=1000,
+        metadata=_prop(
+            "max.incremental.fetch.session.cache.slots",
+            "Fetch sessions (KIP-227) a leader keeps for its followers; 0 turns them off.",
+        ),
+    )
     controlled_shutdown_timeout_ms: int = field(default=15000, metadata=_prop("controlled.shutdown.timeout.ms"))
     diskless_s3_endpoint: str | None = field(default=None, metadata=_prop("diskless.s3.endpoint"))
     diskless_s3_bucket: str = field(default="diskless", metadata=_prop("diskless.s3.bucket"))

@@ -31,6 +31,15 @@ CONNECTION_AZ_DECISIONS = Counter(
 CONNECTIONS_BY_AZ_SOURCE = Gauge(
     "diskless_connections_by_az_source", "Open connections by how their client AZ was decided", ["source"]
 )
+FETCH_SESSIONS = Gauge("diskless_fetch_sessions", "KIP-227 fetch sessions this broker keeps for its followers")
+REPLICA_FETCHES = Counter(
+    "diskless_replica_fetches_total", "Replica fetches served, by kind (full or incremental session fetch)", ["kind"]
+)
+REPLICA_FETCH_PARTITIONS = Counter(
+    "diskless_replica_fetch_partitions_total",
+    "Partitions named in replica fetch requests (an incremental fetch names only those that moved)",
+    ["kind"],
+)
 RETENTION_DELETED_SEGMENTS = Counter("diskless_retention_deleted_segments_total", "Segments deleted by retention")
 
 

@@ -16,16 +16,24 @@ from typing import Any
 import msgpack
 import structlog
 from kio.schema.errors import ErrorCode
+from kio.schema.fetch.v13.request import FetchTopic as _FETCH_TOPIC
 
 from diskless.cluster.metadata import PartitionState
 from diskless.cluster.zones import zone_aligned_leader
 from diskless.fetch.tier_reader import TierReader
 from diskless.log.partition_log import TIERED, OffsetMovedToTiered, OffsetOutOfRange, PartitionLog
 from diskless.log.segment import POINTERS
-from diskless.metrics import DISKLESS_FOLLOWER_READS
+from diskless.metrics import (
+    DISKLESS_FOLLOWER_READS,
+    FETCH_SESSIONS,
+    REPLICA_FETCH_PARTITIONS,
+    REPLICA_FETCHES,
+    child,
+)
 from diskless.protocol import internal, records
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError
+from diskless.replication.fetch_session import FetchSessionCache
 from diskless.replication.follower_reads import (
     FORWARD,
     OUT_OF_RANGE,
@@ -83,17 +91,47 @@ class FetchApis(ApiFamily):
             m.API_OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
         }
 
+    @functools.cached_property
+    def _sessions(self) -> FetchSessionCache:
+        return FetchSessionCache(self.broker.config.max_incremental_fetch_session_cache_slots)
+
     async def fetch(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         session_id = getattr(request, "session_id", 0)
         session_epoch = getattr(request, "session_epoch", -1)
-        if session_id != 0:
+        follower = getattr(request, "replica_id", -1)
+        by_id = header.api_version >= 13  # topics named by id (KIP-516)
+        answer_session = 0
+        if follower >= 0 and by_id:
+            # Replica fetches get KIP-227 sessions: an incremental fetch names only the partitions
+            # that moved, and is served as the session's whole set (replication/fetch_session.py).
+            context = self._sessions.context(
+                follower,
+                session_id,
+                session_epoch,
+                ((t.topic_id, t.partitions) for t in request.topics),
+                ((t.topic_id, t.partitions) for t in getattr(request, "forgotten_topics_data", ())),
+                self.broker.now_ms(),
+            )
+            FETCH_SESSIONS.set(len(self._sessions))
+            kind = "full" if session_epoch in (0, -1) else "incremental"
+            child(REPLICA_FETCHES, kind).inc()
+            child(REPLICA_FETCH_PARTITIONS, kind).inc(sum(len(t.partitions) for t in request.topics))
+            if context.error != ErrorCode.none:
+                return {"throttle_time": 0, "error_code": context.error, "session_id": 0, "responses": []}
+            if context.session is not None:
+                answer_session = context.session.session_id
+                topics = context.session.topics()
+                request = dataclasses.replace(
+                    request, topics=tuple(_FETCH_TOPIC(topic_id=t, partitions=parts) for t, parts in topics)
+                )
+        elif session_id != 0:
             return {
                 "throttle_time": 0,
                 "error_code": ErrorCode.fetch_session_id_not_found,
                 "session_id": 0,
                 "responses": [],
             }
-        if session_epoch not in (0, -1):
+        elif session_epoch not in (0, -1):
             return {
                 "throttle_time": 0,
                 "error_code": ErrorCode.invalid_fetch_session_epoch,
@@ -102,8 +140,6 @@ class FetchApis(ApiFamily):
             }
         max_wait_ms = _ms(request.max_wait)
         deadline = time.monotonic() + max_wait_ms / 1000
-        follower = getattr(request, "replica_id", -1)
-        by_id = header.api_version >= 13  # topics named by id (KIP-516)
         while True:
             # Ids are resolved afresh each round: a topic re-created during a long poll is another topic.
             named, unknown = self._topics_by_name(request) if by_id else (request, [])
@@ -122,7 +158,12 @@ class FetchApis(ApiFamily):
                 if by_id:
                     ids = {topic.topic: topic.topic_id for topic in asked.topics}
                     responses = [{**r, "topic_id": ids[r["topic"]]} for r in responses] + unknown
-                return {"throttle_time": 0, "error_code": ErrorCode.none, "session_id": 0, "responses": responses}
+                return {
+                    "throttle_time": 0,
+                    "error_code": ErrorCode.none,
+                    "session_id": answer_session,
+                    "responses": responses,
+                }
             # Partitions read through their leader get no local wake-up: poll them at a short interval.
             await self.broker.replicas.wait_for_append(min(remaining, 0.1) if forwards else remaining)
 

@@ -25,6 +25,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v13.request import FetchPartition as _FETCH_PARTITION
 from kio.schema.fetch.v13.request import FetchRequest as _FETCH_REQUEST
 from kio.schema.fetch.v13.request import FetchTopic as _FETCH_TOPIC
+from kio.schema.fetch.v13.request import ForgottenTopic as _FORGOTTEN_TOPIC
 
 from diskless.aio import cancel_and_wait
 from diskless.cluster.metadata import BrokerInfo
@@ -33,6 +34,7 @@ from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError, KafkaClientConnection
 from diskless.security.internal_auth import ClusterSecret
 
+from .fetch_session import FetchSessionHandler
 from .partition import FOLLOWER, DivergingEpoch, Partition
 
 log = structlog.get_logger(__name__)
@@ -74,6 +76,9 @@ class ReplicaFetcher:
         self._asked_by_id: dict[tuple[str, int], Partition] = {}  # the same, by (topic id, index)
         # Each partition's request entry with the fetch position it was built for (_request).
         self._built: dict[tuple[str, int], tuple[tuple[int, ...], Any]] = {}
+        # Our KIP-227 session with the leader: after a full fetch, requests name only the
+        # partitions whose position moved (or that we stopped fetching).
+        self.session = FetchSessionHandler()
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._conn: KafkaClientConnection | None = None
@@ -142,16 +147,24 @@ class ReplicaFetcher:
                 backoff = 0.05
             except (ClientError, OSError, TimeoutError) as exc:
                 log.info("replica fetch failed", leader=self.leader_id, error=str(exc))
+                self.session.handle_error()
                 await self._conn.close()
                 self._conn = None
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
                 continue
+            error = ErrorCode(response.error_code)
+            if not self.session.handle_response(error, response.session_id):
+                # A session error (the leader restarted, evicted it, or an answer was lost): the
+                # next fetch is full. The answer names no partitions and means nothing about them.
+                log.info("replica fetch session reset", leader=self.leader_id, error=error.name)
+                continue
             if self._handle(response):
                 await asyncio.sleep(0.1)  # leadership moving: give the metadata watch a moment
 
     def _request(self, active: list[Partition]) -> Any:
-        """The Fetch request naming every partition in ``active``, as a kio entity.
+        """The Fetch request for the partitions in ``active``, as a kio entity: all of them in a
+        full fetch, in an incremental one those whose position the leader's session does not have.
 
         Each partition's entry is built once and kept while its fetch position (epochs, offsets)
         stays the same: at 1,000 partitions building all of them anew for every fetch cost more
@@ -176,8 +189,13 @@ class ReplicaFetcher:
                 }
                 entry = (position, m.build(_FETCH_PARTITION, partition))
             built[key] = entry
-            topics.setdefault(p.topic_id, []).append(entry[1])
         self._built = built  # partitions no longer fetched are forgotten
+        plan = self.session.build(built)
+        for (topic_id, _index), partition_entry in plan.send:
+            topics.setdefault(topic_id, []).append(partition_entry)
+        forgotten: dict[str, list[int]] = {}
+        for topic_id, index in plan.forgotten:
+            forgotten.setdefault(topic_id, []).append(index)
         request = m.build(
             _FETCH_REQUEST,
             {
@@ -186,8 +204,8 @@ class ReplicaFetcher:
                 "min_bytes": 1,
                 "max_bytes": self.fetch_max_bytes * 10,
                 "isolation_level": 0,
-                "session_id": 0,
-                "session_epoch": -1,
+                "session_id": plan.session_id,
+                "session_epoch": plan.epoch,
                 "topics": [],
                 "forgotten_topics_data": [],
                 "rack_id": "",
@@ -196,6 +214,9 @@ class ReplicaFetcher:
         return dataclasses.replace(
             request,
             topics=tuple(_FETCH_TOPIC(topic_id=_wire_id(t), partitions=tuple(parts)) for t, parts in topics.items()),
+            forgotten_topics_data=tuple(
+                _FORGOTTEN_TOPIC(topic_id=_wire_id(t), partitions=tuple(indexes)) for t, indexes in forgotten.items()
+            ),
         )
 
     def _handle(self, response: object) -> bool:

@@ -9,6 +9,8 @@ RPC handlers (``DisklessRpcs``) over an in-memory broker stand-in.
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import io
 import os
 import time
@@ -365,6 +367,16 @@ def test_a_fetch_response_for_a_replaced_replica_is_not_applied_to_its_successor
 # --- replica fetches name the topic by id (Fetch v13, KIP-516) -----------------------------------
 
 
+class Unthrottled:
+    """The operations family as a fetch of a replica no reassignment is adding sees it."""
+
+    def replication_allowance(self, state: object, follower: int) -> None:
+        return None
+
+    def replication_served(self, size: int) -> None:
+        pass
+
+
 class FetchingBroker(FakeBroker):
     """A broker stand-in complete enough for the Fetch handler to answer a follower's fetch."""
 
@@ -377,6 +389,7 @@ class FetchingBroker(FakeBroker):
         self.peers = None
         self.wal_reader = None
         self.fetch_apis = FetchApis(self)  # type: ignore[arg-type]
+        self.operations = Unthrottled()
 
     @staticmethod
     def is_diskless(meta: TopicMetadata) -> bool:
@@ -404,11 +417,13 @@ async def replica_fetch_round(fetcher: Any, asking: Partition, leader: FetchingB
     body = fetcher._request([asking])
     request_cls = m._request_type(m.API_FETCH, FETCH_VERSION)
     out = io.BytesIO()
-    m._writer(request_cls)(out, m.build(request_cls, {**body, "max_wait": 0}))
+    m._writer(request_cls)(out, dataclasses.replace(body, max_wait=datetime.timedelta(0)))
     request, _ = m._reader(request_cls)(memoryview(out.getvalue()), 0)
     frame = m.encode_response(header, await leader.fetch_apis.fetch(header, request))
     response, _ = m._reader(m._response_type(m.API_FETCH, FETCH_VERSION))(memoryview(frame)[9:], 0)
     answers = [p for t in response.responses for p in t.partitions]
+    # As the fetcher's loop: the answer moves its fetch session on (KIP-227) before it is applied.
+    assert fetcher.session.handle_response(response.error_code, response.session_id)
     return fetcher._handle(response), answers
 
 

@@ -1,0 +1,247 @@
+"""KIP-227 incremental fetch sessions for replica fetches, sans-IO: the leader's session cache and
+the follower's session handler.
+
+Without sessions a follower's fetch names every partition it follows from the leader, and the
+leader decodes, checks and (before ``broker/quiet_fetches.py``) answers all of them twice a second
+even when nothing moved: at thousands of partitions that was most of a broker's CPU. With a
+session the first (full) fetch names every partition and the leader remembers them under a session
+id; later (incremental) fetches carry only the partitions whose fetch position changed and the
+ones to drop (``forgotten_topics_data``), and the answer only partitions with news (the quiet
+filter already leaves out the rest, which the follower takes as "nothing changed").
+
+Kafka's rules (FetchSession.java, FetchManager): ``session_epoch`` -1 is a sessionless full fetch
+(closing ``session_id`` if given); 0 is a full fetch that closes ``session_id`` if given and opens
+a new session (the answer carries its id, or 0 if the cache keeps no sessions); any other epoch is
+an incremental fetch of an existing session, which must be the epoch the leader expects next
+(INVALID_FETCH_SESSION_EPOCH otherwise; FETCH_SESSION_ID_NOT_FOUND for an unknown id). Each
+incremental fetch moves the expected epoch on, so an answer lost on a broken connection makes the
+follower's next fetch fail its epoch check: it starts over with a full fetch, and never takes an
+omitted partition as news it did not get. Sessions are offered to replica fetches only (consumers
+get session id 0, sessionless Kafka fetching). The cache holds at most
+``max.incremental.fetch.session.cache.slots`` sessions, evicting the least recently used (Kafka
+also protects young sessions from eviction; a follower fetches twice a second, so its session is
+never the least recently used one for long).
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+INVALID_SESSION_ID = 0
+INITIAL_EPOCH = 0  # a full fetch opening a session
+FINAL_EPOCH = -1  # a sessionless full fetch
+_MAX_EPOCH = 2**31 - 1
+
+
+def next_epoch(epoch: int) -> int:
+    """The epoch after ``epoch`` (Kafka's FetchMetadata.nextEpoch: wraps to 1, never back to 0)."""
+    if epoch < 0:
+        return FINAL_EPOCH
+    return 1 if epoch == _MAX_EPOCH else epoch + 1
+
+
+# --- leader side -------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class FetchSession:
+    """One follower's session: the request entry of every partition it fetches, by topic id."""
+
+    session_id: int
+    follower: int
+    epoch: int  # the epoch the next incremental fetch must carry
+    last_used_ms: int
+    partitions: dict[Any, dict[int, Any]] = field(default_factory=dict)  # topic id -> index -> entry
+    _topics: list[tuple[Any, tuple[Any, ...]]] | None = None  # the partitions as request topics
+
+    def update(
+        self, topics: Iterable[tuple[Any, Iterable[Any]]], forgotten: Iterable[tuple[Any, Iterable[int]]]
+    ) -> None:
+        """Apply an incremental fetch: entries added or changed (each has ``.partition``), and
+        (topic id, indexes) to drop."""
+        changed = False
+        for topic_id, entries in topics:
+            for entry in entries:
+                self.partitions.setdefault(topic_id, {})[entry.partition] = entry
+                changed = True
+        for topic_id, indexes in forgotten:
+            parts = self.partitions.get(topic_id)
+            if parts is None:
+                continue
+            for index in indexes:
+                changed = parts.pop(index, None) is not None or changed
+            if not parts:
+                del self.partitions[topic_id]
+        if changed:
+            self._topics = None
+
+    def topics(self) -> list[tuple[Any, tuple[Any, ...]]]:
+        """Every partition of the session as (topic id, entries): what a sessionless fetch would
+        have named. Kept between fetches that change nothing (most of them)."""
+        if self._topics is None:
+            self._topics = [(topic_id, tuple(parts.values())) for topic_id, parts in self.partitions.items()]
+        return self._topics
+
+    def size(self) -> int:
+        return sum(len(parts) for parts in self.partitions.values())
+
+
+@dataclass(frozen=True, slots=True)
+class SessionContext:
+    """How to serve one fetch: an error (answered alone, session id 0), or the session to read
+    (None: sessionless, the request's own partitions)."""
+
+    error: ErrorCode = ErrorCode.none
+    session: FetchSession | None = None
+
+
+class FetchSessionCache:
+    """The leader's sessions, bounded, least recently used evicted first."""
+
+    def __init__(self, slots: int, new_id: Callable[[], int] | None = None) -> None:
+        self.slots = slots
+        self._sessions: OrderedDict[int, FetchSession] = OrderedDict()  # least recently used first
+        self._by_follower: dict[int, int] = {}  # follower -> its session's id
+        self._new_id = new_id or (lambda: random.randint(1, _MAX_EPOCH))
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def __contains__(self, session_id: int) -> bool:
+        return session_id in self._sessions
+
+    def context(
+        self,
+        follower: int,
+        session_id: int,
+        epoch: int,
+        topics: Iterable[tuple[Any, Iterable[Any]]],
+        forgotten: Iterable[tuple[Any, Iterable[int]]],
+        now_ms: int,
+    ) -> SessionContext:
+        """Decide how to serve a fetch from ``follower`` (a replica id >= 0; consumers never come
+        here) carrying ``session_id``/``epoch``, its topics and forgotten topics."""
+        if epoch == FINAL_EPOCH:
+            self.remove(session_id)
+            return SessionContext()
+        if epoch == INITIAL_EPOCH:
+            self.remove(session_id)
+            # A broker fetches from a leader through one fetcher, so a new session of the same
+            # follower replaces the old one (a restarted follower never closes the session it had).
+            self.remove(self._by_follower.get(follower, INVALID_SESSION_ID))
+            if self.slots <= 0:
+                return SessionContext()
+            while len(self._sessions) >= self.slots:
+                self.remove(next(iter(self._sessions)))
+            new_id = self._new_id()
+            while new_id == INVALID_SESSION_ID or new_id in self._sessions:
+                new_id = self._new_id()
+            session = FetchSession(new_id, follower, next_epoch(INITIAL_EPOCH), now_ms)
+            session.update(topics, ())
+            self._sessions[new_id] = session
+            self._by_follower[follower] = new_id
+            return SessionContext(session=session)
+        session = self._sessions.get(session_id)
+        # Another broker's session is not this follower's to use, whatever id it sends.
+        if session is None or session.follower != follower:
+            return SessionContext(error=ErrorCode.fetch_session_id_not_found)
+        if session.epoch != epoch:
+            return SessionContext(error=ErrorCode.invalid_fetch_session_epoch)
+        session.update(topics, forgotten)
+        session.epoch = next_epoch(epoch)
+        session.last_used_ms = now_ms
+        self._sessions.move_to_end(session_id)
+        return SessionContext(session=session)
+
+    def remove(self, session_id: int) -> None:
+        session = self._sessions.pop(session_id, None)
+        if session is not None and self._by_follower.get(session.follower) == session_id:
+            del self._by_follower[session.follower]
+
+
+# --- follower side -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FetchPlan:
+    """The next fetch request of a follower: session fields, the entries to send (keyed like the
+    handler's input) and the keys to forget."""
+
+    session_id: int
+    epoch: int
+    send: list[tuple[Any, Any]]
+    forgotten: list[Any]
+
+    @property
+    def full(self) -> bool:
+        return self.epoch in (INITIAL_EPOCH, FINAL_EPOCH)
+
+
+class FetchSessionHandler:
+    """A follower's side of its session with one leader (Kafka's FetchSessionHandler).
+
+    ``build`` takes every partition to fetch as key -> (position, entry), the position being what
+    the leader must know (fetch offset, epochs, log start, max bytes): a partition goes into an
+    incremental request only when its position differs from the one the leader's session holds."""
+
+    def __init__(self) -> None:
+        self.session_id = INVALID_SESSION_ID
+        self.epoch = INITIAL_EPOCH
+        self._sent: dict[Any, Any] = {}  # key -> position, as the leader's session holds it
+        self._pending: dict[Any, Any] | None = None  # what _sent becomes if the request in flight succeeds
+
+    def build(self, wanted: Mapping[Any, tuple[Any, Any]]) -> FetchPlan:
+        if self.session_id == INVALID_SESSION_ID or self.epoch == INITIAL_EPOCH:
+            self._pending = {key: position for key, (position, _entry) in wanted.items()}
+            return FetchPlan(self.session_id, INITIAL_EPOCH, [(key, entry) for key, (_p, entry) in wanted.items()], [])
+        sent = self._sent
+        send = [(key, entry) for key, (position, entry) in wanted.items() if sent.get(key) != position]
+        forgotten = [key for key in sent if key not in wanted]
+        if send or forgotten:
+            pending = dict(sent)
+            for key in forgotten:
+                del pending[key]
+            for key, _entry in send:
+                pending[key] = wanted[key][0]
+            self._pending = pending
+        else:
+            self._pending = sent
+        return FetchPlan(self.session_id, self.epoch, send, forgotten)
+
+    def handle_response(self, error: ErrorCode, session_id: int) -> bool:
+        """The answer to the last built request arrived; False if it is an error to start over from
+        (the next request is full: any session error, or a top-level error)."""
+        pending, self._pending = self._pending, None
+        if error != ErrorCode.none or pending is None:
+            self._start_over(error == ErrorCode.fetch_session_id_not_found)
+            return False
+        if self.epoch == INITIAL_EPOCH or self.session_id == INVALID_SESSION_ID:
+            # Our full fetch's answer: a session was opened (id != 0) or the leader keeps none.
+            self.session_id = session_id
+            self.epoch = next_epoch(INITIAL_EPOCH) if session_id != INVALID_SESSION_ID else INITIAL_EPOCH
+            self._sent = pending if session_id != INVALID_SESSION_ID else {}
+            return True
+        if session_id != self.session_id:  # not the session we fetched in: start over
+            self._start_over(False)
+            return False
+        self._sent = pending
+        self.epoch = next_epoch(self.epoch)
+        return True
+
+    def handle_error(self) -> None:
+        """The request failed without an answer (connection lost): the leader may or may not have
+        moved the session on, so the next fetch is full (closing the old session if it still exists)."""
+        self._pending = None
+        self._start_over(False)
+
+    def _start_over(self, unknown_session: bool) -> None:
+        if unknown_session:
+            self.session_id = INVALID_SESSION_ID
+        self.epoch = INITIAL_EPOCH
+        self._sent = {}
