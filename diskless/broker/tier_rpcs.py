@@ -16,10 +16,15 @@ tier entry is appended like any entry and the answer waits (bounded) for it to r
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import contextlib
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from kio.schema.errors import ErrorCode
+from prometheus_client import REGISTRY
+from prometheus_client.core import GaugeMetricFamily
 
 from diskless.metrics import TIER_COMMITS, TIERED_BYTES
 from diskless.storage.segment_object import CorruptSegment, SegmentInfo
@@ -27,12 +32,56 @@ from diskless.tiering.entry import TierCommitError
 
 from .api_base import ApiFamily
 
+if TYPE_CHECKING:
+    from .broker import Broker
+
 log = structlog.get_logger(__name__)
 
 COMMIT_REPLICATION_WAIT_S = 10.0
 
 
+class _TierCollector:
+    """Per-partition tiering gauges of every replica this process hosts, computed at scrape time."""
+
+    def __init__(self) -> None:
+        self.brokers: weakref.WeakSet[Broker] = weakref.WeakSet()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        labels = ["topic", "partition"]
+        pointer = GaugeMetricFamily(
+            "diskless_partition_pointer_bytes", "Bytes of pointer segments of a replica", labels=labels
+        )
+        tiered = GaugeMetricFamily(
+            "diskless_partition_tiered_bytes", "Bytes of segment objects a replica's tiers point to", labels=labels
+        )
+        objects = GaugeMetricFamily(
+            "diskless_partition_segment_objects", "Tiered segment objects of a replica", labels=labels
+        )
+        for broker in list(self.brokers):
+            # Broker stand-ins in tests may have no replicas: a scrape never fails on them.
+            partitions = getattr(getattr(broker, "replicas", None), "partitions", {})
+            for (topic, index), replica in list(partitions.items()):
+                plog = replica.log
+                tiers = [t for t in plog.tiers if t.last_offset >= plog.log_start_offset]
+                if not tiers and not plog.tiers_possible():
+                    continue
+                key = [topic, str(index)]
+                pointer.add_metric(key, plog.pointer_bytes())
+                tiered.add_metric(key, sum(t.info.size for t in tiers))
+                objects.add_metric(key, len(tiers))
+        yield from (pointer, tiered, objects)
+
+
+_COLLECTOR = _TierCollector()
+REGISTRY.register(_COLLECTOR)  # type: ignore[arg-type]
+
+
 class TierRpcs(ApiFamily):
+    def __init__(self, broker: Broker) -> None:
+        super().__init__(broker)
+        with contextlib.suppress(TypeError):  # stand-ins that cannot be weakly referenced
+            _COLLECTOR.brokers.add(broker)
+
     async def tierable_ranges_rpc(self, body: dict[str, Any]) -> dict[str, Any]:
         if self._leader_fenced():
             return {"error_code": 0, "partitions": []}

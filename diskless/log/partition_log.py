@@ -764,6 +764,10 @@ class PartitionLog:
         """Bytes of pointer segments on disk (what tiering bounds)."""
         return sum(s.size for s in self.segments if s.kind == POINTERS)
 
+    def tiers_possible(self) -> bool:
+        """Whether this log has pointer segments (a diskless partition, now or before)."""
+        return any(s.kind == POINTERS for s in self.segments)
+
     def range_digest(self, base: int, last: int) -> tuple[int, int, int]:
         """(digest, batches, bytes) of the entries [base, last] exactly (segment_object's digest).
 

@@ -526,3 +526,9 @@ def test_replica_back_from_downtime_adopts_the_tiers(cluster_factory, spark) -> 
     consumer.close()
     want = [f"early-{i}".encode() for i in range(100)] + [f"late-{i}".encode() for i in range(200)] + [b"after"]
     assert got == want
+    # Per-partition gauges on the returning broker's metrics endpoint.
+    from diskless.bench.collect import metric_sum
+
+    metrics = away.metrics()
+    assert metric_sum(metrics, "diskless_partition_segment_objects", topic=topic, partition="0") == 1
+    assert metric_sum(metrics, "diskless_partition_tiered_bytes", topic=topic, partition="0") > 0

@@ -177,3 +177,26 @@ def test_replica_behind_the_leaders_pointers_adopts_its_tiers(tmp_path: Path) ->
     assert fresh.log_start_offset == 0 and [t.info for t in fresh.tiers] == [info]
     assert fresh.read(0, 100).kind == TIERED and fresh.read(0, 100).records == leader.read(0, 100).records
     assert fresh.references("wal/after") and not fresh.references("wal/obj-0")
+
+
+def test_per_partition_tiering_gauges(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from prometheus_client import REGISTRY
+
+    from diskless.broker.tier_rpcs import TierRpcs
+
+    log, served = pointer_log(tmp_path)
+    info = segment_of(log, served, 0, 5)
+    log.append_tier_as_leader(info, 0, T0)
+    log.high_watermark = log.log_end_offset
+
+    class Broker:  # weakly referenced by the collector, as a real broker is
+        replicas = SimpleNamespace(partitions={("gauged", 4): SimpleNamespace(log=log)})
+
+    broker = Broker()
+    TierRpcs(broker)  # type: ignore[arg-type]
+    labels = {"topic": "gauged", "partition": "4"}
+    assert REGISTRY.get_sample_value("diskless_partition_segment_objects", labels) == 1
+    assert REGISTRY.get_sample_value("diskless_partition_tiered_bytes", labels) == info.size
+    assert REGISTRY.get_sample_value("diskless_partition_pointer_bytes", labels) == log.pointer_bytes()
