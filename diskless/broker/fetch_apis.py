@@ -33,7 +33,7 @@ from diskless.metrics import (
 from diskless.protocol import internal, records
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError
-from diskless.replication.fetch_session import FetchSessionCache
+from diskless.replication.fetch_session import FetchSession, FetchSessionCache
 from diskless.replication.follower_reads import (
     FORWARD,
     OUT_OF_RANGE,
@@ -81,7 +81,9 @@ class FetchApis(ApiFamily):
     @functools.cached_property
     def _quiet(self) -> QuietReplicaFetches:
         return QuietReplicaFetches(
-            lambda topic, partition, epoch: self._leader_log(topic, partition, epoch), self.broker.on_follower_fetch
+            lambda topic, partition, epoch: self._leader_log(topic, partition, epoch),
+            self.broker.on_follower_fetch,
+            lambda topic, index: self.broker.replicas.partitions.get((topic, index)),
         )
 
     def handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
@@ -101,6 +103,7 @@ class FetchApis(ApiFamily):
         follower = getattr(request, "replica_id", -1)
         by_id = header.api_version >= 13  # topics named by id (KIP-516)
         answer_session = 0
+        session: FetchSession | None = None
         if follower >= 0 and by_id:
             # Replica fetches get KIP-227 sessions: an incremental fetch names only the partitions
             # that moved, and is served as the session's whole set (replication/fetch_session.py).
@@ -118,8 +121,9 @@ class FetchApis(ApiFamily):
             child(REPLICA_FETCH_PARTITIONS, kind).inc(sum(len(t.partitions) for t in request.topics))
             if context.error != ErrorCode.none:
                 return {"throttle_time": 0, "error_code": context.error, "session_id": 0, "responses": []}
-            if context.session is not None:
-                answer_session = context.session.session_id
+            session = context.session
+            if session is not None:
+                answer_session = session.session_id
                 topics = context.session.topics()
                 request = dataclasses.replace(
                     request, topics=tuple(_FETCH_TOPIC(topic_id=t, partitions=parts) for t, parts in topics)
@@ -144,7 +148,12 @@ class FetchApis(ApiFamily):
             # Ids are resolved afresh each round: a topic re-created during a long poll is another topic.
             named, unknown = self._topics_by_name(request) if by_id else (request, [])
             # A follower is answered only for partitions with news (see quiet_fetches).
-            asked = self._quiet.needing_answer(named, follower, self.broker.now_ms()) if follower >= 0 else named
+            if session is not None:
+                asked = self._quiet.needing_answer_in_session(named, session, follower, self.broker.now_ms())
+            elif follower >= 0:
+                asked = self._quiet.needing_answer(named, follower, self.broker.now_ms())
+            else:
+                asked = named
             responses, total, has_error, remote, forwards = self._fetch_once(asked)
             has_error = has_error or bool(unknown)
             if forwards:

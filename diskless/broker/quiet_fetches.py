@@ -12,6 +12,15 @@ as of when the request was sent, nothing changed for those partitions.
 
 Every partition is answered in full at least every ``REFRESH_MS`` anyway, so a follower whose
 previous answer was lost on a broken connection learns the high watermark it missed.
+
+In a KIP-227 fetch session (replication/fetch_session.py) a partition found quiet leaves a
+``QuietMark`` in the session: the objects and offsets that made it quiet. While none of them
+changes (same replica, leader state, ISR list, log end, high watermark, log start; the follower's
+position is in the session and drops the mark when it moves), the next incremental fetch knows it
+quiet from a few identity and integer comparisons instead of the full check (metadata lookups,
+divergence, follower progress), and only keeps the follower's caught-up time fresh, which is all
+a quiet fetch changes. No refresh is needed inside a session: a lost answer breaks its epoch and
+the follower starts over with a full fetch.
 """
 
 from __future__ import annotations
@@ -24,6 +33,8 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from diskless.log.partition_log import PartitionLog
+from diskless.replication.fetch_session import FetchSession
+from diskless.replication.leader_state import FollowerProgress, LeaderState
 from diskless.replication.partition import Partition
 
 REFRESH_MS = 5_000
@@ -63,12 +74,47 @@ def is_quiet(p: FetchedPartition, now_ms: int) -> bool:
 LeaderLog = Callable[[str, int, int], tuple[ErrorCode, PartitionLog | None, Partition | None]]
 
 
+@dataclass(slots=True)
+class QuietMark:
+    """What a partition looked like to the leader when it was last found quiet for a follower."""
+
+    replica: Partition
+    state: LeaderState
+    isr: list[int]
+    progress: FollowerProgress
+    leader_epoch: int
+    log_end_offset: int
+    high_watermark: int
+    log_start_offset: int
+
+    def holds(self, replica: Partition | None) -> bool:
+        """Whether the partition is still exactly as it was (``replica``: the one hosted now)."""
+        state = self.state
+        plog = self.replica.log
+        return (
+            replica is self.replica
+            and replica.leader_state is state
+            and state.isr is self.isr
+            and state.maximal_isr is None
+            and replica.leader_epoch == self.leader_epoch
+            and plog.log_end_offset == self.log_end_offset
+            and plog.high_watermark == self.high_watermark
+            and plog.log_start_offset == self.log_start_offset
+        )
+
+
 class QuietReplicaFetches:
     """Per-follower memory of answers, and the filtering of a replica fetch request by it."""
 
-    def __init__(self, leader_log: LeaderLog, on_follower_fetch: Callable[[Partition, int, int], None]) -> None:
+    def __init__(
+        self,
+        leader_log: LeaderLog,
+        on_follower_fetch: Callable[[Partition, int, int], None],
+        hosted: Callable[[str, int], Partition | None] = lambda topic, index: None,
+    ) -> None:
         self.leader_log = leader_log
         self.on_follower_fetch = on_follower_fetch
+        self.hosted = hosted  # the replica hosted under a name now, whatever its role
         self._answered: dict[tuple[int, str, int], tuple[int, int]] = {}  # -> (leader epoch, ms)
 
     def needing_answer(self, request: Any, follower: int, now_ms: int) -> Any:
@@ -79,6 +125,55 @@ class QuietReplicaFetches:
             if keep:
                 topics.append(dataclasses.replace(topic, partitions=tuple(keep)))
         return dataclasses.replace(request, topics=tuple(topics))
+
+    def needing_answer_in_session(self, request: Any, session: FetchSession, follower: int, now_ms: int) -> Any:
+        """``needing_answer`` for a fetch served from ``session``, whose topics name their ids:
+        partitions still as their quiet mark recorded them are left out without a full check."""
+        topics = []
+        marks = session.quiet
+        for topic in request.topics:
+            keep = []
+            for p in topic.partitions:
+                key = (topic.topic_id, p.partition)
+                mark = marks.get(key)
+                if mark is not None:
+                    if mark.holds(self.hosted(topic.topic, p.partition)):
+                        # What on_follower_fetch would do for an unchanged, caught-up, in-sync follower.
+                        mark.progress.last_fetch_ms = now_ms
+                        mark.progress.last_caught_up_ms = now_ms
+                        continue
+                    del marks[key]
+                if not self._quiet(topic.topic, p, follower, now_ms):
+                    keep.append(p)
+                    continue
+                new_mark = self._mark(topic.topic, p.partition, follower)
+                if new_mark is not None:
+                    marks[key] = new_mark
+            if keep:
+                topics.append(dataclasses.replace(topic, partitions=tuple(keep)))
+        return dataclasses.replace(request, topics=tuple(topics))
+
+    def _mark(self, topic: str, index: int, follower: int) -> QuietMark | None:
+        """The quiet mark of a partition just found quiet, for a follower in its ISR only (one out
+        of it may rejoin on this very fetch, which the full check proposes)."""
+        replica = self.hosted(topic, index)
+        state = replica.leader_state if replica is not None else None
+        if replica is None or state is None or follower not in state.isr or state.maximal_isr is not None:
+            return None
+        progress = state.followers.get(follower)
+        plog = replica.log
+        if progress is None or progress.log_end_offset != plog.log_end_offset:
+            return None
+        return QuietMark(
+            replica,
+            state,
+            state.isr,
+            progress,
+            replica.leader_epoch,
+            plog.log_end_offset,
+            plog.high_watermark,
+            plog.log_start_offset,
+        )
 
     def answered(self, request: Any, follower: int, now_ms: int) -> None:
         """The answer to ``request`` (as filtered) is going out: remember when, per partition."""

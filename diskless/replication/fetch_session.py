@@ -59,6 +59,9 @@ class FetchSession:
     last_used_ms: int
     partitions: dict[Any, dict[int, Any]] = field(default_factory=dict)  # topic id -> index -> entry
     _topics: list[tuple[Any, tuple[Any, ...]]] | None = None  # the partitions as request topics
+    # (topic id, index) -> what made a partition quiet when it last was (broker/quiet_fetches.py):
+    # while nothing in it changes, the partition is known quiet without being checked again.
+    quiet: dict[Any, Any] = field(default_factory=dict)
 
     def update(
         self, topics: Iterable[tuple[Any, Iterable[Any]]], forgotten: Iterable[tuple[Any, Iterable[int]]]
@@ -69,12 +72,14 @@ class FetchSession:
         for topic_id, entries in topics:
             for entry in entries:
                 self.partitions.setdefault(topic_id, {})[entry.partition] = entry
+                self.quiet.pop((topic_id, entry.partition), None)  # the follower's position moved
                 changed = True
         for topic_id, indexes in forgotten:
             parts = self.partitions.get(topic_id)
             if parts is None:
                 continue
             for index in indexes:
+                self.quiet.pop((topic_id, index), None)
                 changed = parts.pop(index, None) is not None or changed
             if not parts:
                 del self.partitions[topic_id]
