@@ -574,16 +574,25 @@ class PartitionLog:
             return None
         return best, location
 
+    def _record_timestamps(self, batch: bytes) -> list[tuple[int, int]]:
+        """(offset, timestamp) of the batch's records; none for a batch whose body is corrupt or
+        inflates past 64 x max.message.bytes (a decompression bomb): lookups skip it."""
+        limit = records.max_decompressed_bytes(self.config.max_message_bytes)
+        try:
+            return list(records.iter_record_timestamps(batch, limit))
+        except records.InvalidBatch:
+            return []
+
     def first_record_reaching(self, batch: bytes, timestamp: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record of ``batch`` in the log with ts >= ``timestamp``."""
-        for offset, record_ts in records.iter_record_timestamps(batch):
+        for offset, record_ts in self._record_timestamps(batch):
             if self.log_start_offset <= offset < self.high_watermark and record_ts >= timestamp:
                 return offset, record_ts
         return None
 
     def record_with_max_timestamp(self, batch: bytes) -> tuple[int, int] | None:
         header = records.parse_header(batch)
-        for offset, record_ts in records.iter_record_timestamps(batch):
+        for offset, record_ts in self._record_timestamps(batch):
             if record_ts == header.max_timestamp and offset >= self.log_start_offset:
                 return offset, record_ts
         return None

@@ -24,7 +24,6 @@ Layout of a v2 batch header (big endian)::
 
 from __future__ import annotations
 
-import gzip
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -185,56 +184,108 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
     return (result >> 1) ^ -(result & 1), pos
 
 
-def _decompress(codec: int, data: bytes) -> bytes:
+# A v2 batch is checked at the header level only, so its compressed body is whatever the producer
+# sent: zstd turns 200 MB of zeros into 6 KB. Decoding output is therefore capped; Kafka streams
+# records instead, we materialise the body, so the cap is what bounds memory (a buffer up to the
+# cap plus one copy). A legitimate batch holds at most max.message.bytes compressed; 64 times that
+# is beyond real compression ratios on record data.
+DECOMPRESSION_RATIO_LIMIT = 64
+DEFAULT_MAX_DECOMPRESSED_BYTES = DECOMPRESSION_RATIO_LIMIT * 1048588  # Kafka's default max.message.bytes
+_FIRST_GUESS = 64 * 1024
+
+
+def max_decompressed_bytes(max_message_bytes: int) -> int:
+    """The decompressed size a batch of a topic with this ``max.message.bytes`` may reach."""
+    return DECOMPRESSION_RATIO_LIMIT * max(max_message_bytes, 1024)
+
+
+def _decompress(codec: int, data: bytes, max_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> bytes:
+    """The body of a batch decompressed; InvalidBatch(corrupt_message) if it is corrupt or would
+    exceed ``max_bytes`` (decompression stops there: memory never follows the sender's ratio)."""
     import cramjam
 
     if codec == 0:
         return data
-    if codec == 1:
-        return gzip.decompress(data)
     if codec == 2:
-        return _snappy_decompress(data)
-    if codec == 3:
-        return bytes(cramjam.lz4.decompress(data))
-    if codec == 4:
-        return bytes(cramjam.zstd.decompress(data))
-    raise InvalidBatch("corrupt_message", f"unknown compression codec {codec}")
+        return _snappy_decompress(data, max_bytes)
+    into = {1: cramjam.gzip.decompress_into, 3: cramjam.lz4.decompress_into, 4: cramjam.zstd.decompress_into}.get(codec)
+    if into is None:
+        raise InvalidBatch("corrupt_message", f"unknown compression codec {codec}")
+    # These decoders stream into a fixed buffer and fail once it is full, so try a buffer sized for
+    # ordinary ratios first and double it up to the bound (a bomb costs a few bounded passes).
+    size = min(max_bytes, max(_FIRST_GUESS, 8 * len(data)))
+    while True:
+        out = bytearray(size)
+        try:
+            written = into(data, out)
+        except cramjam.DecompressionError as exc:
+            if size >= max_bytes:
+                raise InvalidBatch(
+                    "corrupt_message", f"codec {codec} body is corrupt or decompresses past {max_bytes} bytes: {exc}"
+                ) from None
+            size = min(max_bytes, 2 * size)
+            continue
+        return bytes(memoryview(out)[:written])
 
 
 _XERIAL_MAGIC = b"\x82SNAPPY\x00"
 
 
-def _snappy_decompress(data: bytes) -> bytes:
-    """Kafka's Java clients frame snappy the xerial way; librdkafka may send raw snappy."""
+def _snappy_raw(data: bytes | memoryview, budget: int) -> bytes:
     import cramjam
 
+    try:
+        # The raw format states its decoded length up front: check it before allocating anything.
+        length = cramjam.snappy.decompress_raw_len(data)
+        if length > budget:
+            raise InvalidBatch("corrupt_message", f"snappy block of {length} bytes exceeds the {budget} left")
+        out = bytearray(length)
+        written = cramjam.snappy.decompress_raw_into(data, out)
+    except cramjam.DecompressionError as exc:
+        raise InvalidBatch("corrupt_message", f"corrupt snappy block: {exc}") from None
+    return bytes(memoryview(out)[:written])
+
+
+def _snappy_decompress(data: bytes, max_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> bytes:
+    """Kafka's Java clients frame snappy the xerial way; librdkafka may send raw snappy."""
     if not data.startswith(_XERIAL_MAGIC):
-        return bytes(cramjam.snappy.decompress_raw(data))
+        return _snappy_raw(data, max_bytes)
+    view = memoryview(data)
     pos = 16  # magic + version + compatible version
     out = bytearray()
     while pos < len(data):
+        if pos + 4 > len(data):
+            raise InvalidBatch("corrupt_message", "truncated xerial snappy chunk header")
         (chunk_len,) = struct.unpack_from(">i", data, pos)
         pos += 4
-        out += bytes(cramjam.snappy.decompress_raw(data[pos : pos + chunk_len]))
+        if chunk_len < 0 or pos + chunk_len > len(data):
+            raise InvalidBatch("corrupt_message", f"xerial snappy chunk of {chunk_len} bytes overruns the body")
+        out += _snappy_raw(view[pos : pos + chunk_len], max_bytes - len(out))
         pos += chunk_len
     return bytes(out)
 
 
-def iter_record_timestamps(batch: bytes) -> Iterator[tuple[int, int]]:
-    """Yield (offset, timestamp) of every record in a batch (decompressing if needed)."""
+def iter_record_timestamps(
+    batch: bytes, max_decompressed: int = DEFAULT_MAX_DECOMPRESSED_BYTES
+) -> Iterator[tuple[int, int]]:
+    """Yield (offset, timestamp) of every record in a batch (decompressing if needed, at most
+    ``max_decompressed`` bytes: InvalidBatch past that)."""
     header = parse_header(batch)
     if header.is_log_append_time:
         for delta in range(header.record_count):
             yield header.base_offset + delta, header.max_timestamp
         return
-    body = _decompress(header.compression, bytes(batch[HEADER_SIZE:]))
+    body = _decompress(header.compression, bytes(batch[HEADER_SIZE:]), max_decompressed)
     pos = 0
     for _ in range(header.record_count):
-        length, pos = _read_varint(body, pos)
-        end = pos + length
-        pos += 1  # record attributes
-        ts_delta, pos = _read_varint(body, pos)
-        off_delta, pos = _read_varint(body, pos)
+        try:
+            length, pos = _read_varint(body, pos)
+            end = pos + length
+            pos += 1  # record attributes
+            ts_delta, pos = _read_varint(body, pos)
+            off_delta, pos = _read_varint(body, pos)
+        except IndexError:
+            raise InvalidBatch("corrupt_message", "record runs past the end of the batch body") from None
         yield header.base_offset + off_delta, header.base_timestamp + ts_delta
         pos = end
 
