@@ -64,7 +64,7 @@ class TierSettings:
 
     bootstrap: tuple[tuple[str, int], ...]
     config_path: str | None = None
-    overrides: tuple[tuple[str, str], ...] = ()
+    overrides: tuple[tuple[str, str], ...] = field(default=(), repr=False)  # may hold secrets
     timeout_s: float = 30.0
     secret: bytes | None = field(default=None, repr=False)
 
@@ -94,6 +94,8 @@ def settings_from_args(
         etcd = (cluster.get("etcd") or {}).get("endpoint")
         if etcd:
             extra["metadata.etcd.endpoints"] = str(etcd)
+        if cluster.get("cluster_secret"):  # diskless dev gives its brokers one
+            extra["diskless.cluster.secret"] = str(cluster["cluster_secret"])
         if not bootstrap:
             bootstrap = ",".join(b["address"] for b in cluster.get("brokers", {}).values())
     if not bootstrap:
