@@ -5,7 +5,7 @@ an acks=all produce is acknowledged only once the follower fetched the record. F
 session per leader; once the ISRs are full their quiet fetches name (almost) no partition. The
 session must keep replicating through records on every partition, partitions added mid-session,
 the topic deleted and re-created under its name (new topic id: the old ids are forgotten), and a
-broker restart (sessions with it are lost and opened anew).
+broker restart (sessions with it are lost and opened anew), and sessions evicted all the time.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ def _partitions(admin: AdminClient) -> dict[int, Any]:
     return {} if meta is None or meta.error is not None else dict(meta.partitions)
 
 
-def _replicated(admin: AdminClient, count: int) -> bool:
+def _replicated(admin: AdminClient, count: int, replicas: int = 2) -> bool:
     parts = _partitions(admin)
-    return len(parts) == count and all(p.leader >= 0 and len(p.isrs) == 2 for p in parts.values())
+    return len(parts) == count and all(p.leader >= 0 and len(p.isrs) == replicas for p in parts.values())
 
 
 def _metric(broker: Any, name: str) -> float:
@@ -117,3 +117,29 @@ def test_replication_through_fetch_sessions(cluster_factory: Any) -> None:
     # that stopped fetching from a leader since the re-creation may have left one behind).
     for broker in cluster.brokers:
         assert len(_followers(admin, broker.node_id)) <= _sessions(broker) <= 2
+
+
+def test_replication_while_sessions_are_evicted_all_the_time(cluster_factory: Any) -> None:
+    """One session slot per leader and two followers each: every follower's session is evicted by
+    the other's, so its incremental fetches get FETCH_SESSION_ID_NOT_FOUND and it starts over with
+    full fetches. Replication must go on (acks=all with both followers required)."""
+    cluster = cluster_factory(
+        overrides={"replica.fetch.wait.max.ms": "200", "max.incremental.fetch.session.cache.slots": "1"}
+    )
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    count = 30
+    admin.create_topics([NewTopic(TOPIC, count, 3, config={"min.insync.replicas": "3"})])[TOPIC].result(30)
+    wait_until(lambda: _replicated(admin, count, replicas=3), 60, message="ISRs never filled")
+    full_before = [_metric(b, 'diskless_replica_fetches_total{kind="full"}') for b in cluster.brokers]
+    _produce_everywhere(cluster.bootstrap, range(count), b"evicted")
+    assert _replicated(admin, count, replicas=3)
+    # Full fetches go on after the first ones: the evicted sessions were noticed and replaced.
+    wait_until(
+        lambda: all(
+            _metric(b, 'diskless_replica_fetches_total{kind="full"}') >= before + 4
+            for b, before in zip(cluster.brokers, full_before, strict=True)
+        ),
+        30,
+        message="no follower ever started over",
+    )
+    assert all(_sessions(b) == 1 for b in cluster.brokers)
