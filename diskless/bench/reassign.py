@@ -87,7 +87,7 @@ class Cluster:
             {"diskless.s3.endpoint": self.s3.endpoint, **self.overrides},
         )
         self.brokers.append(broker)
-        broker.start()
+        broker.start(timeout=120)  # a loaded machine (CI, other clusters) starts processes slowly
         return broker
 
     @property
