@@ -58,6 +58,17 @@ ChangeCallback = Callable[[list[RecordKey]], Awaitable[None]]
 # Changes handed to on_change between yields to the event loop. Small: applying one partition can
 # take milliseconds of disk under load, and a lease refresh needs several loop turns to complete.
 NOTIFY_SLICE = 16
+# HTTP/2 pings on the etcd connection. The metadata watch is a stream the broker never sends on:
+# after an etcd host reboot (or a NAT/firewall forgetting the connection) nothing ever resets it,
+# and a broker that does not write to etcd itself would keep a silent watch for ever. A ping
+# unanswered within the timeout (or reset by the rebooted host) fails the connection, so the watch
+# errors and resynchronises (``_follow``). etcd refuses pings closer than 5 s apart
+# (--grpc-keepalive-min-time): 6 s keeps clear of that; pings continue while no data flows.
+GRPC_KEEPALIVE = {
+    "grpc.keepalive_time_ms": 6000,
+    "grpc.keepalive_timeout_ms": 4000,
+    "grpc.http2.max_pings_without_data": 0,
+}
 _LOAD_ORDER = {"brokers": 0, "controller": 1, "wal-manager": 1, "broker-configs": 1, "topics": 2, "partitions": 3}
 
 
@@ -96,7 +107,12 @@ class EtcdMetadataStore:
         self._credentials = credentials
         user, password = credentials if credentials is not None else (None, None)
         self.client = aetcd.Client(
-            host=host or "127.0.0.1", port=int(port), timeout=10, username=user, password=password
+            host=host or "127.0.0.1",
+            port=int(port),
+            timeout=10,
+            username=user,
+            password=password,
+            options=GRPC_KEEPALIVE,
         )
         self._target = f"{host or '127.0.0.1'}:{int(port)}"  # the keepalive thread's own connection
         self.prefix = f"/diskless/{cluster_id}/"
