@@ -124,7 +124,7 @@ class FetchApis(ApiFamily):
             session = context.session
             if session is not None:
                 answer_session = session.session_id
-                topics = context.session.topics()
+                topics = session.topics()
                 request = dataclasses.replace(
                     request, topics=tuple(_FETCH_TOPIC(topic_id=t, partitions=parts) for t, parts in topics)
                 )
