@@ -141,9 +141,7 @@ class ReassignApis(ApiFamily):
             code, message = await self._elect_one(topic, index, election_type)
             if everything and code == ErrorCode.election_not_needed:
                 continue  # as Kafka: asked for everything, only report what was tried
-            results.setdefault(topic, []).append(
-                {"partition_id": index, "error_code": code, "error_message": message}
-            )
+            results.setdefault(topic, []).append({"partition_id": index, "error_code": code, "error_message": message})
         return {
             "throttle_time": 0,
             "error_code": ErrorCode.none,
