@@ -10,6 +10,8 @@ broker has no peers: a random secret of its own locks everyone else out.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import secrets
 from typing import Any
@@ -53,3 +55,24 @@ async def load_cluster_secret(config: BrokerConfig, etcd_client: Any | None) -> 
                 raise RuntimeError("cluster secret vanished from etcd")
             return bytes(stored.value)
     raise AssertionError("unreachable")
+
+
+async def fetch_cluster_secret(config: BrokerConfig, timeout_s: float) -> bytes | None:
+    """The secret as a job outside the brokers finds it (tiering job, Spark data source):
+    ``diskless.cluster.secret``, else etcd's copy read with the configured etcd credentials;
+    None when neither is given (internal requests will then be refused). Errors propagate."""
+    configured = configured_secret(config)
+    if configured is not None or not config.metadata_etcd_endpoints:
+        return configured
+    endpoint = config.metadata_etcd_endpoints.split(",")[0].strip().replace("http://", "")
+    host, _, port = endpoint.rpartition(":")
+    import aetcd
+
+    user, password = config.etcd_credentials or (None, None)
+    client = aetcd.Client(host=host or "127.0.0.1", port=int(port), timeout=timeout_s, username=user, password=password)
+    try:
+        await asyncio.wait_for(client.connect(), timeout_s)
+        return await asyncio.wait_for(load_cluster_secret(config, client), timeout_s)
+    finally:
+        with contextlib.suppress(Exception):
+            await client.close()

@@ -23,7 +23,6 @@ naming the topic, partition, offsets, broker or object concerned.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import time
@@ -44,7 +43,7 @@ from diskless.log.segment import POINTERS, RECORDS
 from diskless.protocol import internal, records
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError, KafkaClientConnection
-from diskless.security.cluster_secret import configured_secret, load_cluster_secret
+from diskless.security.cluster_secret import fetch_cluster_secret
 from diskless.security.internal_auth import ClusterSecret
 from diskless.security.tls import internal_client_context
 from diskless.storage import pointer
@@ -160,25 +159,11 @@ async def resolve_secret(settings: Settings, config: BrokerConfig) -> bytes | No
     (``metadata.etcd.endpoints``); None when neither is given (internal requests will be refused)."""
     if settings.secret is not None:
         return settings.secret
-    configured = configured_secret(config)
-    if configured is not None or not config.metadata_etcd_endpoints:
-        return configured
     endpoint = config.metadata_etcd_endpoints.split(",")[0].strip()
-    host, _, port = endpoint.replace("http://", "").rpartition(":")
-    import aetcd
-
-    user, password = config.etcd_credentials or (None, None)
-    client = aetcd.Client(
-        host=host or "127.0.0.1", port=int(port), timeout=settings.timeout_s, username=user, password=password
-    )
     try:
-        await asyncio.wait_for(client.connect(), settings.timeout_s)
-        return await asyncio.wait_for(load_cluster_secret(config, client), settings.timeout_s)
+        return await fetch_cluster_secret(config, settings.timeout_s)
     except Exception as exc:
         raise DisklessSourceError(f"cannot read the cluster secret from etcd at {endpoint}: {exc!r}") from exc
-    finally:
-        with contextlib.suppress(Exception):
-            await client.close()
 
 
 def open_connection(

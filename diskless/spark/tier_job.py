@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -42,8 +41,8 @@ from diskless.log.segment import POINTERS
 from diskless.protocol import internal
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError, KafkaClientConnection
-from diskless.security.cluster_secret import configured_secret, load_cluster_secret
-from diskless.security.internal_auth import ClusterSecret
+from diskless.security.cluster_secret import fetch_cluster_secret
+from diskless.spark.cluster import open_connection
 from diskless.storage import pointer
 from diskless.storage.object_store import ObjectStore
 from diskless.storage.segment_object import SegmentInfo, SegmentWriter
@@ -123,22 +122,11 @@ def _parse_bootstrap(text: str) -> tuple[tuple[str, int], ...]:
 
 async def resolve_secret(settings: TierSettings, config: BrokerConfig) -> bytes | None:
     """The cluster secret as brokers find it: configured, else etcd's copy."""
-    configured = configured_secret(config)
-    if configured is not None or not config.metadata_etcd_endpoints:
-        return configured
-    endpoint = config.metadata_etcd_endpoints.split(",")[0].strip().replace("http://", "")
-    host, _, port = endpoint.rpartition(":")
-    import aetcd
-
-    client = aetcd.Client(host=host or "127.0.0.1", port=int(port), timeout=settings.timeout_s)
+    endpoint = config.metadata_etcd_endpoints.split(",")[0].strip()
     try:
-        await asyncio.wait_for(client.connect(), settings.timeout_s)
-        return await asyncio.wait_for(load_cluster_secret(config, client), settings.timeout_s)
+        return await fetch_cluster_secret(config, settings.timeout_s)
     except Exception as exc:
         raise TierJobError(f"cannot read the cluster secret from etcd at {endpoint}: {exc!r}") from exc
-    finally:
-        with contextlib.suppress(Exception):
-            await client.close()
 
 
 def object_store(config: BrokerConfig) -> ObjectStore:
@@ -204,8 +192,10 @@ class Driver:
         conn = self._conns.get(address)
         if conn is not None and conn.connected:
             return conn
-        credentials = ClusterSecret(self.settings.secret) if self.settings.secret is not None else None
-        conn = KafkaClientConnection(address[0], address[1], "diskless-tier-job", credentials=credentials)
+        # Opened as the data source opens its own: the secret proved, TLS when brokers use it.
+        conn = open_connection(
+            self.settings.config(), address[0], address[1], "diskless-tier-job", self.settings.secret
+        )
         try:
             await conn.connect(timeout=min(5.0, self.settings.timeout_s))
         except (OSError, TimeoutError, ClientError) as exc:
