@@ -31,6 +31,7 @@ from typing import Any, NamedTuple, TypeVar
 
 import boto3
 import botocore.exceptions
+import botocore.handlers
 import structlog
 from botocore.config import Config
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
@@ -229,6 +230,13 @@ class ObjectStore:
             retries={"total_max_attempts": 1, "mode": "standard"},
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
+            # botocore >= 1.36 defaults to "when_supported": a CRC32 over every PUT body (a second pass
+            # over each byte) and a checksum verified over every GET body. Integrity is already covered:
+            # on http the SigV4 payload SHA-256 signs the body, on https TLS protects it, and record
+            # batches carry their own CRC32C. Operations that require a checksum (DeleteObjects) still
+            # get one.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
         )
         # A private session: the default boto3 session is shared module state and not thread-safe to
         # create clients from; the client itself is thread-safe and shared by all worker threads.
@@ -241,6 +249,10 @@ class ObjectStore:
             region_name=region,
             config=config,
         )
+        # botocore sends ``Expect: 100-continue`` with every file-like body (a bytes body becomes one),
+        # so each PUT waited a round trip, and the server's scheduling of its handler, before sending a
+        # body it sends anyway. A refusal (auth, missing bucket) still arrives, after the body.
+        self._client.meta.events.unregister("before-call.s3", botocore.handlers.add_expect_header)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_concurrency, thread_name_prefix="object-store")
         self._slots = asyncio.Semaphore(max_concurrency)
         self._closed = False

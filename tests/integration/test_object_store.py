@@ -330,3 +330,62 @@ def test_retriable_classification() -> None:
     assert not is_retriable(client_error(416, "InvalidRange"))
     assert not is_retriable(NoSuchKey("k"))
     assert not is_retriable(ValueError("bug"))
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """Answers every PUT 200 and every GET with a fixed body, keeping each request's headers."""
+
+    protocol_version = "HTTP/1.1"  # as S3 servers: an ``Expect: 100-continue`` gets its interim answer
+    seen: list[tuple[str, dict[str, str], bytes]] = []
+    body = b"recorded body"
+
+    def do_PUT(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        data = self.rfile.read(length) if length else b""
+        type(self).seen.append(("PUT", {k.lower(): v for k, v in self.headers.items()}, data))
+        self.send_response(200)
+        self.send_header("ETag", '"0"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self) -> None:
+        type(self).seen.append(("GET", {k.lower(): v for k, v in self.headers.items()}, b""))
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+async def test_put_and_get_send_no_avoidable_per_request_work() -> None:
+    """A WAL PUT is one request with its body, signed, and nothing else computed over the body.
+
+    ``Expect: 100-continue`` costs a round trip to the server (and a scheduling of its handler) before
+    the body goes out, for a body we send anyway; a CRC32 trailer/header (botocore >= 1.36's default
+    "when_supported") is a second pass over every byte, redundant with the SigV4 payload hash on http
+    and with TLS on https. GETs must not ask for (and then verify) a checksum either.
+    """
+    _Recorder.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        payload = os.urandom(64 * 1024)
+        async with ObjectStore(endpoint, BUCKET, "k", "s", max_attempts=1) as store:
+            await store.put("wal/1", payload)
+            assert await store.get("wal/1") == _Recorder.body
+        (put_method, put_headers, put_body), (get_method, get_headers, _) = _Recorder.seen
+        assert (put_method, get_method) == ("PUT", "GET")
+        assert put_body == payload and put_headers["content-length"] == str(len(payload))
+        assert "expect" not in put_headers, put_headers
+        assert not [h for h in put_headers if h.startswith(("x-amz-checksum", "x-amz-sdk-checksum"))], put_headers
+        assert put_headers.get("content-encoding") != "aws-chunked"
+        assert put_headers["x-amz-content-sha256"] != "UNSIGNED-PAYLOAD"  # http: the payload stays signed
+        assert "x-amz-checksum-mode" not in get_headers, get_headers
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
