@@ -31,9 +31,12 @@ install: $(STAMP) .kcat .java
 run: install
 	$(PY) -m diskless dev --data-dir ./data
 
+# Integration tests mostly wait on real servers starting, electing and timing out, so they run in
+# TEST_WORKERS processes (pytest-xdist; each test still gets its own servers on run-time ports).
 # The outer limit only guards CI against a hang no per-test timeout could catch.
+TEST_WORKERS ?= 3
 test: install
-	timeout --kill-after=30 2700 $(PY) -m pytest -q -p no:cacheprovider --durations=30
+	timeout --kill-after=30 2700 $(PY) -m pytest -q -p no:cacheprovider --durations=30 -n $(TEST_WORKERS) --dist worksteal
 
 unit: install
 	$(PY) -m pytest -q tests/unit
