@@ -273,7 +273,7 @@ class S3Server(ManagedProcess):
                 f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
                 f"-s3.port={self.port}", f"-admin.port={admin}", "-s3.port.iceberg=0", "-s3.port.lance=0",
                 "-webdav=false", "-admin.ui=false",
-                f"-s3.localSocket={self.data_dir}/s3.sock", f"-filer.localSocket={self.data_dir}/filer.sock",
+                f"-s3.localSocket={self._local_socket('s3')}", f"-filer.localSocket={self._local_socket('filer')}",
             ]  # fmt: skip
             health = f"{self.endpoint}/healthz"
         self._spawn(cmd, cwd=self.data_dir, env=env)
@@ -281,6 +281,13 @@ class S3Server(ManagedProcess):
         _wait(lambda: _http_ok(health), timeout, self.proc, f"S3 server ({self.kind})")
         self._started_once = True
         return self
+
+    def _local_socket(self, component: str) -> str:
+        """Where a component's Unix socket goes: in the data dir unless that path is too long for
+        a socket address (108 bytes on Linux; deep test or bench directories pass it), then in /tmp
+        named by the S3 port, which ``stop`` cleans up."""
+        path = f"{self.data_dir}/{component}.sock"
+        return path if len(path) < 100 else f"/tmp/seaweedfs-local-{component}-{self.port}.sock"
 
     def _internal_ports(self) -> list[int]:
         """Four more ports (master, volume, filer, admin), none equal to the S3 port."""

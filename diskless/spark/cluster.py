@@ -159,10 +159,10 @@ async def resolve_secret(settings: Settings, config: BrokerConfig) -> bytes | No
     (``metadata.etcd.endpoints``); None when neither is given (internal requests will be refused)."""
     if settings.secret is not None:
         return settings.secret
-    endpoint = config.metadata_etcd_endpoints.split(",")[0].strip()
     try:
         return await fetch_cluster_secret(config, settings.timeout_s)
     except Exception as exc:
+        endpoint = (config.metadata_etcd_endpoints or "").split(",")[0].strip()
         raise DisklessSourceError(f"cannot read the cluster secret from etcd at {endpoint}: {exc!r}") from exc
 
 

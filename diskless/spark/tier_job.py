@@ -122,10 +122,10 @@ def _parse_bootstrap(text: str) -> tuple[tuple[str, int], ...]:
 
 async def resolve_secret(settings: TierSettings, config: BrokerConfig) -> bytes | None:
     """The cluster secret as brokers find it: configured, else etcd's copy."""
-    endpoint = config.metadata_etcd_endpoints.split(",")[0].strip()
     try:
         return await fetch_cluster_secret(config, settings.timeout_s)
     except Exception as exc:
+        endpoint = (config.metadata_etcd_endpoints or "").split(",")[0].strip()
         raise TierJobError(f"cannot read the cluster secret from etcd at {endpoint}: {exc!r}") from exc
 
 

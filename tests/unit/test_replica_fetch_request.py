@@ -10,13 +10,13 @@ import io
 import uuid
 from pathlib import Path
 
+from kio.index import load_request_schema
 from kio.serial import entity_writer
 from loghelpers import produce
 
 from diskless.log.config import LogConfig
 from diskless.log.partition_log import PartitionLog
 from diskless.protocol import messages as m
-from diskless.protocol.client import load_request_schema
 from diskless.replication.fetcher import FETCH_VERSION, ReplicaFetcher
 from diskless.replication.partition import Partition
 

@@ -152,7 +152,10 @@ async def test_apply_all_leaves_the_event_loop_turns_within_a_bounded_time(
     during = [t for t in ticks if started <= t <= finished]
     assert len(during) >= 5, f"the loop turned {len(during)} times in {finished - started:.2f} s"
     gaps = [b - a for a, b in zip([started, *during], [*during, finished], strict=True)]
-    assert max(gaps) < 0.25, f"longest stretch without a loop turn {max(gaps):.3f} s"
+    # Unyielding, the one stretch is the whole apply; a loaded machine (parallel test workers)
+    # stretches every step alike, so the bound scales with the apply's own duration.
+    bound = max(0.25, (finished - started) / 4)
+    assert max(gaps) < bound, f"longest stretch without a loop turn {max(gaps):.3f} s of {finished - started:.3f} s"
     await broker.replicas.close()
 
 
