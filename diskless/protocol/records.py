@@ -171,7 +171,8 @@ def set_log_append_time(batch: bytearray | memoryview, now_ms: int) -> None:
 # --- record-level decoding: ListOffsets by timestamp only, never on produce/fetch paths ---
 
 
-def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    """A zigzag varint (Kafka's record fields) and the position after it."""
     shift = 0
     result = 0
     while True:
@@ -279,11 +280,11 @@ def iter_record_timestamps(
     pos = 0
     for _ in range(header.record_count):
         try:
-            length, pos = _read_varint(body, pos)
+            length, pos = read_varint(body, pos)
             end = pos + length
             pos += 1  # record attributes
-            ts_delta, pos = _read_varint(body, pos)
-            off_delta, pos = _read_varint(body, pos)
+            ts_delta, pos = read_varint(body, pos)
+            off_delta, pos = read_varint(body, pos)
         except IndexError:
             raise InvalidBatch("corrupt_message", "record runs past the end of the batch body") from None
         yield header.base_offset + off_delta, header.base_timestamp + ts_delta
@@ -351,15 +352,15 @@ def iter_records(batch: bytes) -> Iterator[tuple[int, bytes | None, bytes | None
     body = _decompress(header.compression, bytes(batch[HEADER_SIZE:]))
     pos = 0
     for _ in range(header.record_count):
-        length, pos = _read_varint(body, pos)
+        length, pos = read_varint(body, pos)
         end = pos + length
         pos += 1
-        _, pos = _read_varint(body, pos)  # timestamp delta
-        offset_delta, pos = _read_varint(body, pos)
-        key_len, pos = _read_varint(body, pos)
+        _, pos = read_varint(body, pos)  # timestamp delta
+        offset_delta, pos = read_varint(body, pos)
+        key_len, pos = read_varint(body, pos)
         key = None if key_len < 0 else body[pos : pos + key_len]
         pos += max(key_len, 0)
-        value_len, pos = _read_varint(body, pos)
+        value_len, pos = read_varint(body, pos)
         value = None if value_len < 0 else body[pos : pos + value_len]
         yield header.base_offset + offset_delta, key, value
         pos = end

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from diskless.protocol import records
 from diskless.protocol.records import HEADER_SIZE, BatchHeader
+from diskless.protocol.records import read_varint as _varint
 
 _CONTROL_KEY = struct.Struct(">hh")  # version, type
 CONTROL_ABORT = 0
@@ -32,19 +33,6 @@ TIMESTAMP_LOG_APPEND = 1
 
 class CorruptBatch(Exception):
     """Bytes that do not decode as the record batch their header promises."""
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    """A zigzag varint (Kafka's record fields) and the position after it."""
-    shift = 0
-    result = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return (result >> 1) ^ -(result & 1), pos
-        shift += 7
 
 
 def iter_batches(data: bytes | bytearray | memoryview) -> Iterable[memoryview]:
