@@ -42,7 +42,6 @@ from diskless.protocol import internal
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError, KafkaClientConnection
 from diskless.security.cluster_secret import fetch_cluster_secret
-from diskless.spark.cluster import open_connection
 from diskless.storage import pointer
 from diskless.storage.object_store import ObjectStore
 from diskless.storage.segment_object import SegmentInfo, SegmentWriter
@@ -193,6 +192,10 @@ class Driver:
         if conn is not None and conn.connected:
             return conn
         # Opened as the data source opens its own: the secret proved, TLS when brokers use it.
+        # Imported here: the data source's module loads pyarrow, which every `diskless` command
+        # (brokers included: the command line is built whole) would otherwise map (~50 MB RSS).
+        from diskless.spark.cluster import open_connection
+
         conn = open_connection(
             self.settings.config(), address[0], address[1], "diskless-tier-job", self.settings.secret
         )
