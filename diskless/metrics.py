@@ -112,6 +112,9 @@ EVENT_LOOP_LAG_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
 DISKLESS_CACHE = Counter("diskless_cache_lookups_total", "WAL cache lookups when serving batches", ["result"])
+DISKLESS_CACHE_BYTES = Gauge(
+    "diskless_cache_bytes", "Bytes held by the WAL cache, by share (tail, lagging)", ["segment"]
+)
 
 # Zone-aligned reads on followers (diskless/replication/follower_reads.py): one per consumer fetch pass
 # over a diskless partition whose local replica is a follower, by how it was answered.

@@ -6,8 +6,8 @@ segment's offset index (the small ``.index`` object, fetched once and kept), rea
 to the fetch's byte limit, drop batches at or past the read's ``max_offset`` (high watermark or
 last stable offset). Segment bytes are read and cached in blocks of whole batches (the batches
 that start within an aligned ``BLOCK_BYTES`` window), so a consumer reading along a segment makes
-about one ranged GET per block and other consumers of the same range hit the cache; blocks share
-the WAL objects' byte-bounded LRU cache.
+about one ranged GET per block and other consumers of the same range hit the cache; blocks live in
+the WAL cache's lagging share, which cannot evict the tail's WAL objects.
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ class TierReader:
             fetched = await self.store.get_ranges(info.log_key, [bounds[i] for i in missing])
             for i, chunk in zip(missing, fetched, strict=True):
                 chunks[i] = chunk
-                self.cache.put(f"{info.log_key}#{blocks[i]}", chunk)
+                # Tiered ranges are far behind the tail: their blocks must not evict tail objects.
+                self.cache.put(f"{info.log_key}#{blocks[i]}", chunk, lagging=True)
         joined = b"".join(c or b"" for c in chunks)
         first_start = bounds[0][0]
         return joined[start - first_start : end - first_start]

@@ -1,8 +1,9 @@
 """Serving diskless batches: pointer entries in, record batches out, through a bounded cache.
 
-WAL objects live in a byte-bounded LRU cache. A broker that appends pointers (leader or follower
+WAL objects live in a byte-bounded cache. A broker that appends pointers (leader or follower
 replica) prefetches the objects they point into, so consumers at the tail of the log are served
-from memory and an object is fetched about once per AZ. Cache misses (consumers reading older
+from memory and an object is fetched about once per AZ; reads far behind the tail get a separate
+share of the cache and cannot evict those objects (``WalCache``). Cache misses (consumers reading older
 data) fetch only the needed byte ranges, coalesced into few ranged GETs per object. The served
 batch is the stored header (leader-assigned offset and epoch) over the producer's bytes; records
 are never decoded or re-encoded.
@@ -16,40 +17,81 @@ from typing import Any
 
 import structlog
 
-from diskless.metrics import DISKLESS_CACHE, child
+from diskless.metrics import DISKLESS_CACHE, DISKLESS_CACHE_BYTES, child
 from diskless.storage.object_store import ObjectStore
 
 log = structlog.get_logger(__name__)
 
 
 class WalCache:
-    """Whole WAL objects by key, least recently used evicted first once ``max_bytes`` is exceeded."""
+    """Cached bytes by key in two byte-bounded shares that never evict each other.
 
-    def __init__(self, max_bytes: int) -> None:
+    The tail share holds whole WAL objects uploaded or prefetched at the log end, which tail
+    consumers read within moments; it is first in, first out, so its content depends only on
+    the order of tail puts: no lookup or put made for a reader far behind the tail (a consumer
+    reading a topic from its beginning) can push out what tail consumers are about to read.
+    The lagging share (``lagging=True`` puts: blocks of tiered segments) is least recently used
+    first, so readers moving along a range hit the blocks the reader before them fetched. The
+    lagging share is ``lagging_max_bytes`` (default a quarter of ``max_bytes``), the tail share
+    the rest; together they never exceed ``max_bytes``.
+    """
+
+    def __init__(self, max_bytes: int, lagging_max_bytes: int = -1) -> None:
         self.max_bytes = max_bytes
-        self._objects: OrderedDict[str, bytes] = OrderedDict()
-        self._size = 0
+        lagging = max_bytes // 4 if lagging_max_bytes < 0 else lagging_max_bytes
+        self.lagging_max_bytes = min(lagging, max_bytes)
+        self._tail: OrderedDict[str, bytes] = OrderedDict()
+        self._lagging: OrderedDict[str, bytes] = OrderedDict()
+        self._tail_size = 0
+        self._lagging_size = 0
         self.hits = 0
         self.misses = 0
 
     def get(self, key: str) -> bytes | None:
-        data = self._objects.get(key)
+        data = self._tail.get(key)
         if data is not None:
-            self._objects.move_to_end(key)
+            return data
+        data = self._lagging.get(key)
+        if data is not None:
+            self._lagging.move_to_end(key)
         return data
 
-    def put(self, key: str, data: bytes) -> None:
-        if len(data) > self.max_bytes or key in self._objects:
+    def put(self, key: str, data: bytes, lagging: bool = False) -> None:
+        if key in self._tail or key in self._lagging:
             return
-        self._objects[key] = data
-        self._size += len(data)
-        while self._size > self.max_bytes:
-            _, evicted = self._objects.popitem(last=False)
-            self._size -= len(evicted)
+        if lagging:
+            self._lagging_size = self._admit(self._lagging, self._lagging_size, self.lagging_max_bytes, key, data)
+        else:
+            budget = self.max_bytes - self.lagging_max_bytes
+            self._tail_size = self._admit(self._tail, self._tail_size, budget, key, data)
+        DISKLESS_CACHE_BYTES.labels("tail").set(self._tail_size)
+        DISKLESS_CACHE_BYTES.labels("lagging").set(self._lagging_size)
+
+    @staticmethod
+    def _admit(share: OrderedDict[str, bytes], size: int, budget: int, key: str, data: bytes) -> int:
+        """Add to one share, evicting its oldest entries; returns the share's new size."""
+        if len(data) > budget:
+            return size
+        share[key] = data
+        size += len(data)
+        while size > budget:
+            _, evicted = share.popitem(last=False)
+            size -= len(evicted)
+        return size
 
     @property
     def size(self) -> int:
-        return self._size
+        return self._tail_size + self._lagging_size
+
+    @property
+    def lagging_size(self) -> int:
+        return self._lagging_size
+
+    def tail_keys(self) -> list[str]:
+        return list(self._tail)
+
+    def lagging_keys(self) -> list[str]:
+        return list(self._lagging)
 
 
 class WalReader:

@@ -431,7 +431,7 @@ class PartitionReader:
         if kind == TIERED:
             if self._tiers is None:
                 # Blocks of segment bytes are cached for the next slice of the same segment.
-                self._tiers = TierReader(self._object_store(), WalCache(64 * 1024 * 1024))
+                self._tiers = TierReader(self._object_store(), WalCache(64 * 1024 * 1024, 64 * 1024 * 1024))
             store = self._object_store()
             try:
                 batches = await asyncio.wait_for(self._tiers.read(bytes(data)), self.settings.timeout_s * 2)
