@@ -74,7 +74,9 @@ def main() -> None:
     etcd, s3 = EtcdServer(root / "etcd"), S3Server(root / "s3")
     overrides = {
         "metrics.port": "0",
-        "diskless.cache.max.bytes": str(4 * 1024 * 1024),
+        # As before the cache had shares: 4 MiB for WAL objects, 4 MiB for segment blocks.
+        "diskless.cache.max.bytes": str(8 * 1024 * 1024),
+        "diskless.cache.lagging.max.bytes": str(4 * 1024 * 1024),
         "broker.session.timeout.ms": "9000",
     }
     brokers = [

@@ -109,7 +109,8 @@ class Broker:
                 config.diskless_s3_secret_key,
                 config.diskless_s3_region,
             )
-            self.wal_reader = WalReader(self.store, WalCache(config.diskless_cache_max_bytes))
+            cache = WalCache(config.diskless_cache_max_bytes, config.diskless_cache_lagging_max_bytes)
+            self.wal_reader = WalReader(self.store, cache)
             self.representative = Representative(self, self.store, self.wal_reader.cache.put)
         self._metadata_event = asyncio.Event()
         self.groups = GroupShell(self)

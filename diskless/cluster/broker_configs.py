@@ -48,7 +48,12 @@ _INT_DURATIONS = {
     "group.consumer.heartbeat.interval.ms",
     "transaction.max.timeout.ms",
 }
-_LONGS = {"diskless.cache.max.bytes", "diskless.produce.buffer.max.bytes", "diskless.wal.max.bytes"}
+_LONGS = {
+    "diskless.cache.max.bytes",
+    "diskless.cache.lagging.max.bytes",
+    "diskless.produce.buffer.max.bytes",
+    "diskless.wal.max.bytes",
+}
 _LISTS = {"listeners", "advertised.listeners", "log.dirs", "group.consumer.assignors", "sasl.enabled.mechanisms"}
 _SYNONYMS = {d.broker_synonym: d for d in TOPIC_CONFIGS.values() if d.broker_synonym}
 
