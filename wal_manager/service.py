@@ -27,7 +27,6 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import botocore.exceptions
 import structlog
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -43,7 +42,7 @@ from diskless.protocol.framing import FrameDecoder, FrameError
 from diskless.security.cluster_secret import configured_secret, load_cluster_secret
 from diskless.security.internal_auth import ClusterSecret, InternalAuthState
 from diskless.security.tls import internal_client_context, server_context
-from diskless.storage.object_store import InvalidRange, NoSuchKey, ObjectInfo, ObjectStore
+from diskless.storage.object_store import InvalidRange, NoSuchKey, ObjectInfo, ObjectStore, S3Error
 from diskless.storage.segment_object import SEGMENTS_PREFIX, parse_segment_key
 from diskless.storage.wal_format import TAIL_READ_HINT, WAL_KEY_ROOT, CorruptWalObject, parse_tail
 
@@ -67,8 +66,8 @@ Answered = tuple[str, PartitionRef, Answer, int]
 
 def _reason(exc: BaseException) -> str:
     """A bounded label for an error: the S3 error code if there is one, else the exception type."""
-    if isinstance(exc, botocore.exceptions.ClientError):
-        return str(exc.response.get("Error", {}).get("Code", "ClientError"))
+    if isinstance(exc, S3Error):
+        return exc.code
     return type(exc).__name__
 
 

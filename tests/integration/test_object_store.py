@@ -16,8 +16,8 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
-import botocore.exceptions
 import pytest
 
 from diskless.local.servers import S3Server, free_port
@@ -25,6 +25,8 @@ from diskless.storage.object_store import (
     InvalidRange,
     NoSuchKey,
     ObjectStore,
+    S3ConnectionError,
+    S3Error,
     is_retriable,
 )
 
@@ -130,10 +132,10 @@ async def test_missing_key_raises_no_such_key_without_retries(store: ObjectStore
 
 async def test_missing_bucket_is_not_retried(s3: S3Server) -> None:
     async with ObjectStore(s3.endpoint, "no-such-bucket-here", s3.access_key, s3.secret_key) as store:
-        with pytest.raises(botocore.exceptions.ClientError) as info:
+        with pytest.raises(S3Error) as info:
             await store.put("k", b"v")
         # SeaweedFS answers AccessDenied here, S3 and MinIO NoSuchBucket: a 4xx either way, not retried.
-        assert info.value.response["Error"]["Code"] in ("NoSuchBucket", "AccessDenied")
+        assert info.value.code in ("NoSuchBucket", "AccessDenied") and 400 <= info.value.status < 500
         assert store.stats.puts == 1 and store.stats.retries == 0 and store.stats.failures == 1
 
 
@@ -181,22 +183,19 @@ async def test_list_pagination_prefix_start_after_and_delete_many(store: ObjectS
 async def test_concurrency_is_bounded(s3: S3Server, prefix: str) -> None:
     async with make_store(s3, max_concurrency=4) as store:
         in_flight, peak = 0, 0
-        lock = threading.Lock()
-        real_put = store._client.put_object
+        real_exchange = store._exchange
 
-        def counting_put(**kwargs: object) -> object:
+        async def counting_exchange(*args: Any, **kwargs: Any) -> Any:
             nonlocal in_flight, peak
-            with lock:
-                in_flight += 1
-                peak = max(peak, in_flight)
+            in_flight += 1
+            peak = max(peak, in_flight)
             try:
-                time.sleep(0.01)  # keep requests overlapping so the bound is actually reached
-                return real_put(**kwargs)
+                await asyncio.sleep(0.01)  # keep requests overlapping so the bound is actually reached
+                return await real_exchange(*args, **kwargs)
             finally:
-                with lock:
-                    in_flight -= 1
+                in_flight -= 1
 
-        store._client.put_object = counting_put
+        store._exchange = counting_exchange  # type: ignore[method-assign]
         bodies = {f"{prefix}c/{i:02d}": os.urandom(1_000 + i) for i in range(64)}
         await asyncio.gather(*(store.put(k, v) for k, v in bodies.items()))
         assert peak == 4
@@ -206,26 +205,62 @@ async def test_concurrency_is_bounded(s3: S3Server, prefix: str) -> None:
         assert store.stats.gets == 64 and store.stats.get_bytes == store.stats.put_bytes
 
 
-async def test_cancelled_caller_does_not_free_a_busy_slot(s3: S3Server, prefix: str) -> None:
-    async with make_store(s3, max_concurrency=1) as store:
-        release = threading.Event()
-        real_put = store._client.put_object
+class _Stalling(http.server.BaseHTTPRequestHandler):
+    """GET answers the request's path as its body, except that a path ending in ``/slow`` is held
+    until ``release`` is set; records each request's path and client port."""
 
-        def blocking_put(**kwargs: object) -> object:
-            release.wait(10)
-            return real_put(**kwargs)
+    protocol_version = "HTTP/1.1"  # keep-alive, as S3 servers: a connection may be reused
+    release = threading.Event()
+    seen: list[tuple[str, int]] = []
 
-        store._client.put_object = blocking_put
-        first = asyncio.create_task(store.put(prefix + "a", b"a"))
-        await asyncio.sleep(0.1)
-        first.cancel()
-        second = asyncio.create_task(store.put(prefix + "b", b"b"))
-        await asyncio.sleep(0.1)
-        # The only thread is still busy with the cancelled request, so the second one waits for it.
-        assert not second.done() and store.stats.puts == 1
-        release.set()
-        await second
-        assert store.stats.puts == 2
+    def do_GET(self) -> None:
+        type(self).seen.append((self.path, self.client_address[1]))
+        if self.path.endswith("/slow"):
+            self.release.wait(30)
+        body = self.path.encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+async def _until(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.01)
+
+
+async def test_cancelled_request_frees_its_slot_and_its_connection() -> None:
+    """Cancelling a caller cancels its request: the slot is free at once (no thread is left running
+    it), and the connection with the unread answer on it is closed, never handed to the next request."""
+    _Stalling.release = threading.Event()
+    _Stalling.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Stalling)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        async with ObjectStore(endpoint, BUCKET, "k", "s", max_concurrency=1, max_attempts=1) as store:
+            assert await store.get("warm") == f"/{BUCKET}/warm".encode()
+            slow = asyncio.create_task(store.get("slow"))
+            await _until(lambda: len(_Stalling.seen) == 2)
+            slow.cancel()
+            # The stalled answer is still unsent, yet the next request gets the only slot and its own answer.
+            assert await asyncio.wait_for(store.get("fast"), 10) == f"/{BUCKET}/fast".encode()
+            assert slow.cancelled() and not _Stalling.release.is_set()
+            (_, warm_port), (_, slow_port), (_, fast_port) = _Stalling.seen
+            assert slow_port == warm_port  # the idle connection was reused ...
+            assert fast_port != slow_port  # ... but not the one the cancelled request left mid-answer
+            assert store.stats.gets == 3 and store.stats.failures == 0
+    finally:
+        _Stalling.release.set()
+        server.shutdown()
+        server.server_close()
+        thread.join()
 
 
 async def test_unreachable_endpoint_fails_after_max_attempts() -> None:
@@ -235,7 +270,7 @@ async def test_unreachable_endpoint_fails_after_max_attempts() -> None:
     )
     async with store:
         started = time.monotonic()
-        with pytest.raises(botocore.exceptions.EndpointConnectionError):
+        with pytest.raises(S3ConnectionError):
             await store.put("k", b"v")
         elapsed = time.monotonic() - started
         assert store.stats.puts == 3 and store.stats.retries == 2 and store.stats.failures == 1
@@ -276,11 +311,11 @@ async def test_503_slow_down_is_retried_up_to_max_attempts() -> None:
     try:
         endpoint = f"http://127.0.0.1:{server.server_address[1]}"
         async with ObjectStore(endpoint, BUCKET, "k", "s", max_attempts=4, backoff_initial=0.01) as store:
-            with pytest.raises(botocore.exceptions.ClientError) as info:
+            with pytest.raises(S3Error) as info:
                 await store.get("k")
-            assert info.value.response["Error"]["Code"] == "SlowDown"
+            assert (info.value.status, info.value.code) == (503, "SlowDown")
             assert store.stats.gets == 4 and store.stats.retries == 3
-            assert _Always503.requests == 4  # botocore itself did not retry
+            assert _Always503.requests == 4  # the HTTP client itself did not retry
     finally:
         server.shutdown()
         server.server_close()
@@ -314,17 +349,17 @@ async def test_closed_store_refuses_calls(s3: S3Server) -> None:
 
 
 def test_retriable_classification() -> None:
-    def client_error(status: int, code: str) -> botocore.exceptions.ClientError:
-        response = {"Error": {"Code": code, "Message": ""}, "ResponseMetadata": {"HTTPStatusCode": status}}
-        return botocore.exceptions.ClientError(response, "GetObject")  # type: ignore[arg-type]
+    def client_error(status: int, code: str) -> S3Error:
+        return S3Error("GetObject", status, code)
 
     assert is_retriable(client_error(503, "SlowDown"))
     assert is_retriable(client_error(500, "InternalError"))
     assert is_retriable(client_error(502, "BadGateway"))
     assert is_retriable(client_error(400, "RequestTimeout"))
-    assert is_retriable(botocore.exceptions.EndpointConnectionError(endpoint_url="http://x"))
-    assert is_retriable(botocore.exceptions.ReadTimeoutError(endpoint_url="http://x"))
-    assert is_retriable(botocore.exceptions.ConnectionClosedError(endpoint_url="http://x"))
+    assert is_retriable(client_error(429, "TooManyRequests"))
+    assert is_retriable(S3ConnectionError("refused, reset or short body"))
+    assert is_retriable(ConnectionResetError())
+    assert is_retriable(TimeoutError())
     assert not is_retriable(client_error(404, "NoSuchKey"))
     assert not is_retriable(client_error(403, "AccessDenied"))
     assert not is_retriable(client_error(416, "InvalidRange"))
@@ -385,6 +420,104 @@ async def test_put_and_get_send_no_avoidable_per_request_work() -> None:
         assert put_headers.get("content-encoding") != "aws-chunked"
         assert put_headers["x-amz-content-sha256"] != "UNSIGNED-PAYLOAD"  # http: the payload stays signed
         assert "x-amz-checksum-mode" not in get_headers, get_headers
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+async def test_requests_run_on_the_event_loop_without_threads(s3: S3Server, prefix: str) -> None:
+    """50 concurrent PUTs (and GETs) start no thread: requests are sockets on the loop, not pool jobs.
+
+    Threads per request fought the event loop for the GIL (issue 10: a 13 ms PUT took 50 ms behind a
+    busy broker loop), so the client must not need any.
+    """
+    async with make_store(s3, max_concurrency=16) as store:
+        await store.put(prefix + "warm-up", b"x")  # connection set-up and lazy initialisation done
+        before = threading.active_count()
+        peak = before
+        bodies = {f"{prefix}t/{i:02d}": os.urandom(9 * 1024) for i in range(50)}
+
+        async def sample() -> None:
+            nonlocal peak
+            while True:
+                peak = max(peak, threading.active_count())
+                await asyncio.sleep(0)
+
+        sampler = asyncio.create_task(sample())
+        try:
+            await asyncio.gather(*(store.put(k, v) for k, v in bodies.items()))
+            got = await asyncio.gather(*(store.get(k) for k in bodies))
+        finally:
+            sampler.cancel()
+        assert got == list(bodies.values())
+        assert store.stats.puts == 51 and store.stats.gets == 50
+        assert (peak, threading.active_count()) == (before, before)
+
+
+async def test_faults_through_the_chaos_proxy_are_retried_and_bodies_stay_exact(s3: S3Server, prefix: str) -> None:
+    """Through ``diskless/chaos/s3proxy.py`` (one request per connection, then ``Connection: close``)
+    with 500s, 503s, resets, writes answered 500 after they happened, and delays: every operation
+    succeeds within its attempts and every byte comes back as written."""
+    from diskless.chaos.s3proxy import FaultRates, S3FaultProxy
+
+    proxy = S3FaultProxy(s3.endpoint, seed=11).start()
+    try:
+        proxy.set_rates(FaultRates(error_500=0.08, error_503=0.08, ambiguous=0.08, reset=0.08, slow=0.05, slow_s=0.05))
+        endpoint = proxy.endpoint
+        store = ObjectStore(
+            endpoint, BUCKET, s3.access_key, s3.secret_key, max_attempts=12, backoff_initial=0.01, backoff_max=0.05
+        )
+        async with store:
+            bodies = {f"{prefix}f/{i:02d}": os.urandom(5_000 + i) for i in range(40)}
+            await asyncio.gather(*(store.put(k, v) for k, v in bodies.items()))
+            assert await asyncio.gather(*(store.get(k) for k in bodies)) == list(bodies.values())
+            key, body = next(iter(bodies.items()))
+            assert await store.get_range(key, 100, 199) == body[100:200]
+            assert await store.head(key) == len(body)
+            assert [info.key async for info in store.list(prefix + "f/", page_size=7)] == sorted(bodies)
+            assert await store.delete_many(bodies) == []
+            assert [info.key async for info in store.list(prefix + "f/")] == []
+            assert store.stats.failures == 0
+            assert store.stats.retries >= 10, store.stats  # the faults really hit requests
+            injected = sum(proxy.stats[kind] for kind in ("error_500", "error_503", "ambiguous", "reset"))
+            assert injected >= 10 and proxy.stats["ambiguous"] >= 1, proxy.stats
+    finally:
+        proxy.stop()
+
+
+class _ShortThenWhole(http.server.BaseHTTPRequestHandler):
+    """The first GET promises 1000 bytes, sends 10 and closes; later GETs send all 1000."""
+
+    protocol_version = "HTTP/1.1"
+    body = bytes(range(250)) * 4
+    requests = 0
+
+    def do_GET(self) -> None:
+        type(self).requests += 1
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        if type(self).requests == 1:
+            self.wfile.write(self.body[:10])
+            self.close_connection = True
+        else:
+            self.wfile.write(self.body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+async def test_short_body_is_retried() -> None:
+    _ShortThenWhole.requests = 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ShortThenWhole)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"http://127.0.0.1:{server.server_address[1]}"
+        async with ObjectStore(endpoint, BUCKET, "k", "s", max_attempts=3, backoff_initial=0.01) as store:
+            assert await store.get("k") == _ShortThenWhole.body
+            assert store.stats.gets == 2 and store.stats.retries == 1 and store.stats.get_bytes == 1000
     finally:
         server.shutdown()
         server.server_close()

@@ -10,7 +10,6 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
 
-import botocore.exceptions
 import pytest
 from batches import values_batch
 from prometheus_client import REGISTRY
@@ -18,7 +17,7 @@ from prometheus_client import REGISTRY
 import wal_manager.service
 from diskless.cluster.metadata import PartitionState, TopicMetadata
 from diskless.config import BrokerConfig
-from diskless.storage.object_store import ObjectInfo
+from diskless.storage.object_store import ObjectInfo, S3Error
 from diskless.storage.wal_format import WalObjectWriter, wal_object_key
 from wal_manager.core import Answer, PartitionRef, WalManagerCore
 from wal_manager.service import WalManagerService
@@ -37,8 +36,7 @@ class MemoryStore:
 
     def _check(self, key: str, operation: str) -> None:
         if key in self.forbidden:
-            error = {"Error": {"Code": "AccessDenied", "Message": "Forbidden"}, "ResponseMetadata": {}}
-            raise botocore.exceptions.ClientError(error, operation)  # type: ignore[arg-type]
+            raise S3Error(operation, 403, "AccessDenied", "Forbidden")
 
     async def head(self, key: str) -> int | None:
         self.heads.append(key)
