@@ -33,7 +33,9 @@ def _overrides(items: list[str]) -> dict[str, str]:
 
 async def _run_broker(args: argparse.Namespace) -> int:
     from diskless.broker.broker import Broker
+    from diskless.broker.process_memory import tune_malloc
 
+    tune_malloc()  # before the broker allocates its buffers and starts threads
     overrides = _overrides(args.override)
     for flag, prop in (
         ("node_id", "node.id"),

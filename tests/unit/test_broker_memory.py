@@ -58,3 +58,43 @@ def test_default_memory_budget_leaves_room_under_300_mb() -> None:
     assert idle_mb + cache_mb + produce_mb <= 300 - 40, (cache_mb, produce_mb)
     cache = WalCache(config.diskless_cache_max_bytes, config.diskless_cache_lagging_max_bytes)
     assert 0 < cache.lagging_max_bytes < cache.max_bytes / 2  # most of it for the tail
+
+
+# Large buffers (WAL objects, fetch responses) freed while small objects allocated after them stay:
+# glibc's default raises its mmap threshold to the largest mmapped chunk freed so far (up to 32
+# MiB), so after the first freed WAL object every later one comes from the heap, whose free space
+# only returns to the OS from its top. The broker's setting (a fixed threshold) keeps them mmapped.
+FRAGMENTATION = """
+import gc, sys
+from diskless import cli
+assert cli.main(['broker', '--config', '/nonexistent/broker.properties']) == 2
+
+def rss_mb():
+    with open('/proc/self/status') as f:
+        return next(int(line.split()[1]) for line in f if line.startswith('VmRSS:')) / 1024
+
+big = bytes(8 << 20)
+del big  # the first big buffer freed (glibc's default moves its threshold up to 8 MiB)
+before = rss_mb()
+held, pins = [], []
+for i in range(48):
+    held.append(bytearray(2 << 20))  # 96 MiB of 2 MiB buffers, each touched
+    pins.append(bytes(60_000 + i))  # smaller objects allocated after each, still alive
+del held
+gc.collect()
+print(round(rss_mb() - before))
+"""
+
+
+def test_broker_returns_freed_large_buffers_to_the_os() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", FRAGMENTATION], capture_output=True, text=True, timeout=120, check=True
+    )
+    kept_mb = int(done.stdout.strip().splitlines()[-1])
+    assert kept_mb < 16, f"{kept_mb} MB of 96 MB of freed buffers still resident"
+
+
+def test_malloc_settings_an_operator_exported_are_left_alone() -> None:
+    from diskless.broker.process_memory import tune_malloc
+
+    assert tune_malloc({"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_ARENA_MAX": "4"}) == {}
