@@ -21,6 +21,14 @@ CONNECTION_NETWORK_BYTES = Counter(
     " what crossed which network boundary whatever the broker decided the peer's AZ to be",
     ["direction", "local_network", "peer_network"],
 )
+CONNECTION_API_BYTES = Counter(
+    "diskless_connection_api_bytes",
+    "Bytes of request and response frames on accepted connections by API key (Kafka's, or an internal"
+    " RPC's from protocol/internal.py; 'sasl' for raw SASL tokens), by who sent the requests (a broker or"
+    " the WAL manager that proved the cluster secret: 'broker'; anyone else: 'client') and by the socket's"
+    " networks as in diskless_connection_network_bytes: what the bytes that cross AZs are",
+    ["direction", "api", "peer", "local_network", "peer_network"],
+)
 CONNECTION_AZ_DECISIONS = Counter(
     "diskless_connection_az_decisions",
     "Connections whose client AZ was decided, by source (client_id, client_rack, listener,"

@@ -11,6 +11,12 @@ loopback /24, and the load generators' connections leave from their AZ's network
 client says about itself is trusted; brokers that lack it are read through the counter by the AZ
 the broker decided for the connection (``diskless_connection_bytes``), and the report says which.
 Each TCP byte between brokers is counted once, by the broker that accepted the connection.
+Brokers also count frame bytes by API key and by whether a broker sent the requests
+(``diskless_connection_api_bytes``); ``cross_az_bytes`` splits the crossing bytes by that into
+``by_api`` (``Fetch (client)``, ``Fetch (broker)`` for replica fetches, ``CommitBatches`` ...), so
+an operator sees what crosses, and reports the group coordinator's share on its own: Kafka has one
+coordinator per group, in one AZ, so a group's members in the other AZs talk to it across AZs
+whatever the data path does.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ except (ValueError, OSError, AttributeError):
 _SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 NETWORK_BYTES = "diskless_connection_network_bytes_total"
+API_BYTES = "diskless_connection_api_bytes_total"
 AZ_BYTES = "diskless_connection_bytes_total"
 OBJECT_REQUESTS = "diskless_object_store_requests_total"
 
@@ -171,8 +178,68 @@ def az_of_network(network: str, azs: list[str]) -> str | None:
     return az if az in azs else None
 
 
+def api_names() -> dict[str, str]:
+    """API key (as the brokers label it) -> a name: Kafka's from protocol/messages.py, ours from internal.py."""
+    from diskless.protocol import internal, messages
+
+    names = {"sasl": "SASL token"}
+    for module, prefix in ((messages, "API_"), (internal, "INTERNAL_")):
+        for constant, key in vars(module).items():
+            if constant.startswith(prefix) and isinstance(key, int) and not isinstance(key, bool):
+                words = constant[len(prefix) :].lower().split("_")
+                names.setdefault(str(key), "".join(w.capitalize() for w in words))
+    return names
+
+
+# Group membership and offsets: answered by the group's one coordinator (Kafka's design, one AZ).
+COORDINATOR_APIS = frozenset(
+    {
+        "FindCoordinator",
+        "JoinGroup",
+        "SyncGroup",
+        "Heartbeat",
+        "LeaveGroup",
+        "OffsetCommit",
+        "OffsetFetch",
+        "ConsumerGroupHeartbeat",
+        "TxnOffsetCommit",
+    }
+)
+
+
+def _side(labels: dict[str, str], azs: list[str]) -> str:
+    local, peer = (
+        az_of_network(labels.get("local_network", ""), azs),
+        az_of_network(labels.get("peer_network", ""), azs),
+    )
+    return "unattributed" if local is None or peer is None else "same" if local == peer else "cross"
+
+
+def cross_az_by_api(delta: WindowDelta, azs: list[str]) -> dict[str, dict[str, float]]:
+    """Bytes by ``API (client|broker)``: crossing AZs (and how many of those were requests), within
+    one AZ, and not attributable; largest crossing first."""
+    names = api_names()
+    out: dict[str, dict[str, float]] = {}
+    for m in delta.metrics.values():
+        for key, value in m.items():
+            name, labels = parse_sample(key)
+            if name != API_BYTES or not value:
+                continue
+            api = names.get(labels.get("api", ""), f"api {labels.get('api')}")
+            row = out.setdefault(
+                f"{api} ({labels.get('peer', '?')})",
+                {"cross": 0.0, "same": 0.0, "unattributed": 0.0, "cross_requests": 0.0},
+            )
+            side = _side(labels, azs)
+            row[side] += value
+            if side == "cross" and labels.get("direction") == "in":
+                row["cross_requests"] += value  # the rest of "cross" is responses
+    return dict(sorted(out.items(), key=lambda item: (-item[1]["cross"], item[0])))
+
+
 def cross_az_bytes(delta: WindowDelta, azs: list[str]) -> dict[str, Any]:
-    """Bytes on broker connections between different AZs, within one AZ, and not attributable."""
+    """Bytes on broker connections between different AZs, within one AZ, and not attributable; with
+    the crossing bytes by API (``by_api``) and the group coordinator's share of them."""
     same = cross = unattributed = 0.0
     source = "address"
     samples = [(k, v) for m in delta.metrics.values() for k, v in m.items() if parse_sample(k)[0] == NETWORK_BYTES]
@@ -200,7 +267,17 @@ def cross_az_bytes(delta: WindowDelta, azs: list[str]) -> dict[str, Any]:
                     same += value
                 else:
                     cross += value
-    return {"cross_az_bytes": cross, "same_az_bytes": same, "unattributed_bytes": unattributed, "counted_by": source}
+    by_api = cross_az_by_api(delta, azs)
+    coordinator = sum(row["cross"] for key, row in by_api.items() if key.split(" (")[0] in COORDINATOR_APIS)
+    return {
+        "cross_az_bytes": cross,
+        "same_az_bytes": same,
+        "unattributed_bytes": unattributed,
+        "counted_by": source,
+        "seconds": round(delta.seconds, 3),
+        "coordinator_cross_az_bytes": coordinator,
+        "by_api": by_api,
+    }
 
 
 @dataclass(frozen=True)

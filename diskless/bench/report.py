@@ -143,6 +143,43 @@ def _fmt(value: Any, digits: int = 1) -> str:
     return str(value)
 
 
+def cross_az_breakdown(result: dict[str, Any], top: int = 8) -> list[str]:
+    """Per kind: what crosses AZs, by API and sender (bytes per second of each phase), the busiest first."""
+    lines: list[str] = []
+    for kind, data in result["kinds"].items():
+        phases = {name: f["cross_az"] for name, f in data["phases"].items() if f["cross_az"].get("by_api")}
+        if not phases:
+            continue
+        totals: dict[str, float] = {}
+        for cross in phases.values():
+            for api, row in cross["by_api"].items():
+                totals[api] = totals.get(api, 0.0) + row["cross"] / max(cross["seconds"], 1e-9)
+        busiest = [api for api, rate in sorted(totals.items(), key=lambda kv: -kv[1]) if rate > 0][:top]
+        lines += [
+            "",
+            f"## Bytes crossing AZs, {kind} (B/s by API and sender; socket addresses decide what crosses)",
+            "",
+            "coordinator = group APIs (FindCoordinator, JoinGroup, SyncGroup, Heartbeat, OffsetCommit/Fetch...):"
+            " a group has one coordinator, in one AZ, as in Kafka.",
+            "",
+            "| phase | payload B/s | crossing B/s | cross/payload | without coordinator | "
+            + " | ".join(busiest)
+            + " |",
+            "|---|---|---|---|---|" + "---|" * len(busiest),
+        ]
+        for name, cross in phases.items():
+            seconds = max(cross["seconds"], 1e-9)
+            payload = cross.get("payload_bytes") or 0
+            rest = cross["cross_az_bytes"] - cross.get("coordinator_cross_az_bytes", 0.0)
+            cells = [_fmt(cross["by_api"].get(api, {}).get("cross", 0.0) / seconds, 0) for api in busiest]
+            lines.append(
+                f"| {name} | {_fmt(payload / seconds, 0)} | {_fmt(cross['cross_az_bytes'] / seconds, 0)}"
+                f" | {_fmt(cross['per_payload_byte'], 4)} | {_fmt(rest / payload if payload else None, 4)}"
+                f" | {' | '.join(cells)} |"
+            )
+    return lines
+
+
 def markdown(result: dict[str, Any]) -> str:
     o = result["options"]
     lines = [
@@ -191,6 +228,7 @@ def markdown(result: dict[str, Any]) -> str:
                 f" | {_fmt(f['cross_az']['per_payload_byte'], 4)} | {wal}"
                 f" | {_fmt(f['broker_timings']['flush_mean_ms'])} / {_fmt(f['broker_timings']['commit_mean_ms'])} |"
             )
+    lines += cross_az_breakdown(result)
     diskless_phases = result["kinds"].get("diskless", {}).get("phases", {})
     first = next(iter(diskless_phases.values()), {})
     stages = [k for k in first.get("broker_timings", {}) if k.startswith("stage_")]

@@ -42,6 +42,7 @@ from kio.schema.errors import ErrorCode
 from diskless.aio import cancel_and_wait
 from diskless.cluster.client_az import ConnectionZone
 from diskless.metrics import (
+    CONNECTION_API_BYTES,
     CONNECTION_AZ_DECISIONS,
     CONNECTION_BYTES,
     CONNECTION_NETWORK_BYTES,
@@ -206,6 +207,11 @@ class Connection:
         child(CONNECTION_BYTES, direction, apis.local_az, self.peer_az or apis.local_az).inc(size)
         child(CONNECTION_NETWORK_BYTES, direction, *self._networks).inc(size)
 
+    def _count_api(self, direction: str, api: int | str, size: int) -> None:
+        """Frame bytes by API key (length prefix included), so the bench can say what crosses AZs."""
+        peer = "broker" if self.internal_auth.authenticated else "client"
+        child(CONNECTION_API_BYTES, direction, str(api), peer, *self._networks).inc(size)
+
     def _decide_zone(self, header: m.RequestHeader) -> None:
         """At the first request: the connection's AZ, stable from now on (cluster/client_az.py)."""
         self.peer_az, source = self.server.apis.decide_zone(self.zone, header.client_id)
@@ -227,9 +233,11 @@ class Connection:
 
     async def _dispatch(self, frame: bytes) -> None:
         if self.session.raw_tokens:
+            self._count_api("in", "sasl", len(frame) + 4)
             await self._raw_sasl_token(frame)
             return
         header, body_pos = m.parse_header(frame)
+        self._count_api("in", header.api_key, len(frame) + 4)
         if not self.zone.decided:
             self._decide_zone(header)
         if header.api_key in internal.INTERNAL_APIS:
@@ -281,7 +289,7 @@ class Connection:
             log.info("closing connection after a failed SASL exchange", peer=self.peer)
             self.writer.close()
             return
-        self._write_internal(struct.pack(">i", len(answer)) + answer)
+        self._write_internal(struct.pack(">i", len(answer)) + answer, "sasl")
 
     def _answer_auth(self, header: m.RequestHeader, body: dict[str, Any]) -> None:
         """The internal handshake, answered here and now: requests behind it see its outcome."""
@@ -291,7 +299,7 @@ class Connection:
             answer, close = self.internal_auth.prove(body, header.client_id)
             if self.internal_auth.authenticated:
                 self.session.became(CLUSTER_PRINCIPAL)
-        self._write_internal(internal.encode_response(header.correlation_id, answer))
+        self._write_internal(internal.encode_response(header.correlation_id, answer), header.api_key)
         if close:
             REQUEST_ERRORS.labels(reason="internal_auth_failed").inc()
             log.warning("internal authentication failed; closing", peer=self.peer, client_id=header.client_id)
@@ -299,7 +307,9 @@ class Connection:
 
     def _refuse_internal(self, header: m.RequestHeader) -> None:
         self._log_refusal(header)
-        self._write_internal(internal.encode_response(header.correlation_id, self.internal_auth.refusal()))
+        self._write_internal(
+            internal.encode_response(header.correlation_id, self.internal_auth.refusal()), header.api_key
+        )
 
     def _log_refusal(self, header: m.RequestHeader) -> None:
         REQUEST_ERRORS.labels(reason="cluster_authorization_failed").inc()
@@ -312,10 +322,11 @@ class Connection:
                 client_id=header.client_id,
             )
 
-    def _write_internal(self, frame: bytes) -> None:
+    def _write_internal(self, frame: bytes, api: int | str) -> None:
         if not self.writer.is_closing():
             self.writer.write(frame)
             self._count("out", len(frame))
+            self._count_api("out", api, len(frame))
 
     async def _respond(self, header: m.RequestHeader, request: Any) -> bytes | None:
         try:
@@ -373,6 +384,7 @@ class Connection:
             frame = internal.encode_response(header.correlation_id, result)
             self.writer.write(frame)  # one whole frame: frames of concurrent answers never interleave
             self._count("out", len(frame))
+            self._count_api("out", header.api_key, len(frame))
             await self.writer.drain()
         except (ConnectionError, asyncio.CancelledError):
             return
@@ -400,6 +412,7 @@ class Connection:
                     continue
                 self.writer.write(frame)
                 self._count("out", len(frame))
+                self._count_api("out", header.api_key, len(frame))
                 await self.writer.drain()
                 if self.session.close_after_answer:
                     log.info("closing connection after a failed SASL exchange", peer=self.peer)
