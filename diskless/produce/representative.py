@@ -283,7 +283,7 @@ class Representative:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        flush = self.buffer.drain()
+        flush = self.buffer.drain(_now_ms())
         if flush is None:
             return
         info = _FlushInfo(started=time.monotonic())
@@ -405,7 +405,7 @@ class Representative:
                 _resolve(item, {"error_code": STORAGE_ERROR})
             self._items.clear()
             self._flushes.clear()
-            self.buffer.drain()
+            self.buffer.drain(_now_ms())
             if self._timer is not None:
                 self._timer.cancel()
                 self._timer = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -12,17 +14,27 @@ def batch(partition: int, size: int) -> BufferedBatch:
     return BufferedBatch("t", "id", partition, b"x" * size, None)
 
 
-def test_flush_by_linger_and_by_size() -> None:
-    buffer = WalBuffer(linger_ms=100, max_bytes=1000)
-    assert buffer.deadline_ms() is None and buffer.drain() is None
+def test_flush_by_gather_linger_and_size() -> None:
+    buffer = WalBuffer(linger_ms=100, max_bytes=1000, gather_ms=10)
+    assert buffer.deadline_ms() is None and buffer.drain(0) is None
     assert not buffer.add(batch(0, 10), now_ms=5)
-    assert buffer.deadline_ms() == 105 and not buffer.due(104) and buffer.due(105)
-    assert buffer.add(batch(1, 990), now_ms=50)  # full
-    flush = buffer.drain()
+    # Nothing flushed before: only the gather.
+    assert buffer.deadline_ms() == 15 and not buffer.due(14) and buffer.due(15)
+    assert buffer.add(batch(1, 990), now_ms=12)  # full
+    flush = buffer.drain(12)
     assert flush is not None and flush.sequence == 0 and flush.size == 1000 and len(flush.batches) == 2
     assert buffer.deadline_ms() is None and buffer.size == 0
     buffer.add(batch(0, 1), now_ms=60)
-    assert buffer.drain().sequence == 1  # type: ignore[union-attr]
+    assert buffer.deadline_ms() == 112  # a linger after the previous flush
+    assert buffer.drain(112).sequence == 1  # type: ignore[union-attr]
+    buffer.add(batch(0, 1), now_ms=500)
+    assert buffer.deadline_ms() == 510  # the previous flush is long ago: the gather again
+
+
+def test_gather_never_exceeds_the_linger() -> None:
+    buffer = WalBuffer(linger_ms=3, max_bytes=1000, gather_ms=10)
+    buffer.add(batch(0, 1), now_ms=0)
+    assert buffer.deadline_ms() == 3
 
 
 @given(
@@ -53,3 +65,76 @@ def test_admission_bounds_held_bytes_and_keeps_arrival_order(steps: list[tuple[i
             taken.append(got[0])
     assert taken == list(range(len(steps)))
     assert admission.waiting == 0 and admission.waiting_bytes == 0
+
+
+def _run_closed_loop(buffer: WalBuffer, producers: int, round_trip_ms: int, spread_ms: int, until_ms: int):
+    """Producers that each send their next batch ``round_trip_ms`` after the flush holding their
+    previous one (upload, commit, answer), ``spread_ms`` apart from each other, as producers at
+    their in-flight limit do. Returns (each batch's wait in the buffer, flush times)."""
+    arrivals = [(p * spread_ms, p) for p in range(producers)]
+    waits: list[int] = []
+    flushes: list[int] = []
+    added: dict[int, int] = {}
+    now = 0
+    while now < until_ms:
+        deadline = buffer.deadline_ms()
+        next_arrival = min(arrivals) if arrivals else None
+        if deadline is not None and (next_arrival is None or deadline <= next_arrival[0]):
+            now = deadline
+            assert buffer.due(now)
+            flush = buffer.drain(now)
+            assert flush is not None
+            flushes.append(now)
+            for b in flush.batches:
+                waits.append(now - added.pop(b.partition))
+                arrivals.append((now + round_trip_ms, b.partition))
+            continue
+        assert next_arrival is not None
+        arrivals.remove(next_arrival)
+        now, producer = next_arrival
+        added[producer] = now
+        if buffer.add(batch(producer, 10), now):
+            for b in buffer.drain(now).batches:  # type: ignore[union-attr]
+                waits.append(now - added.pop(b.partition))
+                arrivals.append((now + round_trip_ms, b.partition))
+            flushes.append(now)
+    return waits, flushes
+
+
+def test_closed_loop_producers_do_not_wait_a_whole_linger_per_round() -> None:
+    """Producers at their in-flight limit send their next batches together once answered; the
+    previous flush is then longer ago than the linger, so waiting a whole linger again only adds
+    to every round (issue 10: at maximum rate every batch lingered ~92 ms of a ~270 ms round)."""
+    buffer = WalBuffer(linger_ms=100, max_bytes=1 << 30)
+    waits, flushes = _run_closed_loop(buffer, producers=3, round_trip_ms=170, spread_ms=2, until_ms=10_000)
+    assert max(waits) <= buffer.gather_ms
+    assert min(b - a for a, b in itertools.pairwise(flushes)) >= buffer.linger_ms
+
+
+@given(
+    st.lists(st.integers(0, 250), min_size=1, max_size=80),
+    st.integers(1, 300),
+    st.integers(0, 20),
+)
+def test_flushes_are_a_linger_apart_and_no_batch_waits_longer(gaps: list[int], linger: int, gather: int) -> None:
+    """Whatever the arrivals: time-driven flushes start at least ``linger_ms`` apart (PUTs per
+    second <= 1000 / linger), and no batch waits longer than ``linger_ms``."""
+    buffer = WalBuffer(linger_ms=linger, max_bytes=1 << 30, gather_ms=gather)
+    now = 0
+    added: list[int] = []
+    flushes: list[int] = []
+    waits: list[int] = []
+    for gap in gaps:
+        arrival = now + gap
+        while (deadline := buffer.deadline_ms()) is not None and deadline <= arrival:
+            assert buffer.due(deadline) and not buffer.due(deadline - 1)
+            flush = buffer.drain(deadline)
+            assert flush is not None and len(flush.batches) == len(added)
+            waits += [deadline - a for a in added]
+            added = []
+            flushes.append(deadline)
+        now = arrival
+        buffer.add(batch(0, 1), now)
+        added.append(now)
+    assert all(w <= linger for w in waits)
+    assert all(b - a >= linger for a, b in itertools.pairwise(flushes))
