@@ -93,6 +93,17 @@ class BrokerConfig:
     auto_create_topics_enable: bool = field(default=True, metadata=_prop("auto.create.topics.enable"))
     log_retention_check_interval_ms: int = field(default=300000, metadata=_prop("log.retention.check.interval.ms"))
     socket_request_max_bytes: int = field(default=104857600, metadata=_prop("socket.request.max.bytes"))
+    # Kafka's default is -1 (unbounded; its produce path does not park requests). Here produce
+    # requests waiting for room in the representative's buffer hold their frames, so without a
+    # bound a burst of producers holds 64 requests per connection in memory (issue 10).
+    queued_max_request_bytes: int = field(
+        default=64 * 1024 * 1024,
+        metadata=_prop(
+            "queued.max.request.bytes",
+            "Bytes of client requests being handled at once; beyond it the broker stops reading client"
+            " requests until earlier ones are answered. Broker connections are not counted. -1: unbounded.",
+        ),
+    )
     metrics_port: int = field(default=-1, metadata=_prop("metrics.port", "Prometheus endpoint port; -1 disables it."))
     metrics_host: str | None = field(default=None, metadata=_prop("metrics.host", "Defaults to the listener's host."))
     metadata_etcd_endpoints: str | None = field(

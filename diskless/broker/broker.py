@@ -117,7 +117,9 @@ class Broker:
         self.txns = TxnShell(self)
         self.operations = Operations(self)
         self.apis = KafkaApis(self)
-        self.server = KafkaServer(self.apis, config.socket_request_max_bytes, self.cluster_secret)
+        self.server = KafkaServer(
+            self.apis, config.socket_request_max_bytes, self.cluster_secret, config.queued_max_request_bytes
+        )
         self._pid_block = ProducerIdBlock()
         self._pid_lock = asyncio.Lock()
         self._isr_updates: set[tuple[str, int]] = set()

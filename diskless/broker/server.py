@@ -62,6 +62,7 @@ from diskless.security.tls import principal_of, server_context
 from .apis import CloseConnection, KafkaApis, api_version_entries
 from .client_zone import CURRENT_ZONE
 from .metadata_cache import MetadataAnswerCache
+from .request_budget import RequestBudget
 
 log = structlog.get_logger(__name__)
 
@@ -70,8 +71,16 @@ MAX_INTERNAL_IN_FLIGHT = 1024  # per connection, internal requests answered out 
 
 
 class KafkaServer:
-    def __init__(self, apis: KafkaApis, max_frame_bytes: int, secret: ClusterSecret | None = None) -> None:
+    def __init__(
+        self,
+        apis: KafkaApis,
+        max_frame_bytes: int,
+        secret: ClusterSecret | None = None,
+        queued_max_request_bytes: int = -1,
+    ) -> None:
         self.apis = apis
+        # queued.max.request.bytes: client requests being handled (request_budget.py); -1: unbounded.
+        self.request_budget = RequestBudget(queued_max_request_bytes) if queued_max_request_bytes > 0 else None
         # Without a secret (unit-test stand-ins) no connection can prove one: internal requests
         # are refused on every connection.
         self.secret = secret if secret is not None else ClusterSecret()
@@ -278,7 +287,15 @@ class Connection:
         if header.api_key == m.API_FETCH and self.zone.may_take_rack:
             self._observe_rack(request)
         child(REQUESTS, str(header.api_key)).inc()
-        task = asyncio.ensure_future(self._respond(header, request))
+        budget = self.server.request_budget
+        if budget is not None and not self.internal_auth.authenticated:
+            # Reading stops here until earlier requests give their bytes back.
+            size = len(frame)
+            await budget.take(size)
+            task = asyncio.ensure_future(self._respond(header, request))
+            task.add_done_callback(lambda _: budget.release(size))
+        else:
+            task = asyncio.ensure_future(self._respond(header, request))
         await self.pending.put((header, task))
 
     async def _raw_sasl_token(self, token: bytes) -> None:
