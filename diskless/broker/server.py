@@ -251,7 +251,7 @@ class Connection:
             self._decide_zone(header)
         if header.api_key in internal.INTERNAL_APIS:
             try:
-                body = internal.unpack(memoryview(frame)[body_pos:])
+                body = internal.unpack_request(header.api_key, memoryview(frame)[body_pos:])
             except Exception as exc:
                 raise m.MalformedRequest(f"undecodable internal request: {exc}") from exc
             child(REQUESTS, str(header.api_key)).inc()

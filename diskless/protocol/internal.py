@@ -4,7 +4,9 @@ A request frame has a normal v1 request header (api key, version, correlation id
 whose api key is one of the ``INTERNAL_*`` values below (far from Kafka's own key space, and
 never advertised in ApiVersions), followed by a msgpack map. The response frame is the
 correlation id followed by a msgpack map. Keeping them on the Kafka port means one listener,
-one connection pool and the same per-connection accounting of cross-AZ bytes.
+one connection pool and the same per-connection accounting of cross-AZ bytes. CommitBatches
+bodies travel in a compact form (``commit_wire.py``: they cross AZs for every produced batch):
+send with ``pack_request`` and read with ``unpack_request``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import struct
 from typing import Any
 
 import msgpack
+
+from . import commit_wire
 
 INTERNAL_COMMIT_BATCHES = 32001  # representative -> leader: append pointer batches
 INTERNAL_FETCH_POINTERS = 32002  # broker without a replica -> leader: pointer entries of a range
@@ -59,6 +63,21 @@ def unpack(data: bytes | memoryview) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError("internal RPC body must be a map")
     return value
+
+
+def pack_request(api_key: int, body: dict[str, Any]) -> bytes:
+    """An internal request's bytes; CommitBatches bodies in their wire form (``commit_wire``)."""
+    if api_key == INTERNAL_COMMIT_BATCHES:
+        body = commit_wire.compact(body)
+    return pack(body)
+
+
+def unpack_request(api_key: int, data: bytes | memoryview) -> dict[str, Any]:
+    """Inverse of ``pack_request`` (reads the plain form too)."""
+    body = unpack(data)
+    if api_key == INTERNAL_COMMIT_BATCHES:
+        body = commit_wire.expand(body)
+    return body
 
 
 def encode_response(correlation_id: int, body: dict[str, Any]) -> bytes:

@@ -18,6 +18,7 @@ import structlog
 from diskless.cluster.metadata import PartitionState
 from diskless.log.leader_epoch import UNDEFINED_EPOCH
 from diskless.log.partition_log import PartitionLog
+from diskless.storage import pointer_wire
 from diskless.tiering.entry import unwrap_tier_state
 
 from .follower_reads import FollowerView
@@ -31,21 +32,32 @@ OFFLINE = "offline"
 
 
 # Replica fetches of a pointers segment carry pointer entries, not record batches. They travel in
-# the same ``records`` field behind this 12-byte envelope: a batch frame whose base offset is -1,
-# which no record batch in a log ever has, followed by the entries' total length.
+# the same ``records`` field behind this 12-byte envelope: a batch frame whose base offset is
+# negative, which no record batch in a log ever has, followed by the body's length. Base offset -3:
+# the entries in ``storage/pointer_wire.py``'s compact form (they cross AZs for every produced
+# batch); -1: the segment bytes as they are (what older leaders send; -2 is tiering's envelope).
 _POINTER_ENVELOPE = struct.Struct(">qi")
+_RAW_MARK = b"\xff" * 8
+_COMPACT_MARK = struct.pack(">q", -3)
 
 
 def wrap_pointers(entries: bytes) -> bytes:
-    return _POINTER_ENVELOPE.pack(-1, len(entries)) + entries
+    compact = pointer_wire.encode(entries)
+    if compact is None:
+        return _POINTER_ENVELOPE.pack(-1, len(entries)) + entries
+    return _POINTER_ENVELOPE.pack(-3, len(compact)) + compact
 
 
 def unwrap_pointers(data: bytes) -> bytes | None:
     """The pointer entries inside a replica fetch's records, or None for record batches."""
-    if len(data) >= _POINTER_ENVELOPE.size and data[:8] == b"\xff" * 8:
-        _, length = _POINTER_ENVELOPE.unpack_from(data, 0)
-        return data[_POINTER_ENVELOPE.size : _POINTER_ENVELOPE.size + length]
-    return None
+    if len(data) < _POINTER_ENVELOPE.size:
+        return None
+    mark = data[:8]
+    if mark != _RAW_MARK and mark != _COMPACT_MARK:
+        return None
+    _, length = _POINTER_ENVELOPE.unpack_from(data, 0)
+    body = data[_POINTER_ENVELOPE.size : _POINTER_ENVELOPE.size + length]
+    return body if mark == _RAW_MARK else pointer_wire.decode(body)
 
 
 @dataclass(frozen=True, slots=True)

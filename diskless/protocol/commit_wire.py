@@ -1,0 +1,88 @@
+"""CommitBatches bodies on the wire: the representative's entries without repeated names. Sans-IO.
+
+A representative sends one CommitBatches per leader broker per WAL flush, most of them to another
+AZ, with an entry per produced batch; as a msgpack map per entry (``topic``, ``topic_id``,
+``partition``, ``header``, ...) an entry is ~190 bytes around its 61-byte header, and the WAL object
+key is ~75 bytes of text. On the wire (``internal.pack_request``) the body becomes::
+
+    {"k": WAL object key (storage/pointer_wire.encode_key), "c": created_ms, "w": replication_wait_ms,
+     "runs": [[topic, topic_id, [[partition, header, position, acks, leader_epoch(, txn_guard)], ...]], ...]}
+
+where a topic id that is a UUID's canonical text travels as its 16 bytes.
+
+Runs are consecutive entries of one topic, so the order of entries, which is the order the leader
+appends them in, is kept exactly; ``expand`` gives back the body the representative built. A body
+with anything this layout does not know travels as it is, and the leader reads both forms (older
+representatives send maps).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from diskless.storage.pointer_wire import decode_key, encode_key
+
+_ENTRY_FIELDS = ("partition", "header", "position", "acks", "leader_epoch")
+_OPTIONAL = "txn_guard"
+_BODY_FIELDS = frozenset({"key", "created_ms", "replication_wait_ms", "entries"})
+_ENTRY_KEYS = frozenset({"topic", "topic_id", *_ENTRY_FIELDS})
+_SHORT = {"created_ms": "c", "replication_wait_ms": "w"}
+
+
+def _id_out(topic_id: Any) -> Any:
+    if isinstance(topic_id, str) and len(topic_id) == 36:
+        try:
+            parsed = uuid.UUID(topic_id)
+        except ValueError:
+            return topic_id
+        if str(parsed) == topic_id:
+            return parsed.bytes
+    return topic_id
+
+
+def _id_in(topic_id: Any) -> Any:
+    return str(uuid.UUID(bytes=topic_id)) if isinstance(topic_id, bytes) and len(topic_id) == 16 else topic_id
+
+
+def compact(body: dict[str, Any]) -> dict[str, Any]:
+    """The wire form of a CommitBatches body (the body itself when it has fields this does not know)."""
+    entries = body.get("entries")
+    if not set(body) <= _BODY_FIELDS or not isinstance(entries, list) or not isinstance(body.get("key"), str):
+        return body
+    runs: list[list[Any]] = []
+    for entry in entries:
+        keys = set(entry)
+        if keys != _ENTRY_KEYS and keys != _ENTRY_KEYS | {_OPTIONAL}:
+            return body
+        row = [entry[name] for name in _ENTRY_FIELDS]
+        if _OPTIONAL in entry:
+            row.append(entry[_OPTIONAL])
+        if runs and runs[-1][0] == entry["topic"] and runs[-1][1] == entry["topic_id"]:
+            runs[-1][2].append(row)
+        else:
+            runs.append([entry["topic"], entry["topic_id"], [row]])
+    out = {short: body[name] for name, short in _SHORT.items() if name in body}
+    return {"k": encode_key(body["key"]), **out, "runs": [[t, _id_out(i), rows] for t, i, rows in runs]}
+
+
+def expand(body: dict[str, Any]) -> dict[str, Any]:
+    """The body the representative built, from either form (``ValueError`` on a malformed wire form)."""
+    if "runs" not in body:
+        return body
+    entries: list[dict[str, Any]] = []
+    for topic, topic_id, rows in body["runs"]:
+        for row in rows:
+            if len(row) not in (len(_ENTRY_FIELDS), len(_ENTRY_FIELDS) + 1):
+                raise ValueError("malformed CommitBatches entry")
+            entry: dict[str, Any] = {"topic": topic, "topic_id": _id_in(topic_id)}
+            entry.update(zip(_ENTRY_FIELDS, row, strict=False))
+            if len(row) > len(_ENTRY_FIELDS):
+                entry[_OPTIONAL] = row[-1]
+            entries.append(entry)
+    try:
+        key = decode_key(body["k"])
+    except Exception as exc:
+        raise ValueError(f"malformed CommitBatches key: {exc}") from None
+    out = {name: body[short] for name, short in _SHORT.items() if short in body}
+    return {"key": key, **out, "entries": entries}

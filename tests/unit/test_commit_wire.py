@@ -1,0 +1,107 @@
+"""CommitBatches on the wire (protocol/commit_wire.py, through internal.pack_request/unpack_request).
+
+A representative sends one CommitBatches per leader broker per WAL flush, two thirds of them to
+another AZ, with an entry per produced batch: its bytes are cross-AZ bytes per batch (issue 10).
+An entry must cost little more than the 61-byte batch header it carries, and the leader must get
+exactly the body the representative built, in its order.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diskless.protocol import internal
+from diskless.storage.wal_format import wal_object_key
+
+T0 = 1_763_840_000_000
+HEADER = bytes(range(61))
+PER_ENTRY_BOUND = 61 + 16  # header, partition, position, acks, leader epoch
+PER_REQUEST_BOUND = 120  # the WAL object key, its time, the replication wait, a topic name and id
+
+
+def body_of(entries: list[dict[str, Any]], key: str | None = None) -> dict[str, Any]:
+    return {
+        "key": key or wal_object_key(T0, "az-1", 1),
+        "created_ms": T0,
+        "replication_wait_ms": 20,
+        "entries": entries,
+    }
+
+
+def entry(topic: str, topic_id: str, partition: int, position: int, guard: list[int] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "topic": topic,
+        "topic_id": topic_id,
+        "partition": partition,
+        "header": HEADER,
+        "position": position,
+        "acks": -1,
+        "leader_epoch": 4,
+    }
+    if guard is not None:
+        out["txn_guard"] = guard
+    return out
+
+
+def test_a_commit_entry_on_the_wire_is_little_more_than_its_header() -> None:
+    topic_id = str(uuid.uuid4())
+    for count in (1, 30):
+        body = body_of([entry("bench-diskless", topic_id, i % 3, 1200 * i) for i in range(count)])
+        wire = internal.pack_request(internal.INTERNAL_COMMIT_BATCHES, body)
+        bound = PER_REQUEST_BOUND + count * PER_ENTRY_BOUND
+        assert len(wire) <= bound, (
+            f"{count} entries: {len(wire)} bytes > {bound} (dict form {len(internal.pack(body))})"
+        )
+        assert internal.unpack_request(internal.INTERNAL_COMMIT_BATCHES, wire) == body
+
+
+_topics = st.sampled_from([("a", str(uuid.UUID(int=1))), ("bench", str(uuid.UUID(int=2))), ("c", "")])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            _topics,
+            st.integers(0, 2**31 - 1),
+            st.integers(0, 2**62),
+            st.sampled_from([-1, 0, 1]),
+            st.integers(-1, 2**31 - 1),
+            st.one_of(st.none(), st.lists(st.integers(-(2**63), 2**63 - 1), min_size=3, max_size=3)),
+        ),
+        max_size=10,
+    ),
+    st.one_of(st.just(None), st.text(max_size=40)),
+)
+def test_the_leader_gets_the_representatives_body_in_its_order(items: list[tuple], key: str | None) -> None:
+    entries = []
+    for (topic, topic_id), partition, position, acks, epoch, guard in items:
+        e = entry(topic, topic_id, partition, position, guard)
+        e.update(acks=acks, leader_epoch=epoch)
+        entries.append(e)
+    body = body_of(entries, key)
+    wire = internal.pack_request(internal.INTERNAL_COMMIT_BATCHES, body)
+    assert internal.unpack_request(internal.INTERNAL_COMMIT_BATCHES, wire) == body
+
+
+def test_bodies_it_cannot_shorten_travel_as_they_are() -> None:
+    odd = body_of([{**entry("t", "", 0, 0), "extra": 1}])
+    wire = internal.pack_request(internal.INTERNAL_COMMIT_BATCHES, odd)
+    assert wire == internal.pack(odd)
+    assert internal.unpack_request(internal.INTERNAL_COMMIT_BATCHES, wire) == odd
+
+
+def test_a_dict_form_body_from_an_older_representative_is_read_as_is() -> None:
+    body = body_of([entry("t", str(uuid.uuid4()), 1, 10)])
+    assert internal.unpack_request(internal.INTERNAL_COMMIT_BATCHES, internal.pack(body)) == body
+
+
+def test_other_rpcs_are_untouched() -> None:
+    body = {"entries": [{"topic": "t", "partition": 0, "offset": 3, "leader_epoch": 1}], "max_wait_ms": 5}
+    wire = internal.pack_request(internal.INTERNAL_AWAIT_REPLICATED, body)
+    assert wire == internal.pack(body)
+    assert internal.unpack_request(internal.INTERNAL_AWAIT_REPLICATED, wire) == body

@@ -1,0 +1,115 @@
+"""Pointer entries on the replica-fetch wire (storage/pointer_wire.py via replication/partition.py).
+
+Followers in other AZs copy every pointer entry their leader appends, so an entry's bytes on the
+wire are bytes crossing AZs for every produced batch (issue 10: <= 1 % of payload). A segment
+entry carries the WAL object's whole key (~75 bytes) and a frame; on the wire an entry must cost
+little more than the 61-byte batch header, and the follower must get back exactly the segment
+bytes the leader has.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from batches import Record, make_batch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diskless.protocol import records
+from diskless.replication.partition import unwrap_pointers, wrap_pointers
+from diskless.storage import pointer
+from diskless.storage.wal_format import wal_object_key
+
+T0 = 1_763_840_000_000
+# Per entry: the header, a kind byte, a key reference and the offset in the object (varints).
+PER_ENTRY_BOUND = records.HEADER_SIZE + 12
+PER_KEY_BOUND = 40  # a canonical WAL object key: time, AZ, broker and uuid, not the 75-byte text
+ENVELOPE_BOUND = 24
+
+
+def _header(base_offset: int, value_bytes: int = 1000, epoch: int = 3) -> bytes:
+    batch = bytearray(make_batch([Record(b"v" * value_bytes, timestamp=T0)], base_timestamp=T0))
+    records.assign_offset(batch, base_offset, epoch)
+    return bytes(batch[: records.HEADER_SIZE])
+
+
+def _entry(base_offset: int, key: str, position: int) -> bytes:
+    header = _header(base_offset)
+    return pointer.encode_pointer_entry(header, key, position, records.parse_header(header).size)
+
+
+def test_one_pointer_entry_on_the_wire_is_little_more_than_its_header() -> None:
+    key = wal_object_key(T0, "az-1", 1)
+    entries = _entry(0, key, 4096)
+    wrapped = wrap_pointers(entries)
+    assert len(wrapped) <= ENVELOPE_BOUND + PER_KEY_BOUND + PER_ENTRY_BOUND, (len(entries), len(wrapped))
+    assert unwrap_pointers(wrapped) == entries
+
+
+@pytest.mark.parametrize("count, keys", [(20, 3), (200, 1)])
+def test_replica_fetch_answer_of_n_entries_is_bounded_by_n_headers(count: int, keys: int) -> None:
+    names = [wal_object_key(T0 + k, f"az-{k % 3 + 1}", k + 1) for k in range(keys)]
+    entries = b"".join(_entry(i, names[i % keys], 100 + 1100 * i) for i in range(count))
+    wrapped = wrap_pointers(entries)
+    bound = ENVELOPE_BOUND + keys * PER_KEY_BOUND + count * PER_ENTRY_BOUND
+    assert len(wrapped) <= bound, f"{count} entries: {len(wrapped)} bytes on the wire > {bound} ({len(entries)} raw)"
+    assert unwrap_pointers(wrapped) == entries
+
+
+_keys = st.one_of(
+    st.builds(
+        wal_object_key,
+        st.integers(0, 10**13 - 1),
+        st.from_regex(r"[A-Za-z0-9._-]{0,64}", fullmatch=True),
+        st.integers(0, 2**31 - 1),
+        st.from_regex(r"[0-9a-f]{32}", fullmatch=True),
+    ),
+    st.text(min_size=0, max_size=80),  # any key a segment may hold (tests, older layouts)
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("pointer"), _keys, st.integers(0, 2**63 - 1), st.integers(0, 2**40)),
+            st.tuples(st.just("inline"), st.integers(0, 300)),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_round_trip_gives_the_leaders_segment_bytes_exactly(items: list[tuple]) -> None:
+    out = []
+    offset = 0
+    for item in items:
+        if item[0] == "pointer":
+            _, key, position, _gap = item
+            header = _header(offset, value_bytes=5)
+            out.append(pointer.encode_pointer_entry(header, key, position, records.parse_header(header).size))
+        else:
+            batch = bytearray(make_batch([Record(b"i" * item[1], timestamp=T0)], base_timestamp=T0))
+            records.assign_offset(batch, offset, 1)
+            out.append(pointer.encode_inline_entry(batch))
+        offset += 1 + (item[3] if item[0] == "pointer" else 0) % 1000
+    entries = b"".join(out)
+    assert unwrap_pointers(wrap_pointers(entries)) == entries
+
+
+def test_the_uncompact_envelope_of_older_leaders_still_unwraps() -> None:
+    entries = _entry(7, wal_object_key(T0, "az-2", 2), 0)
+    assert unwrap_pointers(struct.pack(">qi", -1, len(entries)) + entries) == entries
+
+
+def test_a_damaged_compact_answer_is_refused_not_appended() -> None:
+    entries = b"".join(_entry(i, wal_object_key(T0, "az-1", 1), 1000 * i) for i in range(3))
+    wrapped = bytearray(wrap_pointers(entries))
+    wrapped[-30] ^= 0x40  # a bit flip inside an entry's header
+    with pytest.raises(pointer.CorruptEntry):
+        unwrap_pointers(bytes(wrapped))
+
+
+def test_record_batches_are_not_pointer_answers() -> None:
+    batch = make_batch([Record(b"x", timestamp=T0)], base_timestamp=T0)
+    assert unwrap_pointers(batch) is None
