@@ -204,7 +204,7 @@ class Broker:
             asyncio.create_task(self._every(self.config.log_retention_check_interval_ms / 1000, self.apply_retention))
         )
         self._tasks.append(
-            asyncio.create_task(self._every(HW_CHECKPOINT_INTERVAL_S, self.replicas.checkpoint_high_watermarks))
+            asyncio.create_task(self._every(HW_CHECKPOINT_INTERVAL_S, self.replicas.checkpoint_high_watermarks_async))
         )
         self._tasks.append(
             asyncio.create_task(self._every(self.config.replica_lag_time_max_ms / 2000, self._shrink_isrs))

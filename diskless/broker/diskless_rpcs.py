@@ -8,7 +8,6 @@ same name is another topic, and a commit or read meant for one must never touch 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -19,7 +18,7 @@ from diskless.log.partition_log import OffsetOutOfRange
 from diskless.log.txn_verification import TxnGuard
 from diskless.metrics import DISKLESS_COMMIT_SECONDS
 from diskless.protocol import records
-from diskless.replication.partition import Partition
+from diskless.replication.partition import Partition, wait_for_commits
 
 from .api_base import REF_NO, REF_UNKNOWN, REF_YES, ApiFamily
 
@@ -108,17 +107,14 @@ class DisklessRpcs(ApiFamily):
             if entry["acks"] == -1 and result.get("error_code") == 0 and not result.get("committed"):
                 _, plog, replica = self._leader_log(entry["topic"], entry["partition"])
                 if plog is not None and replica is not None and replica.leader_epoch == result["leader_epoch"]:
-                    wait = replica.wait_for_commit(result["last_offset"], wait_ms / 1000)
-                    waits.append((result, plog, replica, asyncio.ensure_future(wait)))
+                    waits.append((result, plog, replica))
         if waits:
-            tasks = [task for *_, task in waits]
-            try:
-                await asyncio.wait(tasks, timeout=wait_ms / 1000)
-            finally:
-                for task in tasks:
-                    task.cancel()
-                await asyncio.gather(*tasks, return_exceptions=True)
-            for result, plog, replica, _ in waits:
+            # One future for all of them (not a task each): the answer resumes in the loop turn
+            # after the follower fetch that replicates the last of them.
+            await wait_for_commits(
+                [(replica, result["last_offset"]) for result, _, replica in waits], wait_ms / 1000, first=False
+            )
+            for result, plog, replica in waits:
                 # Still leading at the append's epoch: past the high watermark means replicated.
                 leading = replica.leader_state is not None and replica.leader_epoch == result["leader_epoch"]
                 result["committed"] = leading and plog.high_watermark > result["last_offset"]
@@ -149,16 +145,11 @@ class DisklessRpcs(ApiFamily):
         checked = [check(entry) for entry in entries]
         if wait_s > 0 and all(decided is None for decided, _ in checked):
             waits = [
-                asyncio.ensure_future(replica.wait_for_commit(entry["offset"], wait_s))
+                (replica, entry["offset"])
                 for entry, (_, replica) in zip(entries, checked, strict=True)
                 if replica is not None
             ]
-            try:
-                await asyncio.wait(waits, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiting in waits:
-                    waiting.cancel()
-                await asyncio.gather(*waits, return_exceptions=True)
+            await wait_for_commits(waits, wait_s, first=True)
             checked = [check(entry) for entry in entries]
         DISKLESS_COMMIT_SECONDS.observe(time.monotonic() - started)
         return {"results": [decided or {"error_code": 0, "done": False} for decided, _ in checked]}

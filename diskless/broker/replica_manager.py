@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import os
 import shutil
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -71,9 +72,15 @@ class ReplicaManager:
         # name exists at a time); every path that creates or reuses a replica checks the id.
         self.topic_ids: dict[tuple[str, int], str] = {}
         self.fetchers: dict[int, ReplicaFetcher] = {}
-        self._appended = asyncio.Event()
+        # Parked long polls (replica and consumer fetches): each a future an append resolves. Plain
+        # futures, not an Event under wait_for (a task per wait): a woken fetch resumes in the next
+        # loop turn (tests/unit/test_commit_wakeups.py).
+        self._append_waiters: set[asyncio.Future[None]] = set()
         self._closed = False
         self._checkpointed: list[str] | None = None  # lines of the last HW checkpoint written
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoint_generation = 0  # of the lines last taken; taken on the loop only
+        self._written_generation = 0  # of the lines last written (under the lock)
         self._legacy_hw_files: list[str] = []  # per-partition HW files of older versions
         # Roles taken since the last summary: topic -> role -> count, and topics that had a replica
         # take its first role (epoch 0). One info line per batch of changes, not per partition.
@@ -269,26 +276,50 @@ class ReplicaManager:
 
     def checkpoint_high_watermarks(self) -> None:
         """Write every hosted replica's HW to the log directory's checkpoint file (when changed)."""
+        lines = self._checkpoint_lines()
+        if lines is not None:
+            self._write_checkpoint(*lines)
+
+    async def checkpoint_high_watermarks_async(self) -> None:
+        """The periodic checkpoint: the HWs are read on the loop, the file is written and fsynced
+        (twice, ~20 ms each here) in a thread, so commits and fetches never wait behind it."""
+        lines = self._checkpoint_lines()
+        if lines is not None:
+            await asyncio.to_thread(self._write_checkpoint, *lines)
+
+    def _checkpoint_lines(self) -> tuple[list[str], int] | None:
+        """The checkpoint's lines as of now with their generation, or None when they are what was
+        last written."""
         lines = [
             f"{topic} {index} {partition.log.high_watermark} {self.topic_ids[(topic, index)]}\n"
             for (topic, index), partition in self.partitions.items()
         ]
         if lines == self._checkpointed:
-            return
-        path = os.path.join(self.log_dir, HW_CHECKPOINT_FILE)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(f"{_HW_CHECKPOINT_VERSION}\n{len(lines)}\n")
-            f.writelines(lines)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        _fsync_directory(self.log_dir)
-        self._checkpointed = lines
-        for legacy in self._legacy_hw_files:
+            return None
+        self._checkpoint_generation += 1
+        return lines, self._checkpoint_generation
+
+    def _write_checkpoint(self, lines: list[str], generation: int) -> None:
+        # One writer at a time (a thread's periodic write and close()'s share the temporary file),
+        # and never an older generation over a newer one (HWs only grow).
+        with self._checkpoint_lock:
+            if generation < self._written_generation:
+                return
+            self._written_generation = generation
+            path = os.path.join(self.log_dir, HW_CHECKPOINT_FILE)
+            tmp = path + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(f"{_HW_CHECKPOINT_VERSION}\n{len(lines)}\n")
+                f.writelines(lines)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            _fsync_directory(self.log_dir)
+            self._checkpointed = lines
+            legacy_files, self._legacy_hw_files = self._legacy_hw_files, []
+        for legacy in legacy_files:
             with contextlib.suppress(OSError):
                 os.unlink(legacy)
-        self._legacy_hw_files.clear()
 
     def _read_hw_checkpoint(self) -> dict[tuple[str, int, str], int]:
         """(topic, partition, topic id) -> HW from the checkpoint file; empty if none is usable."""
@@ -312,13 +343,30 @@ class ReplicaManager:
     # --- long-poll wake-ups -------------------------------------------------------------------
 
     def notify_append(self) -> None:
-        self._appended.set()
+        waiters, self._append_waiters = self._append_waiters, set()
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     async def wait_for_append(self, timeout: float) -> None:
-        """Wait until some partition receives data (or changes role), or ``timeout`` seconds pass."""
-        self._appended.clear()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._appended.wait(), timeout)
+        """Wait until some partition receives data (or changes role), or ``timeout`` seconds pass.
+
+        Only appends after this call count: the caller checked its partitions in the same loop
+        turn, with no await in between, so nothing can slip between its check and this wait."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._append_waiters.add(waiter)
+        timer = loop.call_later(max(0.0, timeout), _release, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._append_waiters.discard(waiter)
+
+
+def _release(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _fsync_directory(path: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -66,6 +67,41 @@ class DivergingEpoch:
     end_offset: int
 
 
+def _nothing() -> None:
+    pass
+
+
+async def wait_for_commits(waits: list[tuple[Partition, int]], timeout: float, first: bool) -> list[bool | None]:
+    """Wait for acks=all replication of several (replica, last offset): until all are decided, or
+    (``first``) until any is, or ``timeout`` seconds. Per wait: True replicated, False leadership
+    lost, None undecided. One future and one timer for all of them: the caller resumes in the loop
+    turn after the deciding follower fetch, not after a task per wait and a gather."""
+    if not waits:
+        return []
+    loop = asyncio.get_running_loop()
+    outcome: list[bool | None] = [None] * len(waits)
+    done: asyncio.Future[None] = loop.create_future()
+    pending = len(waits)
+
+    def decided(index: int, ok: bool) -> None:
+        nonlocal pending
+        outcome[index] = ok
+        pending -= 1
+        if (first or pending == 0) and not done.done():
+            done.set_result(None)
+
+    cancels = [replica.on_commit(offset, lambda ok, i=i: decided(i, ok)) for i, (replica, offset) in enumerate(waits)]
+    timer = None if done.done() else loop.call_later(timeout, lambda: done.done() or done.set_result(None))
+    try:
+        await done
+    finally:
+        if timer is not None:
+            timer.cancel()
+        for cancel in cancels:
+            cancel()
+    return outcome
+
+
 class Partition:
     def __init__(self, topic: str, index: int, log: PartitionLog, node_id: int, topic_id: str = "") -> None:
         self.topic = topic
@@ -82,7 +118,10 @@ class Partition:
         self.isr: list[int] = []
         self.replicas: list[int] = []
         self.leader_state: LeaderState | None = None
-        self._waiters: list[tuple[int, int, asyncio.Future[bool]]] = []  # (offset, seq, future)
+        # acks=all waiters, sorted: (last offset, seq, callback). Callbacks run synchronously when the
+        # high watermark passes their offset (True) or leadership is lost (False), so the waiting
+        # coroutine resumes in the very next loop turn (tests/unit/test_commit_wakeups.py).
+        self._waiters: list[tuple[int, int, Callable[[bool], None]]] = []
         self._seq = 0
         # As a follower: when the current leader last answered a replica fetch, and the largest log
         # start offset it reported. Reads served here depend on both (follower_reads).
@@ -173,30 +212,47 @@ class Partition:
         assert self.leader_state is not None
         self.log.high_watermark = self.leader_state.high_watermark
         hw = self.log.high_watermark
-        while self._waiters and self._waiters[0][0] < hw:
-            _, _, future = self._waiters.pop(0)
-            if not future.done():
-                future.set_result(True)
+        waiters = self._waiters
+        if waiters and waiters[0][0] < hw:
+            done = bisect.bisect_left(waiters, (hw,))  # every waiter whose offset is below the HW
+            decided, self._waiters = waiters[:done], waiters[done:]
+            for _, _, callback in decided:
+                callback(True)
+
+    def on_commit(self, last_offset: int, callback: Callable[[bool], None]) -> Callable[[], None]:
+        """acks=all: call ``callback(True)`` once the high watermark passes ``last_offset``, or
+        ``callback(False)`` when this replica stops leading at this epoch; at once if already
+        decided. Returns a cancel function (idempotent) that drops the waiter without calling it.
+
+        The callback runs inside whatever moved the high watermark (a follower's fetch), so it
+        must only set a result: a future's waiter then resumes in the next loop turn."""
+        if self.log.high_watermark > last_offset:
+            callback(True)
+            return _nothing
+        self._seq += 1
+        waiter = (last_offset, self._seq, callback)
+        bisect.insort(self._waiters, waiter)
+
+        def cancel() -> None:
+            index = bisect.bisect_left(self._waiters, waiter[:2])
+            if index < len(self._waiters) and self._waiters[index][1] == waiter[1]:
+                del self._waiters[index]
+
+        return cancel
+
+    def pending_commit_waiters(self) -> int:
+        return len(self._waiters)
 
     async def wait_for_commit(self, last_offset: int, timeout: float) -> bool:
         """acks=all: True once the high watermark passes ``last_offset``; False on timeout/leadership loss."""
         if self.log.high_watermark > last_offset:
             return True
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._seq += 1
-        bisect.insort(self._waiters, (last_offset, self._seq, future))
-        try:
-            return await asyncio.wait_for(future, timeout)
-        except TimeoutError:
-            return False
-        finally:
-            self._waiters = [w for w in self._waiters if w[2] is not future]
+        return await wait_for_commits([(self, last_offset)], timeout, first=False) == [True]
 
     def _fail_waiters(self) -> None:
-        for _, _, future in self._waiters:
-            if not future.done():
-                future.set_result(False)
-        self._waiters.clear()
+        waiters, self._waiters = self._waiters, []
+        for _, _, callback in waiters:
+            callback(False)
 
     # --- follower side --------------------------------------------------------------------------
 
