@@ -1,13 +1,13 @@
 """Asyncio access to one S3-compatible bucket (MinIO, SeaweedFS, AWS S3), on the event loop itself.
 
 Brokers PUT WAL objects and read byte ranges of them; the WAL file manager lists and deletes them.
-Requests are plain HTTP/1.1 over one ``aiohttp`` session whose keep-alive pool holds up to
-``max_concurrency`` connections, signed by ``sigv4.SigV4Signer``, with the XML bodies of
-``s3_xml``. No thread runs per request: a request is a socket write and a read the loop is told
-about, so it neither waits for the GIL behind a busy event loop nor takes it from the loop (with
-boto3 in a thread pool a 13 ms PUT took about 50 ms in a broker, and botocore spent ~3 ms of CPU
-per request on its own machinery). Only a body above 256 KiB is hashed in a worker thread, since
-hashlib releases the GIL and the loop should not stop for a megabyte's SHA-256.
+Requests are HTTP/1.1 on keep-alive connections of ``http11.HttpPool`` (up to ``max_concurrency``
+of them), signed by ``sigv4.SigV4Signer``, with the XML bodies of ``s3_xml``. No thread runs per
+request: a request is a socket write and a read the loop is told about, so it neither waits for the
+GIL behind a busy event loop nor takes it from the loop (with boto3 in a thread pool a 13 ms PUT
+took about 50 ms in a broker, and botocore spent ~3 ms of CPU per request on its own machinery).
+Only a body above 256 KiB is hashed in a worker thread, since hashlib releases the GIL and the loop
+should not stop for a megabyte's SHA-256.
 
 An ``asyncio.Semaphore`` of ``max_concurrency`` admits a request only when a connection is free, so
 no unbounded queue builds up inside the HTTP pool. A cancelled caller cancels its request: the
@@ -38,18 +38,17 @@ import hashlib
 import os
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit
 
-import aiohttp
 import structlog
-import yarl
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from diskless import metrics
 from diskless.storage import s3_xml
+from diskless.storage.http11 import Answer, HttpPool, HttpProtocolError
 from diskless.storage.s3_xml import ObjectInfo
 from diskless.storage.sigv4 import EMPTY_SHA256, SigV4Signer, canonical_query, uri_encode
 
@@ -160,12 +159,6 @@ def is_retriable(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionError | TimeoutError | asyncio.IncompleteReadError)
 
 
-class _Answer(NamedTuple):
-    status: int
-    headers: Mapping[str, str]
-    body: bytes
-
-
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -246,20 +239,20 @@ class ObjectStore:
         self.backoff_initial = backoff_initial
         self.backoff_max = backoff_max
         self.stats = ObjectStoreStats()
-        self._connect_timeout = connect_timeout
-        self._read_timeout = read_timeout
-        self._https = parts.scheme == "https"
-        # The Host header is signed, so it is set here, exactly as sent, rather than left to the client.
+        # The Host header is signed, so it is set here, exactly as sent.
         self._host = parts.netloc.rpartition("@")[2]
         self._origin = f"{parts.scheme}://{self._host}"
+        context = None
+        if parts.scheme == "https":
+            # AWS_CA_BUNDLE is where AWS tools look for a private CA; else the system's certificates.
+            context = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
+        port = parts.port or (443 if context is not None else 80)
+        self._pool = HttpPool(parts.hostname, port, context, connect_timeout, read_timeout, max_concurrency)
         # Path-style addressing: local servers are addressed by IP or "localhost", where bucket
         # subdomains fail. An endpoint with a path (a store behind a path-routing proxy) keeps it.
         self._bucket_path = parts.path.rstrip("/") + "/" + uri_encode(bucket, slash=False)
         self._signer = SigV4Signer(access_key, secret_key, region)
         self._slots = asyncio.Semaphore(max_concurrency)
-        # Created on first use: a session belongs to the running loop, and brokers build their store
-        # before theirs runs.
-        self._session: aiohttp.ClientSession | None = None
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -273,33 +266,13 @@ class ObjectStore:
             for _ in range(self.max_concurrency):
                 await self._slots.acquire()
         finally:
-            if self._session is not None:
-                await self._session.close()
+            await self._pool.close()
 
     async def __aenter__(self) -> ObjectStore:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
-
-    def _http(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            context: ssl.SSLContext | bool = True
-            if self._https:
-                # AWS_CA_BUNDLE is where AWS tools look for a private CA; else the system's certificates.
-                context = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None)
-            connector = aiohttp.TCPConnector(limit=self.max_concurrency, limit_per_host=0, ssl=context)
-            self._session = aiohttp.ClientSession(
-                connector=connector,
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=self._connect_timeout, sock_read=self._read_timeout
-                ),
-                # Object bytes are returned as stored: never ask for, or undo, a content encoding.
-                auto_decompress=False,
-                skip_auto_headers=("Accept-Encoding", "Content-Type"),
-                headers={"User-Agent": "diskless"},
-            )
-        return self._session
 
     # -- public operations -------------------------------------------------------------------------
 
@@ -446,24 +419,22 @@ class ObjectStore:
         headers: dict[str, str] | None = None,
         body: bytes | None = None,
         payload_hash: str | None = None,
-    ) -> _Answer:
+    ) -> Answer:
         """One signed HTTP request, answer read whole; ``path`` is URI-encoded, ``query`` canonical."""
         send = {"Host": self._host, **(headers or {})}
         if payload_hash is None:
             payload_hash = _sha256(body) if body else EMPTY_SHA256
         self._signer.sign(method, path, query, send, payload_hash, time.time())
-        url = yarl.URL(f"{self._origin}{path}?{query}" if query else f"{self._origin}{path}", encoded=True)
         try:
-            async with self._http().request(method, url, headers=send, data=body) as response:
-                # Read inside the attempt: a connection that breaks mid-body (aiohttp checks the body
-                # against Content-Length) is retried like any other lost request.
-                return _Answer(response.status, response.headers, await response.read())
-        except (TimeoutError, aiohttp.ClientConnectorCertificateError):
+            # The answer is read whole inside the attempt: a connection that breaks mid-body is retried
+            # like any other lost request.
+            return await self._pool.request(method, f"{path}?{query}" if query else path, send, body)
+        except (TimeoutError, ssl.SSLCertVerificationError):
             raise  # a timeout is retried as one; a certificate error would fail every retry the same way
-        except aiohttp.ClientError as exc:
+        except (HttpProtocolError, OSError) as exc:
             raise S3ConnectionError(f"{method} {self._origin}{path}: {type(exc).__name__}: {exc}") from exc
 
-    def _error(self, operation: str, answer: _Answer) -> S3Error:
+    def _error(self, operation: str, answer: Answer) -> S3Error:
         code, message = s3_xml.parse_error(answer.body) if answer.body else ("", "")
         return S3Error(operation, answer.status, code or str(answer.status), message)
 
@@ -541,7 +512,7 @@ class ObjectStore:
     async def _head_once(self, key: str) -> int | None:
         answer = await self._exchange("HEAD", self._key_path(key))
         if answer.status == 200:
-            return int(answer.headers["Content-Length"])
+            return int(answer.headers["content-length"])
         error = self._error("HeadObject", answer)
         if error.status == 404 or error.code in _MISSING_KEY_CODES:
             return None
