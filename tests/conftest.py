@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +13,24 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from support import BrokerProcess, LocalCluster
+
+SERVER_SITE = Path(__file__).parent / "server_site"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _servers_import_no_hypothesis() -> Iterator[None]:
+    """Processes the tests start get ``server_site`` first on PYTHONPATH (see its module).
+
+    Set in a fixture, not at import: it runs in each pytest-xdist worker after the workers
+    started, so the test processes themselves still import hypothesis.
+    """
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(SERVER_SITE), *([before] if before else [])])
+    yield
+    if before is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = before
 
 
 @pytest.fixture
