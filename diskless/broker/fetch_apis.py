@@ -58,6 +58,18 @@ class TieredRead(bytes):
     """A TIERED read result's descriptor, waiting in ``remote`` beside pointer entries to be served."""
 
 
+def _pointers_within(data: bytes, room: int, min_one: bool) -> bytes:
+    """The leading pointer entries whose batches fit in ``room`` bytes (at least one if ``min_one``)."""
+    pos = used = 0
+    while pos < len(data):
+        size = pointer.entry_header_at(data, pos).size
+        if used + size > room and not (min_one and pos == 0):
+            break
+        used += size
+        pos += pointer.pointer_entry_size(data, pos)
+    return data[:pos]
+
+
 def _tiered_size(descriptor: bytes) -> int:
     """What serving a TIERED read will return, at most (fetch size accounting)."""
     if not descriptor:
@@ -157,7 +169,8 @@ class FetchApis(ApiFamily):
             responses, total, has_error, remote, forwards = self._fetch_once(asked)
             has_error = has_error or bool(unknown)
             if forwards:
-                total += await self._fetch_from_leaders(forwards, remote)
+                room = max(getattr(request, "max_bytes", 2**31 - 1) - total, 0)
+                total += await self._fetch_from_leaders(forwards, remote, room, total == 0)
             remaining = deadline - time.monotonic()
             if total >= request.min_bytes or has_error or remaining <= 0 or (total > 0 and request.min_bytes <= 1):
                 if remote:
@@ -195,17 +208,26 @@ class FetchApis(ApiFamily):
         return dataclasses.replace(request, topics=tuple(named)), unknown
 
     async def _fetch_from_leaders(
-        self, forwards: list[tuple[dict[str, Any], str, int, int, int, int]], remote: list[tuple[dict[str, Any], bytes]]
+        self,
+        forwards: list[tuple[dict[str, Any], str, int, int, int, int]],
+        remote: list[tuple[dict[str, Any], bytes]],
+        room: int,
+        min_one: bool,
     ) -> int:
         """Diskless partitions with no replica here: pointers (metadata only) come from the leader,
-        the data from object storage in this AZ. Returns the bytes the batches will take."""
+        the data from object storage in this AZ. Returns the bytes the batches will take.
 
-        async def one(item: tuple[dict[str, Any], str, int, int, int, int]) -> int:
+        Every leader is asked at once, each for up to its partition's limit; the answers are then
+        cut, in request order, to the ``room`` left in the response (its max_bytes), before any
+        data is read: what object storage sends back is held in memory until the answer is written."""
+        answers: list[tuple[dict[str, Any], Any, bytes]] = []
+
+        async def one(item: tuple[dict[str, Any], str, int, int, int, int]) -> None:
             entry, topic, partition, offset, limit, leader = item
             meta = self._meta.topics.get(topic)
             if meta is None:  # deleted since the fetch was planned
                 entry["error_code"] = ErrorCode.unknown_topic_or_partition
-                return 0
+                return
             # The id lets the leader refuse to answer from another incarnation of the name.
             body = {
                 "topic": topic,
@@ -222,32 +244,45 @@ class FetchApis(ApiFamily):
                 answer = await conn.wait(conn.send_internal(internal.INTERNAL_FETCH_POINTERS, body), timeout=10)
             except (ClientError, OSError, TimeoutError):
                 entry["error_code"] = ErrorCode.not_leader_or_follower
-                return 0
+                return
             entry["error_code"] = ErrorCode(answer["error_code"])
             if entry["error_code"] == ErrorCode.unknown_topic_id:  # Fetch v4-12 names topics
                 entry["error_code"] = ErrorCode.unknown_topic_or_partition
             if committed and entry["error_code"] == ErrorCode.none and "last_stable_offset" not in answer:
                 # A leader that does not bound reads by its LSO: never serve its data as committed.
                 entry["error_code"] = ErrorCode.not_leader_or_follower
-                return 0
+                return
             for field in ("high_watermark", "last_stable_offset", "log_start_offset"):
                 entry[field] = answer.get(field, -1)
             if committed:
                 entry["aborted_transactions"] = [
                     {"producer_id": pid, "first_offset": first} for pid, first in answer.get("aborted_transactions", [])
                 ]
-            data = answer.get("data", b"")
-            if answer.get("kind") == TIERED and data:
-                remote.append((entry, TieredRead(data)))
-                return _tiered_size(data)
-            if answer.get("kind") == POINTERS and data:
-                remote.append((entry, data))
-                return pointer.served_size(data)
-            entry["records"] = data
-            return len(data)
+            answers.append((entry, answer.get("kind"), answer.get("data", b"")))
 
-        sizes = await asyncio.gather(*(one(item) for item in forwards))
-        return sum(sizes)
+        await asyncio.gather(*(one(item) for item in forwards))
+        order = {id(item[0]): i for i, item in enumerate(forwards)}
+        answers.sort(key=lambda a: order[id(a[0])])
+        total = 0
+        for entry, kind, data in answers:
+            left = max(room - total, 0)
+            first = min_one and total == 0
+            if kind == TIERED and data:
+                d = msgpack.unpackb(data)
+                d["max_bytes"], d["min_one"] = min(int(d["max_bytes"]), left), first
+                if d["max_bytes"] > 0 or first:
+                    data = msgpack.packb(d)
+                    remote.append((entry, TieredRead(data)))
+                    total += _tiered_size(data)
+            elif kind == POINTERS and data:
+                data = _pointers_within(data, left, first)
+                if data:
+                    remote.append((entry, data))
+                    total += pointer.served_size(data)
+            elif len(data) <= left or first:
+                entry["records"] = data
+                total += len(data)
+        return total
 
     @staticmethod
     def _consumer_az(request: Any) -> str:
