@@ -124,6 +124,14 @@ class BrokerConfig:
     replica_lag_time_max_ms: int = field(default=30000, metadata=_prop("replica.lag.time.max.ms"))
     replica_fetch_wait_max_ms: int = field(default=500, metadata=_prop("replica.fetch.wait.max.ms"))
     replica_fetch_max_bytes: int = field(default=1048576, metadata=_prop("replica.fetch.max.bytes"))
+    # Kafka's default is 55 MiB, sent from the page cache by sendfile. Here a response's batches are
+    # read from the WAL cache or object storage and held in memory (a few copies) until written: a
+    # lagging consumer's 49 MiB responses took a broker from ~160 to 358 MB (issue 10: <= 300 MB).
+    # 16 MiB still carries 16 partitions' worth of max.partition.fetch.bytes per round trip.
+    fetch_max_bytes: int = field(
+        default=16 * 1024 * 1024,
+        metadata=_prop("fetch.max.bytes", "The most a consumer's Fetch response carries, whatever the request asks."),
+    )
     max_incremental_fetch_session_cache_slots: int = field(
         default=1000,
         metadata=_prop(

@@ -154,6 +154,10 @@ class FetchApis(ApiFamily):
                 "session_id": 0,
                 "responses": [],
             }
+        cap = self.broker.config.fetch_max_bytes
+        if follower < 0 and getattr(request, "max_bytes", 2**31 - 1) > cap:
+            # fetch.max.bytes: the batches of a response are held in memory while it is built.
+            request = dataclasses.replace(request, max_bytes=cap)
         max_wait_ms = _ms(request.max_wait)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:

@@ -5,6 +5,7 @@ from object storage and holds in memory while building it (issue 10, broker memo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 from types import SimpleNamespace
 from typing import Any
@@ -66,6 +67,7 @@ async def test_forwarded_partitions_share_the_fetch_max_bytes(monkeypatch: pytes
         metadata=SimpleNamespace(topics={"t": SimpleNamespace(topic_id="tid")}),
         wal_reader=reader,
         now_ms=lambda: 0,
+        config=SimpleNamespace(fetch_max_bytes=1 << 30),
     )
     apis = FetchApis(broker)  # type: ignore[arg-type]
     entries = [{"partition": p, "error_code": 0, "aborted_transactions": None, "records": None} for p in range(20)]
@@ -93,3 +95,32 @@ async def test_forwarded_partitions_share_the_fetch_max_bytes(monkeypatch: pytes
     assert sum(sizes) <= max(max_bytes, len(BATCH)), sizes
     assert reader.fetched == sum(sizes)
     assert all(p["high_watermark"] == 10_000 for t in answer["responses"] for p in t["partitions"])
+
+
+@dataclasses.dataclass(frozen=True)
+class ConsumerFetch:
+    max_bytes: int
+    session_id: int = 0
+    session_epoch: int = -1
+    replica_id: int = -1
+    max_wait: datetime.timedelta = datetime.timedelta(0)
+    min_bytes: int = 1
+    topics: tuple[Any, ...] = ()
+    isolation_level: int = 0
+
+
+async def test_the_broker_caps_a_consumer_fetch_at_fetch_max_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Kafka's broker config fetch.max.bytes: a consumer asking for 50 MiB gets at most this much.
+    cap = 2 << 20
+    asked: list[int] = []
+    broker = SimpleNamespace(config=SimpleNamespace(fetch_max_bytes=cap), now_ms=lambda: 0, wal_reader=None)
+    apis = FetchApis(broker)  # type: ignore[arg-type]
+
+    def fetch_once(request: Any) -> Any:
+        asked.append(request.max_bytes)
+        return [], 0, True, [], []
+
+    monkeypatch.setattr(apis, "_fetch_once", fetch_once)
+    await apis.fetch(m.RequestHeader(m.API_FETCH, 12, 1, "c"), ConsumerFetch(max_bytes=50 << 20))
+    await apis.fetch(m.RequestHeader(m.API_FETCH, 12, 2, "c"), ConsumerFetch(max_bytes=1 << 20))
+    assert asked == [cap, 1 << 20]
