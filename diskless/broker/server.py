@@ -67,6 +67,12 @@ from .request_budget import RequestBudget
 log = structlog.get_logger(__name__)
 
 MAX_IN_FLIGHT = 64  # per connection; reading pauses beyond this (backpressure)
+# The connection's read buffer. asyncio's default (64 KiB) pauses the transport whenever 128 KiB
+# are buffered, so a ~1 MB produce request took many pause/resume rounds of the event loop, each
+# behind the loop's other work (issue 10: ~50-65 ms per MB on a busy loop, ~25-40 ms with this).
+# A whole request of Kafka's default max.message.bytes fits below the pause mark (twice this);
+# a connection buffers at most that much beyond what its handlers hold.
+READ_LIMIT = 1024 * 1024
 MAX_INTERNAL_IN_FLIGHT = 1024  # per connection, internal requests answered out of order
 
 
@@ -102,7 +108,7 @@ class KafkaServer:
         config = self.apis.broker.config
         protocol = config.security_protocol(listener or config.inter_broker_listener)
         tls = server_context(config) if protocol.endswith("SSL") else None
-        server = await asyncio.start_server(on_connection, host, port, reuse_address=True, ssl=tls)
+        server = await asyncio.start_server(on_connection, host, port, reuse_address=True, ssl=tls, limit=READ_LIMIT)
         self._servers.append(server)
         return int(server.sockets[0].getsockname()[1])
 
@@ -201,7 +207,7 @@ class Connection:
 
     async def _read_loop(self) -> None:
         while True:
-            data = await self.reader.read(262144)
+            data = await self.reader.read(2 * READ_LIMIT)
             if not data:
                 return
             self.decoder.feed(data)
