@@ -80,6 +80,10 @@ async def _run_wal_manager(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else argv)[:1] in (["broker"], ["wal-manager"]):
+        from diskless.broker.process_memory import hide_test_only_modules
+
+        hide_test_only_modules()  # before the command line's modules import kio
     parser = argparse.ArgumentParser(prog="diskless", description="Kafka-compatible broker with diskless topics")
     sub = parser.add_subparsers(dest="command", required=True)
     broker = sub.add_parser("broker", help="run one broker")

@@ -12,6 +12,10 @@ glibc also gives each thread that allocates its own arena (up to 8 per core), ea
 free memory; the broker's threads (object-store pool, gRPC's) need few.
 
 Settings an operator exported (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_ARENA_MAX``) are left alone.
+
+Server processes also never load hypothesis, which kio imports whenever it is installed (to
+register test strategies): in development and benchmark environments that was 17 MB of RSS and
+over a second of start-up per broker (``tests/server_site`` does the same for test processes).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import sys
 
 import structlog
 
@@ -56,3 +61,8 @@ def tune_malloc(environ: dict[str, str] | None = None) -> dict[str, int]:
             applied[variable] = value
     log.debug("malloc settings", **applied)
     return applied
+
+
+def hide_test_only_modules() -> None:
+    """Make ``import hypothesis`` fail in this process unless something imported it already."""
+    sys.modules.setdefault("hypothesis", None)  # type: ignore[arg-type]

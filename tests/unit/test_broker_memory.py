@@ -3,6 +3,7 @@ and holds that it does not need."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -98,3 +99,22 @@ def test_malloc_settings_an_operator_exported_are_left_alone() -> None:
     from diskless.broker.process_memory import tune_malloc
 
     assert tune_malloc({"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_ARENA_MAX": "4"}) == {}
+
+
+def test_broker_does_not_load_hypothesis_through_kio() -> None:
+    # kio imports hypothesis (to register strategies) whenever it is installed, as in development
+    # and benchmark environments: 17 MB and over a second of start-up in every broker process.
+    code = (
+        "import sys\n"
+        "from diskless import cli\n"
+        "assert cli.main(['broker', '--config', '/nonexistent/broker.properties']) == 2\n"
+        "import diskless.broker.broker\n"
+        "print(sys.modules.get('hypothesis') is None and 'kio.schema.index' in sys.modules)\n"
+    )
+    # Without tests/server_site, which hides hypothesis from every process the tests start.
+    path = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and "server_site" not in p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True, env=env
+    )
+    assert done.stdout.strip().splitlines()[-1] == "True", done.stdout[-2000:]
