@@ -215,7 +215,22 @@ class BrokerConfig:
     )
     super_users: str = field(default="", metadata=_prop("super.users", "User:a;User:b : allowed everything."))
     allow_everyone_if_no_acl_found: bool = field(default=False, metadata=_prop("allow.everyone.if.no.acl.found"))
-    diskless_wal_linger_ms: int = field(default=100, metadata=_prop("diskless.wal.linger.ms"))
+    diskless_wal_linger_ms: int = field(
+        default=100,
+        metadata=_prop(
+            "diskless.wal.linger.ms",
+            "The longest a diskless batch waits in the representative's buffer, and the shortest time"
+            " between two of its WAL objects (PUTs) unless diskless.wal.max.bytes fill one sooner.",
+        ),
+    )
+    diskless_wal_gather_ms: int = field(
+        default=10,
+        metadata=_prop(
+            "diskless.wal.gather.ms",
+            "A WAL object waits at least this long after its first batch for batches sent with it"
+            " (capped by diskless.wal.linger.ms).",
+        ),
+    )
     diskless_wal_max_bytes: int = field(default=8 * 1024 * 1024, metadata=_prop("diskless.wal.max.bytes"))
     diskless_produce_buffer_max_bytes: int = field(
         default=64 * 1024 * 1024,

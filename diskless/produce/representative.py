@@ -138,7 +138,9 @@ class Representative:
         self.broker = broker
         self.store = store
         self.on_uploaded = on_uploaded  # lets the broker cache what it just wrote
-        self.buffer = WalBuffer(config.diskless_wal_linger_ms, config.diskless_wal_max_bytes)
+        self.buffer = WalBuffer(
+            config.diskless_wal_linger_ms, config.diskless_wal_max_bytes, config.diskless_wal_gather_ms
+        )
         self.admission = Admission(config.diskless_produce_buffer_max_bytes)
         self.pipeline = CommitPipeline(
             retry_timeout_ms=int(LEADERSHIP_RETRY_S * 1000), retry_backoff_ms=RETRY_BACKOFF_MS

@@ -46,7 +46,7 @@ class Flush:
 
 # Batches sent together reach the representative a few milliseconds apart (a producer writes its
 # requests for several partitions back to back, each up to 1 MB); a flush waits this long after its
-# first batch for them, unless the linger is shorter.
+# first batch for them, unless the linger is shorter. Brokers take ``diskless.wal.gather.ms``.
 DEFAULT_GATHER_MS = 10
 
 

@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from diskless.produce.wal_buffer import Admission, BufferedBatch, WalBuffer
+from diskless.produce.wal_buffer import DEFAULT_GATHER_MS, Admission, BufferedBatch, WalBuffer
 
 
 def batch(partition: int, size: int) -> BufferedBatch:
@@ -138,3 +138,14 @@ def test_flushes_are_a_linger_apart_and_no_batch_waits_longer(gaps: list[int], l
         added.append(now)
     assert all(w <= linger for w in waits)
     assert all(b - a >= linger for a, b in itertools.pairwise(flushes))
+
+
+def test_the_gather_is_a_broker_setting() -> None:
+    from diskless.config import load_config
+    from diskless.produce.representative import Representative
+
+    config = load_config(environ={}, overrides={"diskless.wal.gather.ms": "3", "diskless.wal.linger.ms": "250"})
+    broker = type("Broker", (), {"config": config})()
+    representative = Representative(broker, store=None, on_uploaded=lambda key, data: None)  # type: ignore[arg-type]
+    assert (representative.buffer.gather_ms, representative.buffer.linger_ms) == (3, 250)
+    assert load_config(environ={}).diskless_wal_gather_ms == DEFAULT_GATHER_MS
