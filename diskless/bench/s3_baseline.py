@@ -1,7 +1,7 @@
 """Raw S3 baseline: PUT and GET latency and throughput of the same S3 server at WAL-object sizes.
 
-Goes through the project's own ``ObjectStore`` (boto3 in a thread pool), the client the brokers
-use, so the baseline includes the same client overhead as a WAL upload. Per size: sequential PUTs
+Goes through the project's own ``ObjectStore`` (HTTP/1.1 and SigV4 on the event loop, no threads),
+the client the brokers use, so the baseline includes the same client overhead as a WAL upload. Per size: sequential PUTs
 then GETs for latency, then ``concurrency`` requests in flight for a fixed time for throughput (as
 "raw 8-thread PUTs" in issue 10). Objects go under ``bench/`` and are deleted afterwards, so the
 WAL manager never sees them.

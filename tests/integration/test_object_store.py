@@ -522,3 +522,39 @@ async def test_short_body_is_retried() -> None:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+async def test_https_verifies_the_server_against_aws_ca_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """https: the server's certificate is checked against AWS_CA_BUNDLE (else the system's CAs); a
+    certificate that does not verify fails at once, since every retry would fail the same way."""
+    import ssl
+
+    from diskless.security.tls import make_dev_certs
+
+    certs = make_dev_certs(tmp_path / "tls", ["127.0.0.1"])
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(certs.keystore)
+    _Recorder.seen = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        endpoint = f"https://127.0.0.1:{server.server_address[1]}"
+        monkeypatch.setenv("AWS_CA_BUNDLE", str(certs.ca))
+        async with ObjectStore(endpoint, BUCKET, "k", "s", max_attempts=3) as store:
+            await store.put("wal/tls", b"over tls")
+            assert await store.get("wal/tls") == _Recorder.body
+        (_, put_headers, put_body), _ = _Recorder.seen
+        assert put_body == b"over tls" and put_headers["host"] == f"127.0.0.1:{server.server_address[1]}"
+        assert put_headers["authorization"].startswith("AWS4-HMAC-SHA256 Credential=k/")
+
+        monkeypatch.delenv("AWS_CA_BUNDLE")
+        async with ObjectStore(endpoint, BUCKET, "k", "s", max_attempts=3, backoff_initial=0.01) as store:
+            with pytest.raises(ssl.SSLCertVerificationError):
+                await store.put("wal/untrusted", b"x")
+            assert store.stats.puts == 1 and store.stats.retries == 0 and store.stats.failures == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()

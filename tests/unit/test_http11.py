@@ -198,10 +198,11 @@ async def test_pool_reuses_a_kept_alive_connection() -> None:
 
 
 async def test_pool_sends_the_body() -> None:
-    async with Server([OK]) as server:
+    async with Server([OK, OK]) as server:
         pool = pool_for(server)
         await pool.request("PUT", "/k", {"Host": "h"}, b"payload")
-        assert server.requests == [b"PUT /k HTTP/1.1\r\nHost: h\r\nContent-Length: 7\r\n\r\npayload"]
+        await pool.request("PUT", "/k", {"Host": "h"}, memoryview(b"payload"))  # type: ignore[arg-type]
+        assert server.requests == [b"PUT /k HTTP/1.1\r\nHost: h\r\nContent-Length: 7\r\n\r\npayload"] * 2
         await pool.close()
 
 
