@@ -5,7 +5,9 @@ is billed cross-AZ traffic for every produced batch (issue 10). A segment entry 
 spends ~90 of its ~160 bytes on things a follower can rebuild: the frame (length and crc32c), the
 WAL object key's text (its hour prefix repeats its creation time; the uuid is hex), the batch size
 (always 12 + the header's ``batchLength``), and the same key once per batch of one object. On the
-wire an entry is its 61-byte header plus a key reference and an offset; the follower rebuilds the
+wire an entry is its batch header's fields as differences from the entry before (consecutive
+batches: next offset, same epoch, near timestamps, same producer; the producer's CRC as it is), a
+key reference and an offset: ~25 bytes where the segment has ~160. The follower rebuilds the
 leader's segment bytes exactly and checks them against the leader's crc32c of the whole run, so a
 bug or a damaged byte here can never put entries in a follower's log that the leader does not have.
 
@@ -15,12 +17,20 @@ Layout (integers big endian; ``uvarint``: unsigned LEB128)::
     keyCount   uvarint
     keys       keyCount x key
     entries    until the end: kind int8, then
-                 1 (pointer): header 61 bytes, keyIndex uvarint, offset uvarint
+                 1 (pointer): header (below), keyIndex uvarint, offset uvarint
                  2 (inline):  size uvarint, the batch (size bytes)
     key        tag int8, then
                  1 (a canonical WAL object key, ``wal_format``): createdMs uvarint, azLength uvarint,
                    az bytes, brokerId uvarint, uuid 16 bytes
                  0 (any other key): length uvarint, UTF-8 bytes
+
+    header     the v2 header's fields, each a zigzag varint unless said, against the previous
+               pointer entry's header in this run (``prev``; all zero before the first):
+               baseOffset - (prev.baseOffset + prev.lastOffsetDelta + 1), batchLength,
+               partitionLeaderEpoch - prev.epoch, crc uint32 as is, attributes, lastOffsetDelta,
+               baseTimestamp - prev.maxTimestamp, maxTimestamp - baseTimestamp,
+               producerId - prev.producerId, producerEpoch, baseSequence, recordCount
+               (magic is always 2: another magic is sent uncompacted)
 
 ``encode`` returns None for anything it cannot represent exactly (an entry whose pointed size is
 not its header's); the caller then sends the segment bytes as they are.
@@ -48,6 +58,10 @@ from .pointer import (
 from .wal_format import parse_wal_object_key, wal_object_key
 
 _CRC = struct.Struct(">I")
+# baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes, lastOffsetDelta,
+# baseTimestamp, maxTimestamp, producerId, producerEpoch, baseSequence, recordCount
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+assert _HEADER.size == HEADER_SIZE
 _BATCH_LENGTH = struct.Struct(">i")
 _KEY_WAL = 1
 _KEY_TEXT = 0
@@ -64,7 +78,7 @@ def _uvarint(value: int, out: bytearray) -> None:
 def _read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
     value = shift = 0
     while True:
-        if pos >= len(buf) or shift > 63:
+        if pos >= len(buf) or shift > 70:
             raise CorruptEntry("truncated or oversized varint in compact pointer entries")
         byte = buf[pos]
         pos += 1
@@ -72,6 +86,74 @@ def _read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
         if byte < 0x80:
             return value, pos
         shift += 7
+
+
+def _zigzag(value: int, out: bytearray) -> None:
+    _uvarint(value * 2 if value >= 0 else -value * 2 - 1, out)  # any size: differences may pass 64 bits
+
+
+def _read_zigzag(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    raw, pos = _read_uvarint(buf, pos)
+    return (raw >> 1) ^ -(raw & 1), pos
+
+
+class _Previous:
+    """The fields the next header is encoded against (all zero before a run's first header)."""
+
+    __slots__ = ("epoch", "max_timestamp", "next_offset", "producer_id")
+
+    def __init__(self) -> None:
+        self.next_offset = self.epoch = self.max_timestamp = self.producer_id = 0
+
+
+def _encode_header(header: bytes | memoryview, prev: _Previous, out: bytearray) -> bool:
+    """Append ``header``'s fields; False (nothing appended) for a header this cannot carry."""
+    base, length, epoch, magic, crc, attrs, delta, ts, max_ts, pid, pepoch, seq, count = _HEADER.unpack_from(header)
+    if magic != 2:
+        return False
+    _zigzag(base - prev.next_offset, out)
+    _zigzag(length, out)
+    _zigzag(epoch - prev.epoch, out)
+    out += _CRC.pack(crc)
+    _zigzag(attrs, out)
+    _zigzag(delta, out)
+    _zigzag(ts - prev.max_timestamp, out)
+    _zigzag(max_ts - ts, out)
+    _zigzag(pid - prev.producer_id, out)
+    _zigzag(pepoch, out)
+    _zigzag(seq, out)
+    _zigzag(count, out)
+    prev.next_offset, prev.epoch, prev.max_timestamp, prev.producer_id = base + delta + 1, epoch, max_ts, pid
+    return True
+
+
+def _decode_header(buf: bytes | memoryview, pos: int, prev: _Previous) -> tuple[bytes, int]:
+    base, pos = _read_zigzag(buf, pos)
+    base += prev.next_offset
+    length, pos = _read_zigzag(buf, pos)
+    epoch, pos = _read_zigzag(buf, pos)
+    epoch += prev.epoch
+    if pos + _CRC.size > len(buf):
+        raise CorruptEntry("truncated header in compact pointer entries")
+    (crc,) = _CRC.unpack_from(buf, pos)
+    pos += _CRC.size
+    attrs, pos = _read_zigzag(buf, pos)
+    delta, pos = _read_zigzag(buf, pos)
+    ts, pos = _read_zigzag(buf, pos)
+    ts += prev.max_timestamp
+    max_ts, pos = _read_zigzag(buf, pos)
+    max_ts += ts
+    pid, pos = _read_zigzag(buf, pos)
+    pid += prev.producer_id
+    pepoch, pos = _read_zigzag(buf, pos)
+    seq, pos = _read_zigzag(buf, pos)
+    count, pos = _read_zigzag(buf, pos)
+    try:
+        header = _HEADER.pack(base, length, epoch, 2, crc, attrs, delta, ts, max_ts, pid, pepoch, seq, count)
+    except struct.error:
+        raise CorruptEntry("a header field out of range in compact pointer entries") from None
+    prev.next_offset, prev.epoch, prev.max_timestamp, prev.producer_id = base + delta + 1, epoch, max_ts, pid
+    return header, pos
 
 
 def _encode_key(key: str, out: bytearray) -> None:
@@ -116,6 +198,20 @@ def _decode_key(buf: bytes | memoryview, pos: int) -> tuple[str, int]:
     raise CorruptEntry(f"unknown key tag {tag} in compact pointer entries")
 
 
+def encode_header(header: bytes | memoryview) -> bytes | None:
+    """One v2 batch header in the layout's ``header`` form (against nothing); None if not magic 2."""
+    out = bytearray()
+    return bytes(out) if len(header) == HEADER_SIZE and _encode_header(header, _Previous(), out) else None
+
+
+def decode_header(data: bytes | memoryview) -> bytes:
+    """Inverse of ``encode_header``; ``CorruptEntry`` for anything else."""
+    header, end = _decode_header(data, 0, _Previous())
+    if end != len(data):
+        raise CorruptEntry("trailing bytes after a batch header")
+    return header
+
+
 def encode_key(key: str) -> bytes:
     """A WAL object key in the layout's ``key`` form (also used by CommitBatches on the wire)."""
     out = bytearray()
@@ -136,6 +232,7 @@ def encode(entries: bytes | bytearray | memoryview) -> bytes | None:
     view = memoryview(entries)
     keys: dict[str, int] = {}
     body = bytearray()
+    prev = _Previous()
     pos = 0
     while pos < len(view):
         size = pointer_entry_size(view, pos)
@@ -150,7 +247,8 @@ def encode(entries: bytes | bytearray | memoryview) -> bytes | None:
             key = str(view[key_start : key_start + key_length], "utf-8")
             index = keys.setdefault(key, len(keys))
             body.append(KIND_POINTER)
-            body += header
+            if not _encode_header(header, prev, body):
+                return None
             _uvarint(index, body)
             _uvarint(offset, body)
         elif kind == KIND_INLINE:
@@ -186,14 +284,13 @@ def decode(data: bytes | bytearray | memoryview) -> bytes:
         raw = key.encode()
         keys.append(_KEY_LENGTH.pack(len(raw)) + raw)
     out: list[bytes] = []
+    prev = _Previous()
     while pos < len(view):
         kind = view[pos]
         pos += 1
         if kind == KIND_POINTER:
-            header = bytes(view[pos : pos + HEADER_SIZE])
-            if len(header) != HEADER_SIZE:
-                raise CorruptEntry("truncated header in compact pointer entries")
-            index, pos = _read_uvarint(view, pos + HEADER_SIZE)
+            header, pos = _decode_header(view, pos, prev)
+            index, pos = _read_uvarint(view, pos)
             offset, pos = _read_uvarint(view, pos)
             if index >= len(keys) or offset >= 2**63:
                 raise CorruptEntry("bad key reference or offset in compact pointer entries")
