@@ -404,7 +404,7 @@ class Connection:
                 result = {"error_code": int(ErrorCode.unknown_server_error)}
             if self.writer.is_closing():
                 return
-            frame = internal.encode_response(header.correlation_id, result)
+            frame = internal.encode_response(header.correlation_id, result, bool(body.get(internal.COMPACT_ANSWERS)))
             self.writer.write(frame)  # one whole frame: frames of concurrent answers never interleave
             self._count("out", len(frame))
             self._count_api("out", header.api_key, len(frame))

@@ -155,7 +155,7 @@ class KafkaClientConnection:
     def send_internal(self, api_key: int, body: dict[str, Any]) -> asyncio.Future[Any]:
         """Write an internal (msgpack) request now; await ``wait`` on the returned future."""
         request = internal.pack_request(api_key, body)
-        return self._send(api_key, 0, False, request, lambda frame: internal.unpack(memoryview(frame)[4:]))
+        return self._send(api_key, 0, False, request, lambda frame: internal.unpack_response(memoryview(frame)[4:]))
 
     async def wait(self, future: asyncio.Future[Any], timeout: float = 30.0) -> Any:
         return await self._await(future, timeout)

@@ -95,3 +95,43 @@ def expand(body: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"malformed CommitBatches key: {exc}") from None
     out = {name: body[short] for name, short in _SHORT.items() if short in body}
     return {"key": key, **out, "entries": entries}
+
+
+# Answers: {"results": [...]} whose every result has one of these key sets travels as
+# {"rows": [[schema, values...], ...]} (CommitBatches' successes are ~120 bytes of names as maps).
+_ANSWER_SCHEMAS = (
+    ("error_code",),
+    ("error_code", "base_offset", "last_offset", "leader_epoch", "committed", "log_append_time", "log_start_offset"),
+    ("error_code", "done"),
+)
+_SCHEMA_OF = {frozenset(names): (index, names) for index, names in enumerate(_ANSWER_SCHEMAS)}
+ANSWER_KEY = "rows"
+
+
+def compact_answer(answer: dict[str, Any]) -> dict[str, Any]:
+    """The wire form of an answer made only of ``results`` in known shapes (else the answer itself)."""
+    results = answer.get("results")
+    if len(answer) != 1 or not isinstance(results, list):
+        return answer
+    rows = []
+    for result in results:
+        found = _SCHEMA_OF.get(frozenset(result)) if isinstance(result, dict) else None
+        if found is None:
+            return answer
+        index, names = found
+        rows.append([index, *(result[name] for name in names)])
+    return {ANSWER_KEY: rows}
+
+
+def expand_answer(answer: dict[str, Any]) -> dict[str, Any]:
+    """Inverse of ``compact_answer`` (any other answer as it is)."""
+    rows = answer.get(ANSWER_KEY)
+    if len(answer) != 1 or not isinstance(rows, list):
+        return answer
+    results = []
+    for row in rows:
+        names = _ANSWER_SCHEMAS[row[0]]
+        if len(row) != len(names) + 1:
+            raise ValueError("malformed compact answer row")
+        results.append(dict(zip(names, row[1:], strict=True)))
+    return {"results": results}

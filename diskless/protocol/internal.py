@@ -65,24 +65,41 @@ def unpack(data: bytes | memoryview) -> dict[str, Any]:
     return value
 
 
+# A request field saying the sender reads compact answers (``commit_wire.compact_answer``);
+# leaders that predate it ignore it and answer in maps, which every reader still takes.
+COMPACT_ANSWERS = "ca"
+_COMPACT_ANSWER_APIS = frozenset({INTERNAL_COMMIT_BATCHES, INTERNAL_AWAIT_REPLICATED})
+
+
 def pack_request(api_key: int, body: dict[str, Any]) -> bytes:
     """An internal request's bytes; CommitBatches bodies in their wire form (``commit_wire``)."""
     if api_key == INTERNAL_COMMIT_BATCHES:
         body = commit_wire.compact(body)
+    if api_key in _COMPACT_ANSWER_APIS:
+        body = {**body, COMPACT_ANSWERS: True}
     return pack(body)
 
 
 def unpack_request(api_key: int, data: bytes | memoryview) -> dict[str, Any]:
-    """Inverse of ``pack_request`` (reads the plain form too)."""
+    """Inverse of ``pack_request`` (reads the plain form too); ``COMPACT_ANSWERS`` stays in the body."""
     body = unpack(data)
     if api_key == INTERNAL_COMMIT_BATCHES:
+        compact = body.pop(COMPACT_ANSWERS, False)
         body = commit_wire.expand(body)
+        if compact:
+            body[COMPACT_ANSWERS] = True
     return body
 
 
-def encode_response(correlation_id: int, body: dict[str, Any]) -> bytes:
-    payload = struct.pack(">i", correlation_id) + pack(body)
+def encode_response(correlation_id: int, body: dict[str, Any], compact: bool = False) -> bytes:
+    """A response frame; ``compact`` (the request had ``COMPACT_ANSWERS``): results in rows."""
+    payload = struct.pack(">i", correlation_id) + pack(commit_wire.compact_answer(body) if compact else body)
     return struct.pack(">i", len(payload)) + payload
+
+
+def unpack_response(data: bytes | memoryview) -> dict[str, Any]:
+    """A response body, compact answers expanded."""
+    return commit_wire.expand_answer(unpack(data))
 
 
 def broker_client_id(node_id: int, role: str) -> str:
