@@ -254,6 +254,7 @@ class _Connection(asyncio.Protocol):
         self._parser: ResponseParser | None = None
         self._waiter: asyncio.Future[Answer] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._unsent = 0  # bytes of the request still in the transport's buffer when the timer was armed
         self.closed = False
         self.answers = 0
         self.idle_since = 0.0
@@ -304,12 +305,6 @@ class _Connection(asyncio.Protocol):
                 error = ConnectionClosedWithoutAnswer(f"connection lost before any answer: {exc!r}")
             waiter.set_exception(error)
 
-    def pause_writing(self) -> None:
-        self._cancel_timer()  # a large body is still going out: not silence on the server's part
-
-    def resume_writing(self) -> None:
-        self._arm_timer()
-
     # -- helpers
 
     def _complete(self, parser: ResponseParser) -> None:
@@ -330,10 +325,16 @@ class _Connection(asyncio.Protocol):
 
     def _timed_out(self) -> None:
         self._timer = None
+        if self._transport is not None and self._transport.get_write_buffer_size() < self._unsent:
+            # The server took more of a large body meanwhile: slow, not silent. (resume_writing would
+            # only tell once the buffer is nearly empty.) One that stops reading lets the timer fire.
+            self._arm_timer()
+            return
         self._fail(TimeoutError(f"no answer for {self._read_timeout} s"))
 
     def _arm_timer(self) -> None:
         self._cancel_timer()
+        self._unsent = self._transport.get_write_buffer_size() if self._transport is not None else 0
         self._timer = self._loop.call_later(self._read_timeout, self._timed_out)
 
     def _cancel_timer(self) -> None:

@@ -254,3 +254,54 @@ async def test_cancelled_request_does_not_leave_its_connection_in_the_pool() -> 
         assert (await pool.request("GET", "/fast", {"Host": "h"}, None)).body == b"ok"
         assert server.connections == 2
         await pool.close()
+
+
+class FakeTransport(asyncio.Transport):
+    """A transport whose unsent-bytes count the test sets, standing for a body draining slowly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unsent = 0
+        self.aborted = False
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.unsent += len(data)
+
+    def get_write_buffer_size(self) -> int:
+        return self.unsent
+
+    def abort(self) -> None:
+        self.aborted = True
+
+    def close(self) -> None:
+        self.aborted = True
+
+    def is_closing(self) -> bool:
+        return self.aborted
+
+
+async def test_a_draining_upload_is_progress_and_a_stalled_one_times_out() -> None:
+    """The read timeout measures silence: while the server keeps taking the body (the transport's
+    buffer shrinks) it does not fire; once the buffer stops shrinking it does."""
+    from diskless.storage.http11 import _Connection
+
+    loop = asyncio.get_running_loop()
+    connection = _Connection(loop, read_timeout=0.2)
+    transport = FakeTransport()
+    connection.connection_made(transport)
+    request = asyncio.create_task(connection.exchange(b"PUT / HTTP/1.1\r\n\r\n", bytes(1_000_000), False))
+    await asyncio.sleep(0)
+    for _ in range(10):  # 0.5 s of slow progress: more than twice the timeout
+        await asyncio.sleep(0.05)
+        transport.unsent -= 50_000
+    assert not request.done()
+    transport.unsent = 0
+    connection.data_received(OK)
+    assert (await request).body == b"ok"
+
+    stalled = asyncio.create_task(connection.exchange(b"PUT / HTTP/1.1\r\n\r\n", bytes(1_000_000), False))
+    await asyncio.sleep(0.05)
+    transport.unsent -= 1_000  # a little progress, then none
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(stalled, 5)
+    assert transport.aborted
