@@ -275,6 +275,8 @@ def cross_az_bytes(delta: WindowDelta, azs: list[str]) -> dict[str, Any]:
         "unattributed_bytes": unattributed,
         "counted_by": source,
         "seconds": round(delta.seconds, 3),
+        # Diskless batches the representatives committed: per-batch metadata is what crosses AZs.
+        "batches": delta.total("diskless_produce_stage_seconds_count", stage="commit"),
         "coordinator_cross_az_bytes": coordinator,
         "by_api": by_api,
     }

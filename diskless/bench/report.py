@@ -162,19 +162,22 @@ def cross_az_breakdown(result: dict[str, Any], top: int = 8) -> list[str]:
             "coordinator = group APIs (FindCoordinator, JoinGroup, SyncGroup, Heartbeat, OffsetCommit/Fetch...):"
             " a group has one coordinator, in one AZ, as in Kafka.",
             "",
-            "| phase | payload B/s | crossing B/s | cross/payload | without coordinator | "
+            "| phase | payload B/s | crossing B/s | cross/payload | without coordinator | crossing B/batch | "
             + " | ".join(busiest)
             + " |",
-            "|---|---|---|---|---|" + "---|" * len(busiest),
+            "|---|---|---|---|---|---|" + "---|" * len(busiest),
         ]
         for name, cross in phases.items():
             seconds = max(cross["seconds"], 1e-9)
             payload = cross.get("payload_bytes") or 0
             rest = cross["cross_az_bytes"] - cross.get("coordinator_cross_az_bytes", 0.0)
             cells = [_fmt(cross["by_api"].get(api, {}).get("cross", 0.0) / seconds, 0) for api in busiest]
+            batches = cross.get("batches") or 0
+            per_batch = cross["cross_az_bytes"] / batches if batches else None
             lines.append(
                 f"| {name} | {_fmt(payload / seconds, 0)} | {_fmt(cross['cross_az_bytes'] / seconds, 0)}"
                 f" | {_fmt(cross['per_payload_byte'], 4)} | {_fmt(rest / payload if payload else None, 4)}"
+                f" | {_fmt(per_batch, 0)}"
                 f" | {' | '.join(cells)} |"
             )
     return lines

@@ -58,8 +58,9 @@ def test_report_shows_the_breakdown_per_phase() -> None:
         seconds=2.0, cpu_s={1: 0.0}, metrics={1: {net("out", 1, 2): 600.0, api("out", "1", "broker", 1, 2): 600.0}}
     )
     cross = cross_az_bytes(delta, AZS)
-    cross.update(payload_bytes=60000, per_payload_byte=0.01)
+    cross.update(payload_bytes=60000, per_payload_byte=0.01, batches=10)
     result = {"kinds": {"diskless": {"phases": {"low": {"cross_az": cross}}}}}
     table = "\n".join(cross_az_breakdown(result))
-    assert "| phase | payload B/s | crossing B/s | cross/payload | without coordinator | Fetch (broker) |" in table
-    assert "| low | 30000 | 300 | 0.0100 | 0.0100 | 300 |" in table
+    header = "| phase | payload B/s | crossing B/s | cross/payload | without coordinator | crossing B/batch |"
+    assert header + " Fetch (broker) |" in table
+    assert "| low | 30000 | 300 | 0.0100 | 0.0100 | 60 | 300 |" in table
