@@ -73,12 +73,12 @@ def serve_metrics(host: str, port: int) -> int:
 # Object storage (diskless/storage/object_store.py). Requests count every HTTP attempt, retries included,
 # because that is what the provider bills and what shows up as load on the store.
 OBJECT_STORE_REQUESTS = Counter("diskless_object_store_requests_total", "Object storage requests sent", ["operation"])
-# Time of one attempt inside its pool thread (boto3 call, signing and GIL waits included), without
-# the wait for a free thread and for the event loop to resume the caller: set against the produce
+# Time of one attempt from signing to the whole answer read, on the event loop (so late wake-ups of a
+# busy loop are included), without the wait for a free connection slot: set against the produce
 # "upload" stage, it tells a slow store from a busy broker.
 OBJECT_STORE_SECONDS = Histogram(
     "diskless_object_store_seconds",
-    "Duration of one object storage attempt in its pool thread",
+    "Duration of one object storage attempt, request sent to answer read",
     ["operation"],
     buckets=(0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0),
 )
