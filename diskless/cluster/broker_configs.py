@@ -53,6 +53,7 @@ _LONGS = {
     "diskless.cache.lagging.max.bytes",
     "diskless.produce.buffer.max.bytes",
     "diskless.wal.max.bytes",
+    "queued.max.request.bytes",  # LONG in Kafka too
 }
 _LISTS = {"listeners", "advertised.listeners", "log.dirs", "group.consumer.assignors", "sasl.enabled.mechanisms"}
 _SYNONYMS = {d.broker_synonym: d for d in TOPIC_CONFIGS.values() if d.broker_synonym}

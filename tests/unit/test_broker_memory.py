@@ -118,3 +118,12 @@ def test_broker_does_not_load_hypothesis_through_kio() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True, env=env
     )
     assert done.stdout.strip().splitlines()[-1] == "True", done.stdout[-2000:]
+
+
+def test_memory_bounds_are_described_with_kafkas_types() -> None:
+    from diskless.cluster.broker_configs import TYPE_INT, TYPE_LONG, config_type
+
+    config = load_config(environ={})
+    assert config_type("queued.max.request.bytes", config.queued_max_request_bytes) == TYPE_LONG
+    assert config_type("diskless.cache.lagging.max.bytes", config.diskless_cache_lagging_max_bytes) == TYPE_LONG
+    assert config_type("fetch.max.bytes", config.fetch_max_bytes) == TYPE_INT
