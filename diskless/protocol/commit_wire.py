@@ -22,6 +22,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from diskless.storage import pointer_wire
 from diskless.storage.pointer_wire import decode_header, decode_key, encode_header, encode_key
 
 _ENTRY_FIELDS = ("partition", "header", "position", "acks", "leader_epoch")
@@ -106,10 +107,22 @@ _ANSWER_SCHEMAS = (
 )
 _SCHEMA_OF = {frozenset(names): (index, names) for index, names in enumerate(_ANSWER_SCHEMAS)}
 ANSWER_KEY = "rows"
+# FetchPointers answers (pointer entries for a broker with no replica, usually in another AZ):
+# their ``data`` as ``pointer_wire`` encodes a replica fetch's entries.
+POINTERS_KEY = "pdata"
 
 
 def compact_answer(answer: dict[str, Any]) -> dict[str, Any]:
-    """The wire form of an answer made only of ``results`` in known shapes (else the answer itself)."""
+    """The wire form of an answer made only of ``results`` in known shapes, or of a FetchPointers
+    answer with pointer entries (else the answer itself)."""
+    data = answer.get("data")
+    if answer.get("kind") == "pointers" and isinstance(data, (bytes, bytearray)) and POINTERS_KEY not in answer:
+        encoded = pointer_wire.encode(data)
+        if encoded is None:
+            return answer
+        out = {key: value for key, value in answer.items() if key != "data"}
+        out[POINTERS_KEY] = encoded
+        return out
     results = answer.get("results")
     if len(answer) != 1 or not isinstance(results, list):
         return answer
@@ -125,6 +138,13 @@ def compact_answer(answer: dict[str, Any]) -> dict[str, Any]:
 
 def expand_answer(answer: dict[str, Any]) -> dict[str, Any]:
     """Inverse of ``compact_answer`` (any other answer as it is)."""
+    if POINTERS_KEY in answer and "data" not in answer:
+        out = {key: value for key, value in answer.items() if key != POINTERS_KEY}
+        try:
+            out["data"] = pointer_wire.decode(answer[POINTERS_KEY])
+        except pointer_wire.CorruptEntry as exc:
+            raise ValueError(f"malformed FetchPointers entries: {exc}") from None
+        return out
     rows = answer.get(ANSWER_KEY)
     if len(answer) != 1 or not isinstance(rows, list):
         return answer

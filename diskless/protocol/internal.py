@@ -68,7 +68,7 @@ def unpack(data: bytes | memoryview) -> dict[str, Any]:
 # A request field saying the sender reads compact answers (``commit_wire.compact_answer``);
 # leaders that predate it ignore it and answer in maps, which every reader still takes.
 COMPACT_ANSWERS = "ca"
-_COMPACT_ANSWER_APIS = frozenset({INTERNAL_COMMIT_BATCHES, INTERNAL_AWAIT_REPLICATED})
+_COMPACT_ANSWER_APIS = frozenset({INTERNAL_COMMIT_BATCHES, INTERNAL_AWAIT_REPLICATED, INTERNAL_FETCH_POINTERS})
 
 
 def pack_request(api_key: int, body: dict[str, Any]) -> bytes:

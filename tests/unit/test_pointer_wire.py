@@ -126,3 +126,37 @@ def test_a_damaged_compact_answer_is_refused_not_appended() -> None:
 def test_record_batches_are_not_pointer_answers() -> None:
     batch = make_batch([Record(b"x", timestamp=T0)], base_timestamp=T0)
     assert unwrap_pointers(batch) is None
+
+
+def _pointers_answer(entries: bytes) -> dict[str, object]:
+    return {
+        "error_code": 0,
+        "kind": "pointers",
+        "data": entries,
+        "aborted_transactions": [],
+        "high_watermark": 200,
+        "last_stable_offset": 200,
+        "log_start_offset": 0,
+    }
+
+
+def test_fetch_pointers_answers_carry_entries_compactly() -> None:
+    """A broker with no replica in its AZ asks the leader for pointer entries (FetchPointers):
+    the same entries crossing AZs, so the same compact form, for requesters that read it."""
+    from diskless.protocol import internal
+
+    names = [wal_object_key(T0 + k, "az-2", 2) for k in range(3)]
+    entries = b"".join(_entry(i, names[i % 3], 100 + 1100 * i) for i in range(20))
+    answer = _pointers_answer(entries)
+    frame = internal.encode_response(5, answer, compact=True)
+    bound = 80 + ENVELOPE_BOUND + 3 * PER_KEY_BOUND + FIRST_ENTRY_BOUND + 19 * PER_ENTRY_BOUND
+    assert len(frame) <= bound, f"{len(frame)} bytes > {bound} ({len(internal.encode_response(5, answer))} as maps)"
+    assert internal.unpack_response(memoryview(frame)[8:]) == answer
+    assert internal.unpack(memoryview(internal.encode_response(5, answer))[8:]) == answer  # older requesters
+    body = internal.unpack_request(
+        internal.INTERNAL_FETCH_POINTERS, internal.pack_request(internal.INTERNAL_FETCH_POINTERS, {"offset": 1})
+    )
+    assert body.get(internal.COMPACT_ANSWERS) is True
+    records = _pointers_answer(b"")
+    records["kind"] = "records"
+    assert internal.unpack_response(memoryview(internal.encode_response(5, records, compact=True))[8:]) == records
