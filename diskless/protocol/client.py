@@ -126,11 +126,17 @@ class KafkaClientConnection:
         return future
 
     async def _await(self, future: asyncio.Future[Any], timeout: float) -> Any:
+        """The answer of the request ``future`` stands for, awaited directly: it resumes the caller
+        in the loop turn after the read loop sets it (wait_for over a shield took three turns, paid
+        on every hop of an acks=all commit). Each request's future has this one waiter, so a timeout
+        fails it outright and a cancelled caller cancels it; a late answer finds it forgotten."""
         assert self._writer is not None
         await self._writer.drain()
+        timer = asyncio.get_running_loop().call_later(timeout, _expire, future)
         try:
-            return await asyncio.wait_for(asyncio.shield(future), timeout)
+            return await future
         finally:
+            timer.cancel()
             for correlation, (waiting, _) in list(self._waiting.items()):
                 if waiting is future:
                     self._waiting.pop(correlation, None)
@@ -184,3 +190,8 @@ class KafkaClientConnection:
             self._fail_all(exc if isinstance(exc, ClientError) else ClientError(str(exc)))
             if self._writer is not None:
                 self._writer.close()
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError())

@@ -26,6 +26,7 @@ from kio.schema.fetch.v13.request import FetchPartition as _FETCH_PARTITION
 from kio.schema.fetch.v13.request import FetchRequest as _FETCH_REQUEST
 from kio.schema.fetch.v13.request import FetchTopic as _FETCH_TOPIC
 from kio.schema.fetch.v13.request import ForgottenTopic as _FORGOTTEN_TOPIC
+from kio.static.primitive import i32
 
 from diskless.aio import cancel_and_wait
 from diskless.cluster.metadata import BrokerInfo
@@ -79,6 +80,8 @@ class ReplicaFetcher:
         # Our KIP-227 session with the leader: after a full fetch, requests name only the
         # partitions whose position moved (or that we stopped fetching).
         self.session = FetchSessionHandler()
+        self._template: Any = None  # the request's constant fields (_request)
+        self._wire_ids: dict[str, uuid.UUID] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._conn: KafkaClientConnection | None = None
@@ -196,28 +199,40 @@ class ReplicaFetcher:
         forgotten: dict[str, list[int]] = {}
         for topic_id, index in plan.forgotten:
             forgotten.setdefault(topic_id, []).append(index)
-        request = m.build(
-            _FETCH_REQUEST,
-            {
-                "replica_id": self.node_id,
-                "max_wait": self.wait_max_ms,
-                "min_bytes": 1,
-                "max_bytes": self.fetch_max_bytes * 10,
-                "isolation_level": 0,
-                "session_id": plan.session_id,
-                "session_epoch": plan.epoch,
-                "topics": [],
-                "forgotten_topics_data": [],
-                "rack_id": "",
-            },
-        )
+        if self._template is None:
+            # The fields no round changes, built (generically, so slowly) once.
+            self._template = m.build(
+                _FETCH_REQUEST,
+                {
+                    "replica_id": self.node_id,
+                    "max_wait": self.wait_max_ms,
+                    "min_bytes": 1,
+                    "max_bytes": self.fetch_max_bytes * 10,
+                    "isolation_level": 0,
+                    "session_id": 0,
+                    "session_epoch": -1,
+                    "topics": [],
+                    "forgotten_topics_data": [],
+                    "rack_id": "",
+                },
+            )
+        wire_id = self._wire_id
         return dataclasses.replace(
-            request,
-            topics=tuple(_FETCH_TOPIC(topic_id=_wire_id(t), partitions=tuple(parts)) for t, parts in topics.items()),
+            self._template,
+            session_id=i32(plan.session_id),
+            session_epoch=i32(plan.epoch),
+            topics=tuple(_FETCH_TOPIC(topic_id=wire_id(t), partitions=tuple(parts)) for t, parts in topics.items()),
             forgotten_topics_data=tuple(
-                _FORGOTTEN_TOPIC(topic_id=_wire_id(t), partitions=tuple(indexes)) for t, indexes in forgotten.items()
+                _FORGOTTEN_TOPIC(topic_id=wire_id(t), partitions=tuple(indexes)) for t, indexes in forgotten.items()
             ),
         )
+
+    def _wire_id(self, topic_id: str) -> uuid.UUID:
+        """``_wire_id`` kept per topic: parsing a UUID string on every round cost more than its use."""
+        wire = self._wire_ids.get(topic_id)
+        if wire is None:
+            wire = self._wire_ids[topic_id] = _wire_id(topic_id)
+        return wire
 
     def _handle(self, response: object) -> bool:
         """Apply a fetch response; True if some partition reported a leadership problem."""
