@@ -15,9 +15,11 @@ from diskless.logs import configure_logging
 log = structlog.get_logger(__name__)
 
 # A thread waiting for the GIL gets it only when the holder gives it up, at the latest after the
-# switch interval (5 ms by default). A boto3 PUT gives up and retakes the GIL at every socket call,
-# so behind a busy event loop a 13 ms PUT took 50-60 ms (issue 10's diskless produce "upload" stage).
-# 1 ms cut that wait to about a fifth for a few more GIL handoffs, which only happen while threads contend.
+# switch interval (5 ms by default). The object store no longer runs in threads, but a few things
+# still do and are on a deadline: the lease keeper's refreshes, SHA-256 of WAL objects over 256 KiB
+# (hashlib gives the GIL back while it hashes, and needs it again to return), high-watermark
+# checkpoint writes. 1 ms bounds how long a busy event loop makes them wait; it measured a boto3
+# PUT behind a busy loop going from 50-60 to ~13 ms, when PUTs still ran in threads.
 GIL_SWITCH_INTERVAL_S = 0.001
 
 

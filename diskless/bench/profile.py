@@ -22,7 +22,7 @@ from typing import Any
 
 # Frames that, on top of a stack, mean the thread waits rather than computes (py-spy in nonblocking
 # mode samples waiting threads too): the event loop in epoll, pool workers on their queue, threads
-# blocked in a socket read (boto3 waiting for S3) or on a lock.
+# blocked in a socket read or on a lock.
 IDLE = re.compile(
     r"Selector\.select \(selectors\.py\)|^_run_once \(asyncio/base_events\.py\)|^_worker \(futures/thread\.py\)"
     r"|^SocketIO\.readinto \(socket\.py\)|^(Condition\.|Event\.)?wait \(threading\.py\)"

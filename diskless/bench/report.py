@@ -241,16 +241,16 @@ def markdown(result: dict[str, Any]) -> str:
             "",
             "## Diskless produce stages (mean ms per batch, representatives' view), S3 PUT and event-loop lag",
             "",
-            "upload = WAL object encoding + PUT as the representative waits for it; PUT in thread = the same"
-            " PUT inside its pool thread (boto3, signing, GIL waits); loop lag = how late a timer fires.",
+            "upload = WAL object encoding + PUT as the representative waits for it; PUT in client = the same"
+            " PUT timed inside the object-store client (signing, HTTP); loop lag = how late a timer fires.",
             "",
-            "| phase | " + " | ".join(names) + " | PUT in thread | loop lag |",
+            "| phase | " + " | ".join(names) + " | PUT in client | loop lag |",
             "|---|" + "---|" * (len(names) + 2),
         ]
         for phase, f in diskless_phases.items():
             t = f["broker_timings"]
             cells = " | ".join(_fmt(t.get(k)) for k in stages)
-            put, lag = _fmt(t.get("s3_put_in_thread_mean_ms")), _fmt(t.get("loop_lag_mean_ms"))
+            put, lag = _fmt(t.get("s3_put_client_mean_ms")), _fmt(t.get("loop_lag_mean_ms"))
             lines.append(f"| {phase} | {cells} | {put} | {lag} |")
     lines += [
         "",

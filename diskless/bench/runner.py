@@ -346,7 +346,7 @@ def kind_figures(
             timings[f"stage_{stage}_mean_ms"] = round(total / count * 1000, 1) if count else None
         count = delta.total("diskless_object_store_seconds_count", operation="put")
         put = delta.total("diskless_object_store_seconds_sum", operation="put")
-        timings["s3_put_in_thread_mean_ms"] = round(put / count * 1000, 1) if count else None
+        timings["s3_put_client_mean_ms"] = round(put / count * 1000, 1) if count else None
         count = delta.total("diskless_event_loop_lag_seconds_count")
         lag = delta.total("diskless_event_loop_lag_seconds_sum")
         timings["loop_lag_mean_ms"] = round(lag / count * 1000, 1) if count else None
