@@ -36,6 +36,7 @@ from diskless.fetch.wal_reader import WalCache, WalReader
 from diskless.log.config import LogConfig, effective_values
 from diskless.log.segment import POINTERS, BatchLocation, LogSegment
 from diskless.metrics import EVENT_LOOP_LAG_SECONDS, RETENTION_DELETED_SEGMENTS, serve_metrics
+from diskless.produce.host import RepresentativeHost
 from diskless.produce.representative import Representative
 from diskless.replication.partition import Partition
 from diskless.security.cluster_secret import configured_secret, load_cluster_secret
@@ -67,6 +68,23 @@ APPLY_SLICE_S = 0.02
 # times out and fences the broker. The rest wait their turn; each still CASes against the state
 # it was decided from, so a late one loses to any newer change.
 ISR_PROPOSALS_IN_FLIGHT = 8
+
+
+class _OwnLeaders:
+    """The representative's direct line to this broker's own partition leaders (``produce/host.py``):
+    the handlers the internal requests reach, called in process."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker  # its ``apis`` exist only once the broker is built
+
+    def commit_batches_now(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._broker.apis.diskless.commit_batches_now(body)
+
+    async def await_replicated(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._broker.apis.diskless.await_replicated(body)
+
+    async def verify_txn_partition(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._broker.apis.txn_verification.verify_partition(body)
 
 
 class Broker:
@@ -111,7 +129,8 @@ class Broker:
             )
             cache = WalCache(config.diskless_cache_max_bytes, config.diskless_cache_lagging_max_bytes)
             self.wal_reader = WalReader(self.store, cache)
-            self.representative = Representative(self, self.store, self.wal_reader.cache.put)
+            host = RepresentativeHost(config, self.metadata, self.peers, _OwnLeaders(self), self.cluster_secret)
+            self.representative = Representative(host, self.store, self.wal_reader.cache.put)
         self._metadata_event = asyncio.Event()
         self.groups = GroupShell(self)
         self.txns = TxnShell(self)

@@ -5,7 +5,9 @@ then CommitBatches to each partition's leader (a direct call when the leader is 
 producer is answered only after its batch's pointer is appended by the leader (and replicated,
 for acks=all): data is in object storage before any pointer to it exists (safety rule 1).
 
-This module is the asyncio shell; the decisions live in sans-IO pieces:
+This module is the asyncio shell. It sees its broker only through ``RepresentativeHost``
+(``host.py``: config, cluster metadata, peer connections, this broker's own leaders); the
+decisions live in sans-IO pieces:
 - ``WalBuffer`` (when to flush) and ``Admission`` (``diskless.produce.buffer.max.bytes``: batches
   buffered plus batches without an ordering outcome; beyond it new batches wait their turn, so
   producers are answered later, never queued without bound in the pipeline);
@@ -70,7 +72,7 @@ from .wal_buffer import Admission, BufferedBatch, WalBuffer
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from diskless.broker.broker import Broker
+    from .host import RepresentativeHost
 
 log = structlog.get_logger(__name__)
 
@@ -133,9 +135,9 @@ class _FlushInfo:
 
 
 class Representative:
-    def __init__(self, broker: Broker, store: ObjectStore, on_uploaded: Callable[[str, bytes], None]) -> None:
-        config = broker.config
-        self.broker = broker
+    def __init__(self, host: RepresentativeHost, store: ObjectStore, on_uploaded: Callable[[str, bytes], None]) -> None:
+        config = host.config
+        self.host = host
         self.store = store
         self.on_uploaded = on_uploaded  # lets the broker cache what it just wrote
         self.buffer = WalBuffer(
@@ -238,7 +240,7 @@ class Representative:
             self._release(key)
 
     async def _ask_guard(self, batch: BufferedBatch, txn: TxnCheck) -> dict[str, Any]:
-        state = self.broker.metadata.partition_by_id(batch.topic_id, batch.partition)
+        state = self.host.metadata.partition_by_id(batch.topic_id, batch.partition)
         if state is None:
             return {"error_code": UNKNOWN_PARTITION}
         if state.leader < 0:
@@ -252,10 +254,10 @@ class Representative:
             "partition": batch.partition,
             "deadline_ms": txn.deadline_ms,
         }
-        if state.leader == self.broker.node_id:
-            return await self.broker.apis.txn_verification.verify_partition(body)
+        if state.leader == self.host.node_id:
+            return await self.host.leader.verify_txn_partition(body)
         timeout = max(1.0, (txn.deadline_ms - _now_ms()) / 1000)
-        conn = await asyncio.wait_for(self.broker.peers.get(state.leader), timeout)
+        conn = await asyncio.wait_for(self.host.peers.get(state.leader), timeout)
         return await conn.wait(conn.send_internal(internal.INTERNAL_VERIFY_TXN_PARTITION, body), timeout=timeout)
 
     @property
@@ -342,12 +344,12 @@ class Representative:
         if info is None:
             return  # failed already (reset after a bug)
         created = _now_ms()
-        key = wal_object_key(created, self.az, self.broker.node_id)
+        key = wal_object_key(created, self.az, self.host.node_id)
         try:
             writer = WalObjectWriter()
             for batch in batches:
                 writer.add(uuid.UUID(batch.topic_id), batch.partition, batch.data)
-            finished = writer.finish(created, self.broker.node_id, self.az)
+            finished = writer.finish(created, self.host.node_id, self.az)
             for batch, ref in zip(batches, finished.refs, strict=True):
                 self._items[batch.token].position = ref.offset
             await asyncio.wait_for(self.store.put(key, finished.data), self._upload_timeout_s)
@@ -434,7 +436,7 @@ class Representative:
     def _route(self, key: PartitionKey) -> Route:
         # Routed by topic id: a batch accepted for a topic since deleted (perhaps re-created
         # under its name) fails, and never goes to the new incarnation's leader.
-        state = self.broker.metadata.partition_by_id(key[0], key[1])
+        state = self.host.metadata.partition_by_id(key[0], key[1])
         if state is None:
             return NoRoute.UNKNOWN
         if state.leader < 0:
@@ -442,9 +444,9 @@ class Representative:
         # The leader epoch is part of the channel and stamped on each entry: the leader refuses an
         # entry of another epoch, so of two commits sent at one epoch, a refused first one means a
         # refused second one even if leadership came back in between (CommitPipeline, R1).
-        if state.leader == self.broker.node_id:
+        if state.leader == self.host.node_id:
             return (LOCAL, state.leader_epoch)
-        conn = self.broker.peers.connected(state.leader)
+        conn = self.host.peers.connected(state.leader)
         if conn is None:
             self._connect(state.leader)
             return NoRoute.NO_LEADER
@@ -457,7 +459,7 @@ class Representative:
 
         async def connect() -> None:
             try:
-                await self.broker.peers.get(node_id)
+                await self.host.peers.get(node_id)
             except Exception as exc:
                 log.info("cannot reach leader", leader=node_id, error=repr(exc))
             finally:
@@ -500,7 +502,7 @@ class Representative:
         DISKLESS_COMMIT_RPCS.labels("local" if local else "remote").inc()
         if local:
             try:
-                answer = self.broker.apis.diskless.commit_batches_now(body)
+                answer = self.host.leader.commit_batches_now(body)
             except Exception:
                 # Some appends may have happened: outcome unknown, send again (duplicates are recognised).
                 log.exception("local commit failed")
@@ -589,7 +591,7 @@ class Representative:
         The leader answers as soon as any entry is decided, so each partition is answered at its
         own pace; the rest are asked again."""
         deadline = time.monotonic() + REPLICATION_TIMEOUT_S
-        leader = self.broker.node_id if channel[0] == LOCAL else channel[0]  # type: ignore[index]
+        leader = self.host.node_id if channel[0] == LOCAL else channel[0]  # type: ignore[index]
         try:
             while waiting and time.monotonic() < deadline:
                 left_ms = int((deadline - time.monotonic()) * 1000)
@@ -630,16 +632,16 @@ class Representative:
                 _resolve(item, {"error_code": int(ErrorCode.request_timed_out)})
 
     async def _ask_replicated(self, leader: int, body: dict[str, Any]) -> dict[str, Any]:
-        if leader == self.broker.node_id:
-            return await self.broker.apis.diskless.await_replicated(body)
-        conn = await self.broker.peers.get(leader)
+        if leader == self.host.node_id:
+            return await self.host.leader.await_replicated(body)
+        conn = await self.host.peers.get(leader)
         future = conn.send_internal(internal.INTERNAL_AWAIT_REPLICATED, body)
         return await conn.wait(future, timeout=body["max_wait_ms"] / 1000 + 10)
 
     def _notify_manager(self, notice: dict[str, Any]) -> None:
         """Tell the WAL file manager about the object now, so it need not wait for a scan. Best
         effort: a lost notice only delays cleanup until the next scan finds the object."""
-        address = self.broker.metadata.wal_manager
+        address = self.host.metadata.wal_manager
         if address is None:
             return
 
@@ -651,8 +653,8 @@ class Representative:
                 conn = KafkaClientConnection(
                     address[0],
                     address[1],
-                    internal.broker_client_id(self.broker.node_id, "notice"),
-                    credentials=self.broker.cluster_secret,
+                    internal.broker_client_id(self.host.node_id, "notice"),
+                    credentials=self.host.credentials,
                 )
                 await conn.connect(timeout=2)
                 self._manager_conn = conn
@@ -664,7 +666,7 @@ class Representative:
 
     async def connect_leaders(self) -> None:
         """Keep a connection to every other broker (commits must not wait for a TCP handshake)."""
-        await self.broker.peers.connect_all(list(self.broker.metadata.brokers))
+        await self.host.peers.connect_all(list(self.host.metadata.brokers))
         self.leaders_changed()
 
 

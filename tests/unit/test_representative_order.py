@@ -31,6 +31,7 @@ from kio.schema.errors import ErrorCode
 
 from diskless.config import BrokerConfig
 from diskless.produce import representative as rep_module
+from diskless.produce.host import RepresentativeHost
 from diskless.produce.representative import Representative
 from diskless.protocol import internal, records
 from diskless.storage.wal_format import WalObjectWriter
@@ -193,8 +194,11 @@ class FakeMetadata:
 
 
 class FakeLocalRpcs:
+    """Broker 0's own leaders (produce/host.py LocalLeader)."""
+
     def __init__(self, cluster: FakeCluster) -> None:
         self.cluster = cluster
+        self.verification: Any = None  # the txn tests' VerifyTxnPartition
 
     def commit_batches_now(self, body: dict[str, Any]) -> dict[str, Any]:
         return self.cluster.commit(0, body)
@@ -202,6 +206,9 @@ class FakeLocalRpcs:
     async def await_replicated(self, body: dict[str, Any]) -> dict[str, Any]:
         await asyncio.sleep(self.cluster.delay())
         return self.cluster.await_replicated(0, body)
+
+    async def verify_txn_partition(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self.verification.verify_partition(body)
 
 
 class FakeBroker:
@@ -217,7 +224,10 @@ class FakeBroker:
         )
         self.metadata = FakeMetadata(cluster)
         self.peers = FakePeers(cluster)
-        self.apis = type("Apis", (), {"diskless": FakeLocalRpcs(cluster)})()
+        self.leader = FakeLocalRpcs(cluster)
+
+    def host(self) -> RepresentativeHost:
+        return RepresentativeHost(self.config, self.metadata, self.peers, self.leader, None)  # type: ignore[arg-type]
 
     async def metadata_changed(self, timeout: float) -> None:
         self.cluster.changed.clear()
@@ -323,7 +333,7 @@ async def run_scenario(
 
     FailingWriter.calls = 0
     FailingWriter.failures = faults.encode
-    rep = Representative(broker, FakeStore(faults.put, delays), cache)  # type: ignore[arg-type]
+    rep = Representative(broker.host(), FakeStore(faults.put, delays), cache)  # type: ignore[arg-type]
     answered = rep.pipeline.answered
     calls = itertools.count(1)
 

@@ -64,7 +64,7 @@ async def setup() -> tuple[FakeCluster, Representative, FakeVerification, list[d
     cluster = FakeCluster(1, [], [0], Faults())  # partition 0 is led by broker 0: local commits
     broker = FakeBroker(cluster, 32 * 1024 * 1024, 100)
     verification = FakeVerification()
-    broker.apis.txn_verification = verification  # type: ignore[attr-defined]
+    broker.leader.verification = verification
     commits: list[dict[str, Any]] = []
     original = cluster.commit
 
@@ -73,7 +73,7 @@ async def setup() -> tuple[FakeCluster, Representative, FakeVerification, list[d
         return original(node, body)
 
     cluster.commit = recording  # type: ignore[method-assign]
-    rep = Representative(broker, FakeStore(set(), [0]), lambda key, data: None)  # type: ignore[arg-type]
+    rep = Representative(broker.host(), FakeStore(set(), [0]), lambda key, data: None)  # type: ignore[arg-type]
     return cluster, rep, verification, commits
 
 
@@ -188,9 +188,9 @@ def test_verification_never_makes_a_producer_see_a_gap(
         cluster = FakeCluster(partitions, [(a, p % partitions) for a, p in moves], [0, 1], Faults(put=put_failures))
         broker = FakeBroker(cluster, 32 * 1024 * 1024, 100)
         verification = RandomVerification(verify_delays, verify_failures)
-        broker.apis.txn_verification = verification  # type: ignore[attr-defined]
+        broker.leader.verification = verification
         broker.peers.conns = {n: VerifyingConn(cluster, n, verification) for n in BROKERS}
-        rep = Representative(broker, FakeStore(put_failures, [0, 2]), lambda key, data: None)  # type: ignore[arg-type]
+        rep = Representative(broker.host(), FakeStore(put_failures, [0, 2]), lambda key, data: None)  # type: ignore[arg-type]
         problems: list[str] = []
         producer = TxnProducer(rep)
         try:

@@ -142,10 +142,11 @@ def test_flushes_are_a_linger_apart_and_no_batch_waits_longer(gaps: list[int], l
 
 def test_the_gather_is_a_broker_setting() -> None:
     from diskless.config import load_config
+    from diskless.produce.host import RepresentativeHost
     from diskless.produce.representative import Representative
 
     config = load_config(environ={}, overrides={"diskless.wal.gather.ms": "3", "diskless.wal.linger.ms": "250"})
-    broker = type("Broker", (), {"config": config})()
-    representative = Representative(broker, store=None, on_uploaded=lambda key, data: None)  # type: ignore[arg-type]
+    host = RepresentativeHost(config, None, None, None, None)  # type: ignore[arg-type]
+    representative = Representative(host, store=None, on_uploaded=lambda key, data: None)  # type: ignore[arg-type]
     assert (representative.buffer.gather_ms, representative.buffer.linger_ms) == (3, 250)
     assert load_config(environ={}).diskless_wal_gather_ms == DEFAULT_GATHER_MS
