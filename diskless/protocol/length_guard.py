@@ -15,8 +15,10 @@ import struct
 import types
 import typing
 from dataclasses import fields, is_dataclass
-from functools import cache
+from functools import cache, partial
 from typing import Any
+
+from .varint import read_uvarint
 
 FIXED = {
     "bool": 1,
@@ -104,18 +106,8 @@ def _min_size(cls: type) -> int:
     return total
 
 
-def _uvarint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
-    shift = 0
-    result = 0
-    while True:
-        if pos >= end or shift > 28:
-            raise LengthError("bad varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
+# Compact lengths and counts are uint32s: at most 5 groups of 7 bits.
+_uvarint = partial(read_uvarint, max_bits=35, error=LengthError)
 
 
 def _need(pos: int, size: int, end: int, what: str) -> int:

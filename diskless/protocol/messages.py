@@ -15,7 +15,7 @@ import types
 import typing
 import uuid
 from dataclasses import MISSING, dataclass, fields, is_dataclass
-from functools import cache
+from functools import cache, partial
 from typing import Any
 
 from kio.index import load_request_schema, load_response_schema
@@ -24,6 +24,7 @@ from kio.serial import entity_reader, entity_writer
 
 from .framing import encode_frame
 from .length_guard import check_lengths
+from .varint import read_uvarint
 
 API_PRODUCE = 0
 API_FETCH = 1
@@ -142,18 +143,8 @@ class RequestHeader:
     client_id: str | None
 
 
-def _read_uvarint(buf: bytes, pos: int) -> tuple[int, int]:
-    shift = 0
-    result = 0
-    while True:
-        if pos >= len(buf) or shift > 28:
-            raise MalformedRequest("bad varint")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
+# Compact lengths and tag counts are uint32s: at most 5 groups of 7 bits.
+_read_uvarint = partial(read_uvarint, max_bits=35, error=MalformedRequest)
 
 
 def is_supported(api_key: int, version: int) -> bool:

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import crc32c
 
+from .varint import read_zigzag, write_zigzag
+
 HEADER_SIZE = 61
 LOG_OVERHEAD = 12  # baseOffset + batchLength: what precedes the length-counted part
 CRC_START = 21
@@ -172,17 +174,9 @@ def set_log_append_time(batch: bytearray | memoryview, now_ms: int) -> None:
 
 
 def read_varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    """A zigzag varint (Kafka's record fields) and the position after it."""
-    shift = 0
-    result = 0
-    while True:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            break
-        shift += 7
-    return (result >> 1) ^ -(result & 1), pos
+    """A zigzag varint (Kafka's record fields) and the position after it; IndexError when the
+    body ends inside it (callers report the batch as corrupt)."""
+    return read_zigzag(buf, pos, error=IndexError)
 
 
 # A v2 batch is checked at the header level only, so its compressed body is whatever the producer
@@ -295,16 +289,9 @@ def iter_record_timestamps(
 
 
 def _zigzag(value: int) -> bytes:
-    value = (value << 1) ^ (value >> 63)
     out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    write_zigzag(value, out)
+    return bytes(out)
 
 
 def _varbytes(value: bytes | None) -> bytes:

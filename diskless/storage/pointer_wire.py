@@ -38,11 +38,13 @@ not its header's); the caller then sends the segment bytes as they are.
 
 from __future__ import annotations
 
+import functools
 import struct
 
 import crc32c
 
 from diskless.protocol.records import HEADER_SIZE
+from diskless.protocol.varint import read_uvarint, read_zigzag, write_uvarint, write_zigzag
 
 from .pointer import (
     _FRAME,
@@ -68,33 +70,11 @@ _KEY_TEXT = 0
 _KEY_POS = ENTRY_HEADER_POS + HEADER_SIZE  # where a pointer entry's key length starts
 
 
-def _uvarint(value: int, out: bytearray) -> None:
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-
-
-def _read_uvarint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= len(buf) or shift > 70:
-            raise CorruptEntry("truncated or oversized varint in compact pointer entries")
-        byte = buf[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def _zigzag(value: int, out: bytearray) -> None:
-    _uvarint(value * 2 if value >= 0 else -value * 2 - 1, out)  # any size: differences may pass 64 bits
-
-
-def _read_zigzag(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
-    raw, pos = _read_uvarint(buf, pos)
-    return (raw >> 1) ^ -(raw & 1), pos
+# Differences between neighbouring entries' fields may pass 64 bits (11 groups of 7).
+_uvarint = write_uvarint
+_zigzag = write_zigzag
+_read_uvarint = functools.partial(read_uvarint, max_bits=77, error=CorruptEntry)
+_read_zigzag = functools.partial(read_zigzag, max_bits=77, error=CorruptEntry)
 
 
 class _Previous:
