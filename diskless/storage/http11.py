@@ -130,13 +130,7 @@ class ResponseParser:
                 del buf[: end + 4]
                 self._parse_head(head)
             elif state == _BODY:
-                if not buf:
-                    return
-                take = min(self._remaining, len(buf))
-                self._parts.append(bytes(buf[:take]))
-                del buf[:take]
-                self._remaining -= take
-                if self._remaining:
+                if not self._take_body(buf):
                     return
                 self._finish()
             elif state == _CHUNK_SIZE:
@@ -152,13 +146,7 @@ class ResponseParser:
                 self._remaining = int(size, 16)
                 self._state = _CHUNK_DATA if self._remaining else _TRAILERS
             elif state == _CHUNK_DATA:
-                if not buf:
-                    return
-                take = min(self._remaining, len(buf))
-                self._parts.append(bytes(buf[:take]))
-                del buf[:take]
-                self._remaining -= take
-                if self._remaining:
+                if not self._take_body(buf):
                     return
                 self._state = _CHUNK_CRLF
             elif state == _CHUNK_CRLF:
@@ -186,6 +174,16 @@ class ResponseParser:
                     # Only one request is ever outstanding, so nothing may follow its answer.
                     raise HttpProtocolError("bytes after the end of the answer")
                 return
+
+    def _take_body(self, buf: bytearray) -> bool:
+        """Move body bytes (of a Content-Length body or of one chunk) out of ``buf``; True once
+        all ``_remaining`` of them have arrived."""
+        take = min(self._remaining, len(buf))
+        if take:
+            self._parts.append(bytes(buf[:take]))
+            del buf[:take]
+            self._remaining -= take
+        return not self._remaining
 
     def _parse_head(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
