@@ -323,31 +323,36 @@ class FetchApis(ApiFamily):
         return -1
 
     async def _serve_pointers(self, remote: list[tuple[dict[str, Any], bytes]]) -> None:
-        """Replace pointer entries by the batches they point to (cache, else ranged GETs)."""
+        """Replace pointer entries by the batches they point to (cache, else ranged GETs; the
+        partitions of one response read each WAL object once, see ``batches_of_partitions``)."""
         reader = self.broker.wal_reader
 
-        async def one(entry: dict[str, Any], raw: bytes) -> None:
-            if isinstance(raw, TieredRead):
-                try:
-                    entry["records"] = await self._tier_reader().read(bytes(raw))
-                except Exception as exc:
-                    log.warning("serving tiered batches failed", error=str(exc))
-                    entry["error_code"] = ErrorCode.kafka_storage_error
-                return
-            entries = pointer.iter_entries(raw)
-            pointers = [e for e in entries if isinstance(e, pointer.PointerEntry)]
+        async def tiered(entry: dict[str, Any], raw: TieredRead) -> None:
             try:
-                served = iter(await reader.batches(pointers) if reader is not None and pointers else [])
+                entry["records"] = await self._tier_reader().read(bytes(raw))
             except Exception as exc:
-                log.warning("serving diskless batches failed", error=str(exc))
+                log.warning("serving tiered batches failed", error=str(exc))
                 entry["error_code"] = ErrorCode.kafka_storage_error
-                return
-            # Inline entries (transaction markers) are served from the log itself, in place.
-            entry["records"] = b"".join(
-                e.batch if isinstance(e, pointer.InlineEntry) else next(served) for e in entries
-            )
 
-        await asyncio.gather(*(one(entry, raw) for entry, raw in remote))
+        async def pointed() -> None:
+            parsed = [(entry, pointer.iter_entries(raw)) for entry, raw in remote if not isinstance(raw, TieredRead)]
+            groups = [[e for e in entries if isinstance(e, pointer.PointerEntry)] for _, entries in parsed]
+            if reader is None or not any(groups):
+                results: list[list[bytes] | Exception] = [[] for _ in groups]
+            else:
+                results = await reader.batches_of_partitions(groups)
+            for (entry, entries), served in zip(parsed, results, strict=True):
+                if isinstance(served, Exception):
+                    log.warning("serving diskless batches failed", error=str(served))
+                    entry["error_code"] = ErrorCode.kafka_storage_error
+                    continue
+                # Inline entries (transaction markers) are served from the log itself, in place.
+                batches = iter(served)
+                entry["records"] = b"".join(
+                    e.batch if isinstance(e, pointer.InlineEntry) else next(batches) for e in entries
+                )
+
+        await asyncio.gather(pointed(), *(tiered(entry, raw) for entry, raw in remote if isinstance(raw, TieredRead)))
 
     def _tier_reader(self) -> TierReader:
         """Segment objects are read with the broker's store and share the WAL objects' cache."""

@@ -116,9 +116,22 @@ class WalReader:
 
     async def batches(self, entries: list[Any]) -> list[bytes]:
         """The served batch of every pointer entry, in order."""
-        out: list[bytes | None] = [None] * len(entries)
+        result = (await self.batches_of_partitions([entries]))[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def batches_of_partitions(self, groups: list[list[Any]]) -> list[list[bytes] | Exception]:
+        """The served batches of several partitions' pointer entries (a group each), read together.
+
+        Ranges of one WAL object are read by one coalesced GET whichever partition they belong to:
+        every object holds batches of many partitions, so a consumer reading many partitions far
+        behind the tail would otherwise GET each object once per partition. A group gets the
+        exception of an object it points into that could not be read; other groups are served."""
+        flat = [entry for group in groups for entry in group]
+        out: list[bytes | None] = [None] * len(flat)
         missing: dict[str, list[int]] = {}
-        for i, entry in enumerate(entries):
+        for i, entry in enumerate(flat):
             data = self.cache.get(entry.key)
             if data is not None:
                 child(DISKLESS_CACHE, "hit").inc()
@@ -126,12 +139,24 @@ class WalReader:
                 out[i] = bytes(entry.serve(memoryview(data)[entry.offset : entry.offset + entry.size]))
             else:
                 missing.setdefault(entry.key, []).append(i)
-        waits = []
-        for key, indexes in missing.items():
-            waits.append(self._load_ranges(key, indexes, entries, out))
-        if waits:
-            await asyncio.gather(*waits)
-        return [b for b in out if b is not None]
+        failed: dict[str, Exception] = {}
+
+        async def load(key: str, indexes: list[int]) -> None:
+            try:
+                await self._load_ranges(key, indexes, flat, out)
+            except Exception as exc:
+                failed[key] = exc
+
+        if missing:
+            await asyncio.gather(*(load(key, indexes) for key, indexes in missing.items()))
+        results: list[list[bytes] | Exception] = []
+        start = 0
+        for group in groups:
+            end = start + len(group)
+            error = next((failed[entry.key] for entry in group if entry.key in failed), None) if failed else None
+            results.append(error if error is not None else [b for b in out[start:end] if b is not None])
+            start = end
+        return results
 
     async def _load_ranges(self, key: str, indexes: list[int], entries: list[Any], out: list[bytes | None]) -> None:
         pending = self._inflight.get(key)

@@ -50,9 +50,9 @@ class FakeReader:
     def __init__(self) -> None:
         self.fetched = 0  # bytes brought from object storage into memory
 
-    async def batches(self, entries: list[Any]) -> list[bytes]:
-        self.fetched += sum(e.size for e in entries)
-        return [b"x" * e.size for e in entries]
+    async def batches_of_partitions(self, groups: list[list[Any]]) -> list[list[bytes]]:
+        self.fetched += sum(e.size for entries in groups for e in entries)
+        return [[b"x" * e.size for e in entries] for entries in groups]
 
 
 @pytest.mark.parametrize("max_bytes", [4 << 20, 100_000, 1])
