@@ -258,6 +258,15 @@ class BrokerConfig:
             "Bytes of WAL objects and segment blocks kept in memory for consumers (both shares).",
         ),
     )
+    diskless_fetch_miss_max_requests: int = field(
+        default=4,
+        metadata=_prop(
+            "diskless.fetch.miss.max.requests",
+            "Object-storage requests in flight for reads that miss the cache (consumers far behind the"
+            " tail, tiered segments). They have their own connections, so however many there are they"
+            " never hold up WAL object uploads and the tail's prefetches.",
+        ),
+    )
     diskless_cache_lagging_max_bytes: int = field(
         default=-1,
         metadata=_prop(

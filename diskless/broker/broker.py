@@ -117,18 +117,22 @@ class Broker:
         )
         self.peers = PeerPool(self.node_id, self.metadata.brokers.get, self._source_host(), self.cluster_secret)
         self.store: ObjectStore | None = None
+        self.miss_store: ObjectStore | None = None
         self.wal_reader: WalReader | None = None
         self.representative: Representative | None = None
         if config.diskless_s3_endpoint:
-            self.store = ObjectStore(
+            bucket = (
                 config.diskless_s3_endpoint,
                 config.diskless_s3_bucket,
                 config.diskless_s3_access_key,
                 config.diskless_s3_secret_key,
                 config.diskless_s3_region,
             )
+            self.store = ObjectStore(*bucket)
+            # Cache misses (reads far behind the tail) get their own lane: WalReader.miss_store.
+            self.miss_store = ObjectStore(*bucket, max_concurrency=config.diskless_fetch_miss_max_requests)
             cache = WalCache(config.diskless_cache_max_bytes, config.diskless_cache_lagging_max_bytes)
-            self.wal_reader = WalReader(self.store, cache)
+            self.wal_reader = WalReader(self.store, cache, self.miss_store)
             host = RepresentativeHost(config, self.metadata, self.peers, _OwnLeaders(self), self.cluster_secret)
             self.representative = Representative(host, self.store, self.wal_reader.cache.put)
         self._metadata_event = asyncio.Event()
@@ -279,8 +283,9 @@ class Broker:
         await self.apis.security.stop()
         await self.peers.close()
         await self.replicas.close()
-        if self.store is not None:
-            await self.store.close()
+        for store in (self.store, self.miss_store):
+            if store is not None:
+                await store.close()
         if self.clustered:
             await self.backend.close()
         log.info("broker stopped", node_id=self.node_id)

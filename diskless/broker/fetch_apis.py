@@ -355,13 +355,14 @@ class FetchApis(ApiFamily):
         await asyncio.gather(pointed(), *(tiered(entry, raw) for entry, raw in remote if isinstance(raw, TieredRead)))
 
     def _tier_reader(self) -> TierReader:
-        """Segment objects are read with the broker's store and share the WAL objects' cache."""
+        """Segment objects are read in the cache-miss lane (``WalReader.miss_store``) and share the
+        WAL objects' cache."""
         reader = getattr(self, "_tiers", None)
         if reader is None:
             wal_reader = self.broker.wal_reader
             if wal_reader is None:
                 raise RuntimeError("no object storage configured")
-            reader = self._tiers = TierReader(wal_reader.store, wal_reader.cache)
+            reader = self._tiers = TierReader(wal_reader.miss_store, wal_reader.cache)
         return reader
 
     def _fetch_once(

@@ -95,8 +95,11 @@ class WalCache:
 
 
 class WalReader:
-    def __init__(self, store: ObjectStore, cache: WalCache) -> None:
-        self.store = store
+    def __init__(self, store: ObjectStore, cache: WalCache, miss_store: ObjectStore | None = None) -> None:
+        self.store = store  # whole-object prefetches at the tail
+        # Ranged GETs of cache misses: a store of their own (a lane with its own connections and
+        # request slots), so a reader far behind the tail cannot queue the tail's requests.
+        self.miss_store = store if miss_store is None else miss_store
         self.cache = cache
         self._inflight: dict[str, asyncio.Future[bytes]] = {}
 
@@ -172,6 +175,6 @@ class WalReader:
         child(DISKLESS_CACHE, "miss").inc(len(indexes))
         self.cache.misses += len(indexes)
         ranges = [(entries[i].offset, entries[i].offset + entries[i].size) for i in indexes]
-        chunks = await self.store.get_ranges(key, ranges)
+        chunks = await self.miss_store.get_ranges(key, ranges)
         for i, chunk in zip(indexes, chunks, strict=True):
             out[i] = bytes(entries[i].serve(chunk))

@@ -59,3 +59,22 @@ def test_an_unreadable_object_fails_only_the_partitions_pointing_into_it() -> No
     assert served[0] == [OBJECTS["wal/a"][0:3]]
     assert isinstance(served[1], NoSuchKey)
     assert served[2] == []
+
+
+class PrefetchingStore(CountingStore):
+    async def get(self, key: str) -> bytes:
+        self.gets.append(key)
+        return self.objects[key]
+
+
+def test_cache_misses_use_their_own_lane_and_prefetches_the_tails() -> None:
+    tail, misses = PrefetchingStore(OBJECTS), CountingStore(OBJECTS)
+    reader = WalReader(tail, WalCache(1 << 20), misses)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        reader.prefetch({"wal/b"})
+        await reader.batches([Entry("wal/a", 0, 4)])  # far behind the tail: not cached, not prefetched
+        await reader.batches([Entry("wal/b", 0, 4)])  # the prefetched object, from the cache
+
+    asyncio.run(scenario())
+    assert (tail.gets, misses.gets) == (["wal/b"], ["wal/a"])
