@@ -71,15 +71,29 @@ def proc_figures(pid: int) -> dict[str, float]:
     return {"cpu_s": cpu, "rss_mb": memory.get("VmRSS", 0.0), "peak_rss_mb": memory.get("VmHWM", 0.0)}
 
 
+def machine_jiffies() -> tuple[int, int]:
+    """(busy, total) CPU time of the whole machine so far, in clock ticks, from /proc/stat: how
+    busy the box was while a phase ran (brokers, S3 server, etcd and load generators share it)."""
+    try:
+        ticks = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
 @dataclass
 class Snapshot:
     at: float  # wall seconds
     brokers: dict[int, dict[str, Any]]  # node id -> proc figures plus "metrics"
+    s3: dict[str, float] = field(default_factory=dict)  # the S3 server's proc figures
+    machine: tuple[int, int] = (0, 0)  # machine_jiffies()
 
 
 @dataclass
 class Sampler:
     brokers: list[BrokerServer]
+    s3_pid: int | None = None
     interval: float = 1.0
     snapshots: list[Snapshot] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -94,7 +108,8 @@ class Sampler:
             except OSError:
                 figures["metrics"] = {}
             out[broker.node_id] = figures
-        snapshot = Snapshot(time.time(), out)
+        s3 = proc_figures(self.s3_pid) if self.s3_pid else {}
+        snapshot = Snapshot(time.time(), out, s3, machine_jiffies())
         self.snapshots.append(snapshot)
         return snapshot
 

@@ -213,8 +213,9 @@ def markdown(result: dict[str, Any]) -> str:
         "## Figures per phase",
         "",
         "| kind | phase | rec/s | MB/s | produce p50 / p99 / p99.9 ms | e2e p50 / p99 ms | seen | broker CPU s/GB"
-        " | PUTs/MB | GETs/MB | PUTs/broker/s | cross-AZ/payload | WAL objects (n, p50 KiB) | flush / commit mean ms |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        " | S3 server CPU s/GB | machine busy | PUTs/MB | GETs/MB | PUTs/broker/s | cross-AZ/payload"
+        " | WAL objects (n, p50 KiB) | flush / commit mean ms |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for kind, data in result["kinds"].items():
         for phase, f in data["phases"].items():
@@ -226,6 +227,7 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {kind} | {phase} | {_fmt(f['records_per_s'], 0)} | {_fmt(f['mb_per_s'], 2)}"
                 f" | {_fmt(p['p50'])} / {_fmt(p['p99'])} / {_fmt(p['p99.9'])} | {_fmt(e['p50'])} / {_fmt(e['p99'])}"
                 f" | {_fmt(f['consumed_fraction'], 3)} | {_fmt(f['broker_cpu_s_per_gb'], 0)}"
+                f" | {_fmt(f.get('s3_server_cpu_s_per_gb'), 0)} | {_fmt(f.get('machine_cpu_busy'), 2)}"
                 f" | {_fmt(f['s3_puts_per_mb'], 2)} | {_fmt(f['s3_gets_per_mb'], 2)}"
                 f" | {_fmt(f['s3_puts_per_broker_per_s_max'], 1)}"
                 f" | {_fmt(f['cross_az']['per_payload_byte'], 4)} | {wal}"

@@ -352,8 +352,12 @@ def kind_figures(
         timings["loop_lag_mean_ms"] = round(lag / count * 1000, 1) if count else None
         cross["per_payload_byte"] = round(cross["cross_az_bytes"] / payload, 5) if payload else None
         in_window = [o.size for o in wal if window.start * 1000 <= o.created_ms < window.end * 1000]
+        s3_cpu = b.s3.get("cpu_s", 0.0) - a.s3.get("cpu_s", 0.0)
+        busy, total = (b.machine[0] - a.machine[0]), (b.machine[1] - a.machine[1])
         f.update(
             window_start=window.start,
+            machine_cpu_busy=round(busy / total, 3) if total > 0 else None,
+            s3_server_cpu_s_per_gb=round(s3_cpu / (megabytes / 1000), 1) if megabytes and a.s3 else None,
             broker_cpu_s=round(cpu, 2),
             broker_cpu_s_per_gb=round(cpu / (megabytes / 1000), 1) if megabytes else None,
             s3_puts=int(puts),
@@ -439,7 +443,7 @@ def run_bench(options: BenchOptions, out: TextIO = sys.stdout) -> int:
             f"creating {', '.join(topics)} ({options.partitions} partitions, replication {options.replication}) ..."
         )
         create_topics(cluster, topics, options.partitions, options.replication)
-        sampler = Sampler(cluster.brokers)
+        sampler = Sampler(cluster.brokers, s3_pid=cluster.s3.pid if cluster.s3 is not None else None)
         sampler.start()
         run_started = time.time()
         runs = []
