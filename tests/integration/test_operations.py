@@ -39,6 +39,7 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import ConfigResource as KPConfigResource
 from kafka.admin import ConfigResourceType as KPConfigResourceType
 from kafka.admin import NewTopic
+from kafka.errors import KafkaConnectionError
 from kafka.structs import TopicPartitionReplica
 from kio.schema.incremental_alter_configs.v1.request import (
     AlterableConfig,
@@ -93,8 +94,17 @@ def add_broker(cluster: LocalCluster) -> BrokerServer:
 
 
 def partitions_of(admin: KafkaAdminClient, topic: str) -> dict[int, dict]:
-    """True replicas, leader and ISR per partition (DescribeTopicPartitions: not zone-crafted)."""
-    answer = admin.describe_topic_partitions([topic])
+    """True replicas, leader and ISR per partition (DescribeTopicPartitions: not zone-crafted).
+
+    kafka-python's admin sends it to its least loaded node and raises if that is a broker the
+    test has just killed (it marks the node down then, so a second try goes elsewhere)."""
+    for attempt in range(3):
+        try:
+            answer = admin.describe_topic_partitions([topic])
+            break
+        except KafkaConnectionError:
+            if attempt == 2:
+                raise
     (entry,) = answer["topics"]
     assert entry["error_code"] == 0, entry
     return {p["partition_index"]: p for p in entry["partitions"]}
