@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
+
+from diskless.local.servers import free_ports
 
 T = TypeVar("T")
 
@@ -32,9 +33,7 @@ def wait_until(condition: Callable[[], T], timeout: float = 15.0, interval: floa
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    return free_ports(1, host)[0]  # below the ephemeral range: see diskless.local.servers
 
 
 class BrokerProcess:

@@ -15,6 +15,7 @@ import contextlib
 import ctypes
 import glob
 import os
+import random
 import re
 import shutil
 import signal
@@ -37,12 +38,17 @@ def free_ports(count: int, host: str = "127.0.0.1", plus: int = 0) -> list[int]:
     """
     held: list[socket.socket] = []
     ports: list[int] = []
+    below = _ports_below_ephemeral(plus)
     try:
         for _ in range(count * 50):
             if len(ports) == count:
                 break
             s = socket.socket()
-            s.bind((host, 0))
+            try:
+                s.bind((host, random.randint(*below) if below else 0))
+            except OSError:
+                s.close()
+                continue
             port = int(s.getsockname()[1])
             if plus:
                 if port + plus > 65535:
@@ -63,6 +69,20 @@ def free_ports(count: int, host: str = "127.0.0.1", plus: int = 0) -> list[int]:
     finally:
         for s in held:
             s.close()
+
+
+def _ports_below_ephemeral(plus: int) -> tuple[int, int] | None:
+    """Where to pick listening ports: below the kernel's ephemeral range, from which outgoing
+    connections take their local ports. A port from ``bind(port 0)`` lies in that range, and a
+    connection (a broker's to a peer, from the AZ's source address) could take it between our
+    pick and the server's own bind: "address already in use" at a broker's start, seen in CI
+    once brokers started side by side. None when there is no room below the range."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    first, last = 10000, low - 1 - plus
+    return (first, last) if last - first >= 1000 else None
 
 
 def free_port(host: str = "127.0.0.1", plus: int = 0) -> int:
