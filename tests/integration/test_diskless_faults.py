@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
+import signal
 import threading
 import time
 from collections import Counter, defaultdict
@@ -289,6 +291,31 @@ async def kill_mid_flush(broker: Any, committing: bool, timeout: float = 30.0) -
         assert time.monotonic() < deadline, "never caught the representative in the middle of a flush"
 
 
+async def kill_with_commits_unanswered(victim: Any, leaders: list[Any], timeout: float = 10.0) -> float:
+    """SIGKILL ``victim`` (a representative) right after it uploaded a WAL object and sent that
+    flush's commits to other leaders, before any of them could answer: the leaders are paused
+    (SIGSTOP) meanwhile, so the commits wait in their sockets. Returns the remote commit RPCs the
+    victim had sent. Sampling the victim's metrics and killing it while its commits are merely
+    in flight missed the window in every round under load, since commits are answered in a few ms.
+    """
+    pids = [leader.pid for leader in leaders]
+    before = metric(await asyncio.to_thread(victim.metrics), "diskless_commit_rpcs_total", target="remote")
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        # Kept short: paused brokers keep their leases and leadership (a flush comes every linger).
+        deadline = time.monotonic() + timeout
+        while True:
+            sent = metric(await asyncio.to_thread(victim.metrics), "diskless_commit_rpcs_total", target="remote")
+            if sent > before:
+                victim.kill()
+                return sent
+            assert time.monotonic() < deadline, "the representative sent no commit to a paused leader"
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+
 def isr_complete(bootstrap: str, topic: str, replicas: int) -> bool:
     md = AdminClient({"bootstrap.servers": bootstrap}).list_topics(topic, timeout=10)
     return all(len(p.isrs) == replicas for p in md.topics[topic].partitions.values())
@@ -482,22 +509,23 @@ async def test_idempotent_producer_retrying_through_another_broker_gets_no_dupli
     values: list[bytes] = []
     resent: Copies = {}
     try:
-        # A kill can land just after the leaders answered the whole flush: then nothing unanswered was
-        # resent and the round proved nothing. Restart the victim and go again (rarely needed when the
-        # machine is idle; under heavy load, with commits answered within a few ms, 3 rounds all missed).
-        for attempt in range(6):
+        # The victim dies with its commits unanswered, so its producer resends those batches through
+        # another broker. Should nothing have been resent, the round proved nothing: restart the
+        # victim and go again.
+        for attempt in range(3):
             stop = asyncio.Event()
             task = asyncio.create_task(produce_until(producer, topic, f"idem-{attempt}", acks, stop))
             await acked_more(acks, 600, "producer made no progress")
             # (after a restart, this also waits for the producer to use the victim again)
-            under_way, commits_sent = await kill_mid_flush(victim, committing=True)
+            others = [b for b in cluster.brokers if b is not victim]
+            commits_sent = await kill_with_commits_unanswered(victim, others)
             killed_at = time.monotonic()
             await acked_more(acks, 600, "producer did not fail over")
             stop.set()
             values += await asyncio.wait_for(task, 60)
             print(
-                f"round {attempt}: {len(values)} records sent; representative SIGKILLed with {under_way:.0f} "
-                f"flush(es) under way ({commits_sent:.0f} commit RPCs sent so far); idempotent producer blocked "
+                f"round {attempt}: {len(values)} records sent; representative SIGKILLed with commits unanswered"
+                f" ({commits_sent:.0f} remote commit RPCs sent so far); idempotent producer blocked "
                 f"{acks.longest_gap(killed_at, time.monotonic()):.2f}s"
             )
             copies = idempotent_copies(await load_objects(cluster.s3))
