@@ -196,6 +196,8 @@ class ProduceApis(ApiFamily):
             return failed(ErrorCode.invalid_required_acks)
         code, plog, replica = self._leader_log(topic, partition)
         if plog is None or replica is None:
+            if code == ErrorCode.not_leader_or_follower and data:
+                self._note_fenced_refusal(topic, partition, data)
             return failed(code)
         if not data:
             return failed(ErrorCode.invalid_record, "produce request carries no records")
@@ -204,6 +206,7 @@ class ProduceApis(ApiFamily):
             if len(batches) != 1:
                 raise records.InvalidBatch("invalid_record", "produce v3+ must carry exactly one record batch")
             if acks == -1 and len(replica.isr) < plog.config.min_insync_replicas:
+                plog.producer_state.note_refused(records.parse_header(batches[0]), "not_enough_replicas")
                 return failed(ErrorCode.not_enough_replicas)
             result = plog.append_as_leader(batches, replica.leader_epoch, now)
         except records.InvalidBatch as exc:
@@ -220,6 +223,22 @@ class ProduceApis(ApiFamily):
             "error_message": None,
         }
         return entry, replica, result.last_offset
+
+    def _note_fenced_refusal(self, topic: str, partition: int, data: bytes) -> None:
+        """A replica leading here refused a batch only because its lease may have lapsed: it may
+        serve again at the same epoch, so its producer state must know of the gap it made
+        (ProducerStateManager.note_refused)."""
+        meta = self._meta.topics.get(topic)
+        replica = self.broker.replicas.hosted(topic, partition, meta.topic_id) if meta is not None else None
+        if replica is None or replica.leader_state is None:
+            return
+        try:
+            batches = records.split_batches(data)
+            if len(batches) == 1:
+                header = records.parse_header(batches[0])
+                replica.log.producer_state.note_refused(header, "not_leader_or_follower")
+        except records.InvalidBatch:
+            pass
 
     async def init_producer_id(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         if request.transactional_id is not None:

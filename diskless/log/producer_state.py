@@ -53,6 +53,9 @@ def _in_sequence(last: int, first: int) -> bool:
 class ProducerStateManager:
     def __init__(self) -> None:
         self.producers: dict[int, ProducerEntry] = {}
+        # producer id -> (epoch, base sequence, error) of the next batch, refused without being
+        # appended by a leader that may accept the next one (note_refused). In memory only.
+        self._refused: dict[int, tuple[int, int, str]] = {}
 
     def check(self, header: BatchHeader) -> BatchMetadata | None:
         """Validate an incoming idempotent batch; returns the original metadata for a duplicate."""
@@ -69,6 +72,7 @@ class ProducerStateManager:
             )
         if header.producer_epoch > entry.epoch:
             if header.base_sequence != 0:
+                self._refuse_gap_we_made(header)
                 raise InvalidBatch(
                     "out_of_order_sequence_number",
                     f"new epoch {header.producer_epoch} must start at sequence 0, got {header.base_sequence}",
@@ -79,16 +83,49 @@ class ProducerStateManager:
             if cached.first_seq == header.base_sequence and cached.last_seq == last_seq:
                 return cached
         if not _in_sequence(entry.last_seq, header.base_sequence):
+            self._refuse_gap_we_made(header)
             raise InvalidBatch(
                 "out_of_order_sequence_number",
                 f"producer {header.producer_id}: expected sequence {entry.last_seq + 1}, got {header.base_sequence}",
             )
         return None
 
+    def note_refused(self, header: BatchHeader, error: str) -> None:
+        """A leader refused this batch with the retriable ``error`` without appending it, for a
+        passing reason: NOT_LEADER_OR_FOLLOWER while fenced (its etcd lease may have lapsed,
+        cluster/lease.py; it may lead again at the same epoch), NOT_ENOUGH_REPLICAS.
+
+        The batches the producer pipelined behind it then arrive with a gap of the leader's own
+        making. Answered OUT_OF_ORDER_SEQUENCE_NUMBER, librdkafka bumps its epoch and resends all
+        it has unacknowledged under new sequences, so a batch another (deposed) leader appended but
+        answered NOT_LEADER for is written twice. ``check`` refuses them with the same error,
+        until a batch of the producer is appended (tests/unit/test_fenced_produce.py)."""
+        if header.producer_id == NO_PRODUCER_ID or header.is_control:
+            return
+        entry = self.producers.get(header.producer_id)
+        if entry is None or entry.epoch == NO_EPOCH or header.producer_id in self._refused:
+            return  # an unknown producer may start anywhere; an earlier refusal opened the gap
+        next_in_epoch = header.producer_epoch == entry.epoch and _in_sequence(entry.last_seq, header.base_sequence)
+        first_of_new_epoch = header.producer_epoch > entry.epoch and header.base_sequence == 0
+        if next_in_epoch or first_of_new_epoch:
+            self._refused[header.producer_id] = (header.producer_epoch, header.base_sequence, error)
+
+    def _refuse_gap_we_made(self, header: BatchHeader) -> None:
+        refused = self._refused.get(header.producer_id)
+        # Only batches after the refused one: an older retry that left the cache stays out of order.
+        ahead = refused is not None and 0 < (header.base_sequence - refused[1]) % (INT32_MAX + 1) < 2**30
+        if refused is not None and refused[0] == header.producer_epoch and ahead:
+            raise InvalidBatch(
+                refused[2],
+                f"producer {header.producer_id}: sequence {refused[1]} was refused ({refused[2]}); "
+                f"resend from it (got {header.base_sequence})",
+            )
+
     def record(self, header: BatchHeader, first_offset: int, max_timestamp: int) -> None:
         """Remember an appended batch (leader or follower, or replay during recovery)."""
         if header.producer_id == NO_PRODUCER_ID:
             return
+        self._refused.pop(header.producer_id, None)  # the gap is closed (or another leader's)
         entry = self.producers.setdefault(header.producer_id, ProducerEntry())
         if header.is_control:
             # Transaction markers carry no sequence; a newer epoch still fences older producers.
