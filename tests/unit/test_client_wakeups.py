@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
+from loop_turns import turns_until_done
 
 from diskless.protocol import internal
 from diskless.protocol.client import ClientError, KafkaClientConnection
@@ -33,14 +33,6 @@ async def conn() -> AsyncIterator[KafkaClientConnection]:
     await client.close()
     server.close()
     await server.wait_closed()
-
-
-async def turns_until_done(task: asyncio.Future[Any], limit: int = 20) -> int:
-    for turns in range(limit):
-        if task.done():
-            return turns
-        await asyncio.sleep(0)
-    return limit
 
 
 async def test_an_answer_reaches_its_waiter_in_the_next_loop_turn(conn: KafkaClientConnection) -> None:

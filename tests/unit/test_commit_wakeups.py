@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from batches import values_batch
+from loop_turns import turns_until_done
 
 from diskless.broker.diskless_rpcs import DisklessRpcs
 from diskless.broker.replica_manager import ReplicaManager
@@ -97,15 +98,6 @@ def followers_catch_up(replicas: list[Partition]) -> None:
     for replica in replicas:
         for follower in FOLLOWERS:
             replica.on_follower_fetch(follower, replica.log.log_end_offset, now_ms())
-
-
-async def turns_until_done(task: asyncio.Future[Any], limit: int = 20) -> int:
-    """Event-loop turns until ``task`` is done (each ``sleep(0)`` lets every ready callback run)."""
-    for turns in range(limit):
-        if task.done():
-            return turns
-        await asyncio.sleep(0)
-    return limit
 
 
 async def test_a_held_commit_answer_resumes_within_two_turns_of_replication(tmp_path: Path) -> None:

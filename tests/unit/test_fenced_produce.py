@@ -18,7 +18,6 @@ the test moves.
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,49 +25,22 @@ from typing import Any
 
 import pytest
 from batches import make_batch
+from fenced_broker import NODE, TTL_MS, FencedBroker, now_ms
 from kio.schema.errors import ErrorCode
 
 from diskless.broker.produce_apis import ProduceApis
-from diskless.broker.replica_manager import ReplicaManager
-from diskless.cluster.lease import LeaseFence
-from diskless.cluster.metadata import ClusterMetadata, PartitionState, TopicMetadata
-from diskless.config import BrokerConfig
+from diskless.cluster.metadata import PartitionState, TopicMetadata
 from diskless.log.config import LogConfig
 from diskless.replication.partition import Partition
 
-NODE = 0
-TTL_MS = 3_000
 PID = 7
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-class ClassicBroker:
-    """What the classic produce handler uses of a broker, with the lease fence of a clustered one."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.config = BrokerConfig()
-        self.metadata = ClusterMetadata("fenced-produce-test")
-        self.replicas = ReplicaManager(str(log_dir), NODE, self.metadata.brokers.get)
-        self.fence = LeaseFence(TTL_MS)
-        self.clock = 0  # monotonic ms of the fence
-        self.fence.on_registered(0, revision=1)
-        self.fence.on_metadata_revision(1)
-
-    @staticmethod
-    def now_ms() -> int:
-        return now_ms()
-
-    def leader_fenced(self) -> bool:
-        return self.fence.fenced(self.clock)
+class ClassicBroker(FencedBroker):
+    """The fenced broker of a classic topic."""
 
     def is_diskless(self, meta: TopicMetadata) -> bool:
         return False
-
-    def on_leader_append(self, partition: Partition) -> None:
-        partition.on_local_append()
 
     def host(self, name: str) -> Partition:
         state = PartitionState(replicas=[NODE], leader=NODE, leader_epoch=0, isr=[NODE])

@@ -13,57 +13,26 @@ broker stand-in whose lease fence is a real ``LeaseFence`` on a clock the test m
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from batches import values_batch
+from fenced_broker import NODE, TTL_MS, FencedBroker, now_ms
 
 from diskless.broker.diskless_rpcs import DisklessRpcs
-from diskless.broker.replica_manager import ReplicaManager
-from diskless.cluster.lease import LeaseFence
-from diskless.cluster.metadata import ClusterMetadata, PartitionState, TopicMetadata
-from diskless.config import BrokerConfig
+from diskless.cluster.metadata import PartitionState, TopicMetadata
 from diskless.log.config import LogConfig
 from diskless.replication.partition import Partition
 
 REF_NO, REF_YES, REF_UNKNOWN = 0, 1, 2
 NOT_LEADER_OR_FOLLOWER = 6
-NODE = 0
 CONFIG = LogConfig(diskless_enabled=True)
-TTL_MS = 3_000
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-class FencedBroker:
-    """What the leader-side handlers use of a broker, plus the lease fence of a clustered one."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.config = BrokerConfig()
-        self.metadata = ClusterMetadata("wal-references-test")
-        self.replicas = ReplicaManager(str(log_dir), NODE, self.metadata.brokers.get)
-        self.fence = LeaseFence(TTL_MS)
-        self.clock = 0  # monotonic ms of the fence
-        self.fence.on_registered(0, revision=1)
-        self.fence.on_metadata_revision(1)
-
-    @staticmethod
-    def now_ms() -> int:
-        return now_ms()
-
-    def leader_fenced(self) -> bool:
-        return self.fence.fenced(self.clock)
-
-    def on_leader_append(self, partition: Partition) -> None:
-        partition.on_local_append()
-
-    def prefetch_objects(self, keys: set[str]) -> None:
-        pass
+class DisklessBroker(FencedBroker):
+    """The fenced broker hosting diskless partitions."""
 
     def host(self, name: str, epoch: int = 0) -> tuple[TopicMetadata, Partition]:
         state = PartitionState(replicas=[NODE], leader=NODE, leader_epoch=epoch, isr=[NODE])
@@ -75,8 +44,8 @@ class FencedBroker:
 
 
 @pytest.fixture
-def broker(tmp_path: Path) -> FencedBroker:
-    return FencedBroker(tmp_path / "logs")
+def broker(tmp_path: Path) -> DisklessBroker:
+    return DisklessBroker(tmp_path / "logs")
 
 
 def commit_pointer(replica: Partition, key: str) -> None:
@@ -89,7 +58,7 @@ async def refs(rpcs: DisklessRpcs, queries: list[list[Any]]) -> tuple[list[int],
     return answer["answers"], answer.get("epochs", [])
 
 
-async def test_answers_carry_the_leader_epoch(broker: FencedBroker) -> None:
+async def test_answers_carry_the_leader_epoch(broker: DisklessBroker) -> None:
     meta, replica = broker.host("t", epoch=7)
     commit_pointer(replica, "wal/a.wal")
     rpcs = DisklessRpcs(broker)  # type: ignore[arg-type]
@@ -100,7 +69,7 @@ async def test_answers_carry_the_leader_epoch(broker: FencedBroker) -> None:
     assert epochs == [7, 7]
 
 
-async def test_unknown_topic_id_or_partition_is_unknown_not_unreferenced(broker: FencedBroker) -> None:
+async def test_unknown_topic_id_or_partition_is_unknown_not_unreferenced(broker: DisklessBroker) -> None:
     """The manager asks because its view has the topic; ours may lag the creation."""
     meta, _ = broker.host("t")
     rpcs = DisklessRpcs(broker)  # type: ignore[arg-type]
@@ -111,7 +80,7 @@ async def test_unknown_topic_id_or_partition_is_unknown_not_unreferenced(broker:
     assert epochs == [-1, -1]
 
 
-async def test_a_broker_that_cannot_refresh_its_lease_stops_acting_as_leader(broker: FencedBroker) -> None:
+async def test_a_broker_that_cannot_refresh_its_lease_stops_acting_as_leader(broker: DisklessBroker) -> None:
     meta, replica = broker.host("t", epoch=2)
     commit_pointer(replica, "wal/a.wal")
     replica.log.high_watermark = replica.log.log_end_offset
