@@ -41,12 +41,12 @@ from kafka.admin import ConfigResourceType as KPConfigResourceType
 from kafka.admin import NewTopic
 from kafka.errors import KafkaConnectionError
 from kafka.structs import TopicPartitionReplica
+from kio.schema.describe_topic_partitions.v0.request import DescribeTopicPartitionsRequest, TopicRequest
 from kio.schema.incremental_alter_configs.v1.request import (
     AlterableConfig,
     AlterConfigsResource,
     IncrementalAlterConfigsRequest,
 )
-from kio.schema.describe_topic_partitions.v0.request import DescribeTopicPartitionsRequest, TopicRequest
 from kio.static.primitive import i8
 from rawclient import Session
 from support import LocalCluster, wait_until
