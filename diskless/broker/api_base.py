@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from kio.schema.errors import ErrorCode
 
+from diskless.cluster.metadata import PartitionState
 from diskless.log.partition_log import PartitionLog
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError
@@ -72,16 +73,32 @@ class ApiFamily:
         state = self._meta.partition(topic, partition)
         if state is None:
             return ErrorCode.unknown_topic_or_partition, None, None
+        return self._serving_replica(
+            topic, partition, self._meta.topics[topic].topic_id, state, current_leader_epoch, any_replica, None
+        )
+
+    def _serving_replica(
+        self,
+        topic: str,
+        partition: int,
+        topic_id: str,
+        state: PartitionState,
+        current_leader_epoch: int,
+        any_replica: bool,
+        fenced: bool | None,
+    ) -> tuple[ErrorCode, PartitionLog | None, Partition | None]:
+        """``_leader_log`` for a partition whose metadata the caller has looked up already, and,
+        unless ``fenced`` is None, whether this broker is fenced as leader (once per request)."""
         # Only a replica of the incarnation the metadata shows: until the change handler replaces
         # a re-created topic's old replica, that replica serves nothing under the name.
-        replica = self.broker.replicas.hosted(topic, partition, self._meta.topics[topic].topic_id)
+        replica = self.broker.replicas.hosted(topic, partition, topic_id)
         serving = replica is not None and (
             replica.leader_state is not None or (any_replica and replica.role == FOLLOWER)
         )
         if replica is None or not serving:
             code = ErrorCode.leader_not_available if state.leader < 0 else ErrorCode.not_leader_or_follower
             return code, None, None
-        if replica.leader_state is not None and self._leader_fenced():
+        if replica.leader_state is not None and (self._leader_fenced() if fenced is None else fenced):
             # Our etcd lease may have expired: a successor may be elected any moment (lease.py).
             return ErrorCode.not_leader_or_follower, None, None
         if current_leader_epoch >= 0 and current_leader_epoch != replica.leader_epoch:

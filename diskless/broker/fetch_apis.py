@@ -5,6 +5,7 @@ partition, pointers from the leader and data from object storage."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import functools
 import time
@@ -52,6 +53,8 @@ from .client_zone import current_client_az
 from .quiet_fetches import QuietReplicaFetches
 
 log = structlog.get_logger(__name__)
+
+_SERVE = ReadDecision(SERVE)
 
 
 class TieredRead(bytes):
@@ -297,13 +300,18 @@ class FetchApis(ApiFamily):
             return ""
         return current_client_az() or request.rack_id or ""
 
+    def _redirects_zone(self, request: Any) -> bool:
+        """Whether ``_zone_redirect`` may send this request's consumer elsewhere at all."""
+        az = current_client_az()
+        return hasattr(request, "rack_id") and bool(az) and az != self.local_az
+
     def _zone_redirect(self, request: Any, topic: str, index: int, state: PartitionState | None) -> int:
         """KIP-392 for diskless partitions: a consumer whose connection is decided to be in another
         AZ (it learnt its leaders from a broker that did not know its AZ yet: its rack comes only
         with its first Fetch) is sent to the broker its AZ's clients are shown, which serves it
         without crossing AZs. -1: serve it here."""
         az = current_client_az()
-        if not hasattr(request, "rack_id") or not az or az == self.local_az or state is None or state.leader < 0:
+        if not self._redirects_zone(request) or not az or state is None or state.leader < 0:
             return -1
         target = zone_aligned_leader(state, topic, index, az, self._meta.brokers)
         info = self._meta.brokers.get(target)
@@ -382,27 +390,43 @@ class FetchApis(ApiFamily):
         responses = []
         remote: list[tuple[dict[str, Any], bytes]] = []
         forwards: list[tuple[dict[str, Any], str, int, int, int, int]] = []
+        # A sessionless consumer names every partition it reads in every Fetch: what does not
+        # depend on the partition is found once per round, not once per partition.
+        now_ms = self.broker.now_ms()
+        fenced = self._leader_fenced()
+        routes: collections.Counter[str] = collections.Counter()
         for topic in request.topics:
             parts = []
-            diskless = self._is_diskless(topic.topic)
+            meta = self._meta.topics.get(topic.topic)
+            states = () if meta is None else meta.partitions
+            diskless = meta is not None and self.broker.is_diskless(meta)
             # Consumers may read from any replica (KIP-392); followers serve up to the HW they know.
             any_replica = follower < 0
-            rack = self._consumer_az(request) if follower < 0 and not self._is_diskless(topic.topic) else ""
+            rack = self._consumer_az(request) if follower < 0 and not diskless else ""
+            may_redirect = diskless and follower < 0 and self._redirects_zone(request)
             for p in topic.partitions:
-                code, plog, replica = self._leader_log(
-                    topic.topic, p.partition, getattr(p, "current_leader_epoch", -1), any_replica
-                )
-                entry = _partition_answer(p.partition, code, committed)
-                preferred = self._preferred_read_replica(replica, rack)
-                state = self._meta.partition(topic.topic, p.partition)
+                index = p.partition
+                state = states[index] if 0 <= index < len(states) else None
+                if meta is None or state is None:
+                    code, plog, replica = ErrorCode.unknown_topic_or_partition, None, None
+                else:
+                    code, plog, replica = self._serving_replica(
+                        topic.topic,
+                        index,
+                        meta.topic_id,
+                        state,
+                        getattr(p, "current_leader_epoch", -1),
+                        any_replica,
+                        fenced,
+                    )
+                entry = _partition_answer(index, code, committed)
+                preferred = self._preferred_read_replica(replica, rack) if rack else -1
                 # A follower shown to its AZ's clients as the leader answers only what the leader would.
-                route = self._follower_route(diskless, follower, replica, p.fetch_offset)
+                route = self._follower_route(diskless, follower, replica, p.fetch_offset, now_ms, routes)
                 through_leader = replica is None or (
                     route.action == FORWARD and state is not None and state.leader != self.broker.node_id
                 )
-                redirect = (
-                    self._zone_redirect(request, topic.topic, p.partition, state) if diskless and follower < 0 else -1
-                )
+                redirect = self._zone_redirect(request, topic.topic, index, state) if may_redirect else -1
                 if redirect >= 0:
                     entry.update(error_code=ErrorCode.none, preferred_read_replica=redirect)
                     has_error = True  # answer now: the consumer moves to its own AZ's broker
@@ -486,6 +510,8 @@ class FetchApis(ApiFamily):
                 has_error = has_error or entry["error_code"] != ErrorCode.none
                 parts.append(entry)
             responses.append({"topic": topic.topic, "partitions": parts})
+        for action, count in routes.items():
+            DISKLESS_FOLLOWER_READS.labels(action).inc(count)
         return responses, total, has_error, remote, forwards
 
     @property
@@ -493,13 +519,21 @@ class FetchApis(ApiFamily):
         config = self.broker.config
         return max_staleness_ms(config.replica_fetch_wait_max_ms, config.replica_lag_time_max_ms)
 
-    def _follower_route(self, diskless: bool, follower: int, replica: Partition | None, offset: int) -> ReadDecision:
+    def _follower_route(
+        self,
+        diskless: bool,
+        follower: int,
+        replica: Partition | None,
+        offset: int,
+        now_ms: int,
+        routes: collections.Counter[str],
+    ) -> ReadDecision:
         """How a consumer's fetch of a diskless partition at ``offset`` is answered when the replica
-        here is a follower (follower_reads); SERVE for everything else."""
+        here is a follower (follower_reads); SERVE for everything else. Counted in ``routes``."""
         if not diskless or follower >= 0 or replica is None or replica.leader_state is not None:
-            return ReadDecision(SERVE)
-        decision = follower_read(replica.follower_view(), offset, self.broker.now_ms(), self._max_staleness_ms)
-        DISKLESS_FOLLOWER_READS.labels(decision.action).inc()
+            return _SERVE
+        decision = follower_read(replica.follower_view(), offset, now_ms, self._max_staleness_ms)
+        routes[decision.action] += 1
         return decision
 
     def _stale_follower(self, diskless: bool, replica: Partition | None) -> bool:

@@ -508,6 +508,9 @@ class PartitionLog:
         limit = self.high_watermark if max_offset is None else max_offset
         if offset < self.log_start_offset or offset > self.log_end_offset:
             raise OffsetOutOfRange(f"offset {offset} outside [{self.log_start_offset}, {self.log_end_offset}]")
+        if offset >= limit and offset >= self._tier_floor:
+            # A reader at the end (a tail consumer's usual fetch): nothing to look up.
+            return ReadResult(b"", self.log_start_offset, self.log_end_offset)
         if offset < self._tier_floor and (tiered or offset < self.segments[0].base_offset):
             if not tiered:
                 raise OffsetMovedToTiered(f"offset {offset} is tiered and its pointers are gone")

@@ -22,6 +22,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
+from . import fetch_response
 from .framing import encode_frame
 from .length_guard import check_lengths
 from .varint import read_uvarint
@@ -219,6 +220,13 @@ def decode_request(header: RequestHeader, frame: bytes, body_pos: int) -> Any:
 def encode_response(header: RequestHeader, body: dict[str, Any], version: int | None = None) -> bytes:
     """Encode a response frame; ``version`` overrides the request's (ApiVersions fallback)."""
     version = header.api_version if version is None else version
+    if header.api_key == API_FETCH and fetch_response.FIRST_VERSION <= version <= fetch_response.LAST_VERSION:
+        return fetch_response.encode_fetch_response(version, header.correlation_id, body)
+    return encode_response_with_kio(header, body, version)
+
+
+def encode_response_with_kio(header: RequestHeader, body: dict[str, Any], version: int) -> bytes:
+    """Any response frame, through a kio entity built from ``body`` and kio's writer."""
     cls = _response_type(header.api_key, version)
     out = io.BytesIO()
     out.write(_CORRELATION.pack(header.correlation_id))

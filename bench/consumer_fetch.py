@@ -1,0 +1,145 @@
+"""Broker CPU per sessionless consumer Fetch at N partitions, one of which has a new batch.
+
+librdkafka's consumers open no KIP-227 fetch sessions: every Fetch names every partition the
+consumer is assigned, and every answer carries every one of them. With a tail consumer long
+polling (fetch.min.bytes=1), each append anywhere in its assignment ends its wait, so this cost
+is paid once per append, per consumer. In one process, without sockets: the real Fetch handler
+(FetchApis over the broker stand-in of tests/unit/test_topic_identity.py) leading N partitions of
+one classic topic; each round appends one batch to the next partition, then a consumer's Fetch
+(the version librdkafka sends) goes through the real codec: decoded, handled, answer encoded.
+
+    .venv/bin/python bench/consumer_fetch.py [--partitions 1000] [--rounds 200] [--version 12] [--diskless]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import io
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "unit"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from batches import values_batch
+from test_topic_identity import CONFIG, FetchingBroker, now_ms
+
+from diskless.cluster.metadata import PartitionState, TopicMetadata
+from diskless.logs import configure_logging
+from diskless.protocol import messages as m
+
+
+class ClassicBroker(FetchingBroker):
+    @staticmethod
+    def is_diskless(meta: TopicMetadata) -> bool:
+        return False
+
+
+def fetch_request(version: int, topic: str, topic_id: uuid.UUID, offsets: list[int]) -> object:
+    """A consumer's Fetch as librdkafka builds it: every partition, no session, read_uncommitted."""
+    cls = m._request_type(m.API_FETCH, version)
+    module = sys.modules[cls.__module__]
+    by_id = version >= 13
+    partitions = tuple(
+        module.FetchPartition(
+            partition=index,
+            current_leader_epoch=0,
+            fetch_offset=offset,
+            log_start_offset=-1,
+            partition_max_bytes=1 << 20,
+        )
+        for index, offset in enumerate(offsets)
+    )
+    fetch_topic = (
+        module.FetchTopic(topic_id=topic_id, partitions=partitions)
+        if by_id
+        else module.FetchTopic(topic=topic, partitions=partitions)
+    )
+    return cls(
+        replica_id=-1,
+        max_wait=datetime.timedelta(0),
+        min_bytes=1,
+        max_bytes=50 << 20,
+        isolation_level=0,
+        session_id=0,
+        session_epoch=-1,
+        topics=(fetch_topic,),
+        forgotten_topics_data=(),
+        rack_id="",
+    )
+
+
+async def measure(partitions: int, rounds: int, version: int, diskless: bool) -> tuple[float, float, float, int]:
+    """Broker CPU ms per fetch (decode, handler, encode), and the answer's size in bytes.
+
+    ``diskless``: the topic is diskless and nothing is appended (every partition idle; the stand-in
+    has no object storage to serve pointers from)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = (FetchingBroker if diskless else ClassicBroker)(Path(tmp) / "broker", 0)
+        topic_id = uuid.uuid4()
+        states = [PartitionState(replicas=[0], leader=0, leader_epoch=0, isr=[0]) for _ in range(partitions)]
+        meta = TopicMetadata("t", str(topic_id), states, {})
+        broker.metadata.topics["t"] = meta
+        replicas = []
+        for index in range(partitions):
+            replica = broker.replicas.apply(meta, index, CONFIG, now_ms())
+            assert replica is not None and replica.log is not None
+            replicas.append(replica)
+        header = m.RequestHeader(m.API_FETCH, version, 7, "consumer")
+        request_cls = m._request_type(m.API_FETCH, version)
+        decode = handle = encode = 0.0
+        size = 0
+        offsets = [0] * partitions
+        batch = memoryview(values_batch(1))
+        try:
+            for round_ in range(rounds + 5):
+                index = round_ % partitions
+                replica = replicas[index]
+                if not diskless:
+                    replica.log.append_as_leader([batch], 0, now_ms(), check_sequence=False)
+                    replica.log.high_watermark = replica.log.log_end_offset
+                out = io.BytesIO()
+                m._writer(request_cls)(out, fetch_request(version, "t", topic_id, offsets))
+                raw = memoryview(out.getvalue())
+                t0 = time.process_time()
+                request, _ = m._reader(request_cls)(raw, 0)
+                t1 = time.process_time()
+                answer = await broker.fetch_apis.fetch(header, request)
+                t2 = time.process_time()
+                frame = m.encode_response(header, answer)
+                t3 = time.process_time()
+                offsets[index] = replica.log.log_end_offset
+                size = len(frame)
+                if round_ >= 5:
+                    decode += t1 - t0
+                    handle += t2 - t1
+                    encode += t3 - t2
+        finally:
+            await broker.replicas.close()
+        return decode / rounds * 1000, handle / rounds * 1000, encode / rounds * 1000, size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--partitions", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--version", type=int, default=12)
+    parser.add_argument("--diskless", action="store_true", help="a diskless topic, every partition idle")
+    args = parser.parse_args()
+    configure_logging("WARNING")
+    decode, handle, encode, size = asyncio.run(measure(args.partitions, args.rounds, args.version, args.diskless))
+    shape = "diskless, all idle" if args.diskless else "classic, one with a new batch"
+    print(
+        f"Fetch v{args.version}, {args.partitions} partitions ({shape}): broker CPU per fetch"
+        f" {decode + handle + encode:.2f} ms (decode {decode:.2f}, handler {handle:.2f}, encode {encode:.2f}),"
+        f" answer {size} bytes"
+    )
+
+
+if __name__ == "__main__":
+    main()
