@@ -8,7 +8,8 @@ is paid once per append, per consumer. In one process, without sockets: the real
 one classic topic; each round appends one batch to the next partition, then a consumer's Fetch
 (the version librdkafka sends) goes through the real codec: decoded, handled, answer encoded.
 
-    .venv/bin/python bench/consumer_fetch.py [--partitions 1000] [--rounds 200] [--version 12] [--diskless]
+    .venv/bin/python bench/consumer_fetch.py [--partitions 1000] [--rounds 200] [--version 12]
+        [--diskless [--followers]]
 """
 
 from __future__ import annotations
@@ -74,21 +75,29 @@ def fetch_request(version: int, topic: str, topic_id: uuid.UUID, offsets: list[i
     )
 
 
-async def measure(partitions: int, rounds: int, version: int, diskless: bool) -> tuple[float, float, float, int]:
+async def measure(
+    partitions: int, rounds: int, version: int, diskless: bool, followers: bool = False
+) -> tuple[float, float, float, int]:
     """Broker CPU ms per fetch (decode, handler, encode), and the answer's size in bytes.
 
     ``diskless``: the topic is diskless and nothing is appended (every partition idle; the stand-in
-    has no object storage to serve pointers from)."""
+    has no object storage to serve pointers from). ``followers``: this broker follows every
+    partition (a diskless topic's consumers read from their AZ's replica, a follower for most)."""
     with tempfile.TemporaryDirectory() as tmp:
         broker = (FetchingBroker if diskless else ClassicBroker)(Path(tmp) / "broker", 0)
         topic_id = uuid.uuid4()
-        states = [PartitionState(replicas=[0], leader=0, leader_epoch=0, isr=[0]) for _ in range(partitions)]
+        leader = 1 if followers else 0
+        states = [
+            PartitionState(replicas=[leader, 0], leader=leader, leader_epoch=0, isr=[leader, 0])
+            for _ in range(partitions)
+        ]
         meta = TopicMetadata("t", str(topic_id), states, {})
         broker.metadata.topics["t"] = meta
         replicas = []
         for index in range(partitions):
             replica = broker.replicas.apply(meta, index, CONFIG, now_ms())
             assert replica is not None and replica.log is not None
+            replica.heard_from_leader_ms = now_ms() + 3_600_000  # fresh for the whole run
             replicas.append(replica)
         header = m.RequestHeader(m.API_FETCH, version, 7, "consumer")
         request_cls = m._request_type(m.API_FETCH, version)
@@ -130,10 +139,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=200)
     parser.add_argument("--version", type=int, default=12)
     parser.add_argument("--diskless", action="store_true", help="a diskless topic, every partition idle")
+    parser.add_argument("--followers", action="store_true", help="with --diskless: this broker follows them all")
     args = parser.parse_args()
     configure_logging("WARNING")
-    decode, handle, encode, size = asyncio.run(measure(args.partitions, args.rounds, args.version, args.diskless))
+    decode, handle, encode, size = asyncio.run(
+        measure(args.partitions, args.rounds, args.version, args.diskless, args.diskless and args.followers)
+    )
     shape = "diskless, all idle" if args.diskless else "classic, one with a new batch"
+    shape += ", followed here" if args.diskless and args.followers else ""
     print(
         f"Fetch v{args.version}, {args.partitions} partitions ({shape}): broker CPU per fetch"
         f" {decode + handle + encode:.2f} ms (decode {decode:.2f}, handler {handle:.2f}, encode {encode:.2f}),"

@@ -39,6 +39,7 @@ from diskless.replication.follower_reads import (
     FORWARD,
     OUT_OF_RANGE,
     SERVE,
+    FollowerView,
     ReadDecision,
     earliest_offset,
     follower_read,
@@ -395,6 +396,7 @@ class FetchApis(ApiFamily):
         now_ms = self.broker.now_ms()
         fenced = self._leader_fenced()
         routes: collections.Counter[str] = collections.Counter()
+        staleness_ms = self._max_staleness_ms
         for topic in request.topics:
             parts = []
             meta = self._meta.topics.get(topic.topic)
@@ -422,7 +424,12 @@ class FetchApis(ApiFamily):
                 entry = _partition_answer(index, code, committed)
                 preferred = self._preferred_read_replica(replica, rack) if rack else -1
                 # A follower shown to its AZ's clients as the leader answers only what the leader would.
-                route = self._follower_route(diskless, follower, replica, p.fetch_offset, now_ms, routes)
+                view = (
+                    replica.follower_view()
+                    if diskless and follower < 0 and replica is not None and replica.leader_state is None
+                    else None
+                )
+                route = self._follower_route(view, p.fetch_offset, now_ms, staleness_ms, routes)
                 through_leader = replica is None or (
                     route.action == FORWARD and state is not None and state.leader != self.broker.node_id
                 )
@@ -449,6 +456,11 @@ class FetchApis(ApiFamily):
                         log_start_offset=plog.log_start_offset,
                     )
                     has_error = True  # answer now: the consumer moves to the replica in its rack
+                elif follower < 0 and plog is not None and _at_the_end(plog, p.fetch_offset, committed):
+                    # A tail consumer's usual partition: nothing to read, only the offsets to tell.
+                    entry["high_watermark"] = plog.high_watermark
+                    entry["last_stable_offset"] = plog.last_stable_offset
+                    entry["log_start_offset"] = plog.log_start_offset if view is None else earliest_offset(view)
                 elif plog is not None and replica is not None:
                     limit = min(p.partition_max_bytes, max(max_bytes - total, 0))
                     # read_committed stops at the last stable offset (open transactions).
@@ -505,8 +517,8 @@ class FetchApis(ApiFamily):
                     entry["high_watermark"] = plog.high_watermark
                     entry["last_stable_offset"] = plog.last_stable_offset
                     entry["log_start_offset"] = plog.log_start_offset
-                    if diskless and follower < 0 and replica.leader_state is None:
-                        entry["log_start_offset"] = earliest_offset(replica.follower_view())
+                    if view is not None:
+                        entry["log_start_offset"] = earliest_offset(view)
                 has_error = has_error or entry["error_code"] != ErrorCode.none
                 parts.append(entry)
             responses.append({"topic": topic.topic, "partitions": parts})
@@ -519,20 +531,16 @@ class FetchApis(ApiFamily):
         config = self.broker.config
         return max_staleness_ms(config.replica_fetch_wait_max_ms, config.replica_lag_time_max_ms)
 
+    @staticmethod
     def _follower_route(
-        self,
-        diskless: bool,
-        follower: int,
-        replica: Partition | None,
-        offset: int,
-        now_ms: int,
-        routes: collections.Counter[str],
+        view: FollowerView | None, offset: int, now_ms: int, staleness_ms: int, routes: collections.Counter[str]
     ) -> ReadDecision:
         """How a consumer's fetch of a diskless partition at ``offset`` is answered when the replica
-        here is a follower (follower_reads); SERVE for everything else. Counted in ``routes``."""
-        if not diskless or follower >= 0 or replica is None or replica.leader_state is not None:
+        here is a follower (``view``: follower_reads); SERVE for everything else (no ``view``).
+        Counted in ``routes``."""
+        if view is None:
             return _SERVE
-        decision = follower_read(replica.follower_view(), offset, now_ms, self._max_staleness_ms)
+        decision = follower_read(view, offset, now_ms, staleness_ms)
         routes[decision.action] += 1
         return decision
 
@@ -728,6 +736,13 @@ class FetchApis(ApiFamily):
                     continue
                 entry.update(error_code=found.error_code, leader_epoch=found.leader_epoch, end_offset=found.end_offset)
         return {"throttle_time": 0, "topics": topics}
+
+
+def _at_the_end(plog: PartitionLog, offset: int, committed: bool) -> bool:
+    """A consumer's read at ``offset`` finds nothing yet: it is where reads stop (the high
+    watermark, or the last stable offset for read_committed), within the log."""
+    end = plog.last_stable_offset if committed else plog.high_watermark
+    return offset == end and plog.log_start_offset <= offset <= plog.log_end_offset
 
 
 def _partition_answer(index: int, code: ErrorCode, committed: bool) -> dict[str, Any]:

@@ -36,7 +36,12 @@ _NO_DIVERGENCE = (-1, -1)
 _ZERO_UUID = bytes(16)
 
 
+_SMALL_UVARINTS = tuple(bytes([value]) for value in range(128))
+
+
 def _uvarint(value: int) -> bytes:
+    if 0 <= value < 128:
+        return _SMALL_UVARINTS[value]
     out = bytearray()
     write_uvarint(value, out)
     return bytes(out)

@@ -31,9 +31,12 @@ FORWARD = "forward"
 OUT_OF_RANGE = "out_of_range"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class FollowerView:
-    """What a follower knows when a read arrives."""
+    """What a follower knows when a read arrives.
+
+    Not frozen: one is built per partition of a consumer's fetch from a follower, and a frozen
+    dataclass sets each field through ``object.__setattr__``."""
 
     in_isr: bool  # per the metadata store
     heard_from_leader_ms: int  # when its replica fetcher last had an answer; -1 never (this epoch)
