@@ -33,6 +33,9 @@ from typing import Any
 
 SEND_TIME = struct.Struct("<d")
 POLL_S = 0.05
+STATS_INTERVAL_MS = 1000
+# A producer's librdkafka statistics, one row per broker per interval (``ProducerRun.on_stats``).
+CLIENT_STATS_COLUMNS = ("at", "queue_avg_ms", "queue_p99_ms", "rtt_avg_ms", "rtt_p99_ms", "in_flight", "requests")
 
 
 def _write_json(path: Path, value: dict[str, Any]) -> None:
@@ -70,12 +73,16 @@ class ProducerRun:
                 "queue.buffering.max.kbytes": args.queue_kbytes,
                 "queue.buffering.max.messages": 1_000_000,
                 "compression.type": "none",
+                # librdkafka's own view of each request (see ``on_stats``).
+                "statistics.interval.ms": STATS_INTERVAL_MS,
+                "stats_cb": self.on_stats,
             }
         )
         # Random bytes after the send time: nothing in the path compresses or deduplicates them.
         self.padding = os.urandom(max(0, args.record_size - SEND_TIME.size))
         self.sent_at = array("d")
         self.latency = array("d")
+        self.client_stats = array("d")  # rows of CLIENT_STATS_COLUMNS
         self.errors = 0
         self.first_error = ""
         self.produced = 0
@@ -90,6 +97,31 @@ class ProducerRun:
         now = time.time()
         self.sent_at.append(now - latency)
         self.latency.append(latency)
+
+    def on_stats(self, text: str) -> None:
+        """One row per broker that answered requests in the last interval: where a record's time
+        goes before and after its request is sent. ``int_latency`` is the time records wait in
+        librdkafka's queue (its linger, and any wait for a free in-flight slot: an idempotent
+        producer sends at most 5 requests per broker before an answer), ``rtt`` the request's
+        round trip, ``waitresp_cnt`` the requests sent and not yet answered. Microseconds in
+        librdkafka, milliseconds here."""
+        now = time.time()
+        for broker in json.loads(text).get("brokers", {}).values():
+            rtt = broker.get("rtt", {})
+            if broker.get("nodeid", -1) < 0 or not rtt.get("cnt"):
+                continue
+            queued = broker.get("int_latency", {})
+            self.client_stats.extend(
+                (
+                    now,
+                    queued.get("avg", 0) / 1000,
+                    queued.get("p99", 0) / 1000,
+                    rtt.get("avg", 0) / 1000,
+                    rtt.get("p99", 0) / 1000,
+                    float(broker.get("waitresp_cnt", 0)),
+                    float(rtt["cnt"]),
+                )
+            )
 
     def status(self, phase: str, force: bool = False) -> None:
         now = time.monotonic()
@@ -163,11 +195,13 @@ class ProducerRun:
             sent_at=np.frombuffer(self.sent_at, dtype=np.float64),
             latency=np.frombuffer(self.latency, dtype=np.float64),
             errors=np.array([self.errors, unflushed]),
+            client_stats=np.frombuffer(self.client_stats, dtype=np.float64).reshape(-1, len(CLIENT_STATS_COLUMNS)),
         )
         if self.first_error:
             (self.control / f"error-{round_}.txt").write_text(self.first_error + "\n")
         self.sent_at = array("d")
         self.latency = array("d")
+        self.client_stats = array("d")
         self.errors = 0
 
 

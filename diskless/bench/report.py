@@ -254,6 +254,7 @@ def markdown(result: dict[str, Any]) -> str:
             cells = " | ".join(_fmt(t.get(k)) for k in stages)
             put, lag = _fmt(t.get("s3_put_client_mean_ms")), _fmt(t.get("loop_lag_mean_ms"))
             lines.append(f"| {phase} | {cells} | {put} | {lag} |")
+    lines += producer_client_view(result)
     lines += [
         "",
         "## Raw S3 baseline (same server, the brokers' ObjectStore client)",
@@ -361,3 +362,32 @@ def write_outputs(
     if with_plots:
         paths += [out / name for name in plots(result, samples, out)]
     return paths
+
+
+def producer_client_view(result: dict[str, Any]) -> list[str]:
+    """The producers' librdkafka statistics per kind and phase (``stats.client_view``)."""
+    rows = [
+        (kind, phase, f["producer_client"])
+        for kind, figures in result["kinds"].items()
+        for phase, f in figures.get("phases", {}).items()
+        if f.get("producer_client")
+    ]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Producers' view (librdkafka statistics, weighted by requests)",
+        "",
+        "queue = how long records waited in the producer before their request was sent (its linger.ms, and"
+        " waits for a free in-flight slot: an idempotent producer has at most 5 requests awaiting answers"
+        " per broker); round trip = request sent to answer read; in flight = requests awaiting answers.",
+        "",
+        "| kind | phase | queue avg / p99 ms | round trip avg / p99 ms | in flight |",
+        "|---|---|---|---|---|",
+    ]
+    for kind, phase, c in rows:
+        lines.append(
+            f"| {kind} | {phase} | {_fmt(c['queue_avg_ms'])} / {_fmt(c['queue_p99_ms'])}"
+            f" | {_fmt(c['rtt_avg_ms'])} / {_fmt(c['rtt_p99_ms'])} | {_fmt(c['in_flight'])} |"
+        )
+    return lines

@@ -32,6 +32,7 @@ from diskless.bench.stats import (
     ConsumerSamples,
     ProducerSamples,
     Window,
+    client_view,
     phase_figures,
     size_distribution,
     throughput_series,
@@ -158,7 +159,11 @@ def _load_producers(controls: list[Path], round_: int) -> ProducerSamples:
     parts = []
     for control in controls:
         with np.load(control / f"out-{round_}.npz") as data:
-            parts.append(ProducerSamples(data["sent_at"].copy(), data["latency"].copy(), int(data["errors"].sum())))
+            stats = data["client_stats"].copy() if "client_stats" in data else None
+            part = ProducerSamples(data["sent_at"].copy(), data["latency"].copy(), int(data["errors"].sum()))
+            if stats is not None:
+                part.client_stats = stats
+            parts.append(part)
     return ProducerSamples.join(parts)
 
 
@@ -369,6 +374,7 @@ def kind_figures(
             cross_az=cross,
             wal_objects=size_distribution(in_window),
             broker_timings=timings,
+            producer_client=client_view(run.produced, window),
         )
         phases[window.name] = f
         sent = (run.produced.sent_at >= window.start) & (run.produced.sent_at < window.end)

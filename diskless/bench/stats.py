@@ -9,10 +9,12 @@ so a p99 is always a latency some record really had.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+from .loadgen import CLIENT_STATS_COLUMNS
 
 QUANTILES = {"p50": 50.0, "p90": 90.0, "p99": 99.0, "p99.9": 99.9}
 
@@ -45,6 +47,8 @@ class ProducerSamples:
     sent_at: np.ndarray  # wall seconds, one per acknowledged record
     latency: np.ndarray  # seconds
     errors: int = 0
+    # librdkafka's statistics: rows of loadgen.CLIENT_STATS_COLUMNS.
+    client_stats: np.ndarray = field(default_factory=lambda: np.zeros((0, len(CLIENT_STATS_COLUMNS))))
 
     @classmethod
     def join(cls, parts: Sequence[ProducerSamples]) -> ProducerSamples:
@@ -54,7 +58,33 @@ class ProducerSamples:
             np.concatenate([p.sent_at for p in parts]),
             np.concatenate([p.latency for p in parts]),
             sum(p.errors for p in parts),
+            np.concatenate([p.client_stats for p in parts]),
         )
+
+
+def client_view(produced: ProducerSamples, window: Window) -> dict[str, float] | None:
+    """The producers' librdkafka statistics over a phase, weighted by requests: how long records
+    waited in the client's queue, how long a request took to be answered, and how many requests
+    were awaiting answers. None without statistics (an older load generator)."""
+    rows = produced.client_stats
+    if rows.size == 0:
+        return None
+    col = {name: i for i, name in enumerate(CLIENT_STATS_COLUMNS)}
+    inside = rows[(rows[:, col["at"]] > window.start) & (rows[:, col["at"]] <= window.end)]
+    weights = inside[:, col["requests"]] if len(inside) else np.zeros(0)
+    if weights.sum() <= 0:
+        return None
+
+    def mean(name: str) -> float:
+        return round(float(np.average(inside[:, col[name]], weights=weights)), 1)
+
+    return {
+        "queue_avg_ms": mean("queue_avg_ms"),
+        "queue_p99_ms": mean("queue_p99_ms"),
+        "rtt_avg_ms": mean("rtt_avg_ms"),
+        "rtt_p99_ms": mean("rtt_p99_ms"),
+        "in_flight": mean("in_flight"),
+    }
 
 
 @dataclass

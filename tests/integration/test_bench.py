@@ -32,6 +32,9 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
         assert list(data["phases"]) == expected, kind
         assert data["max_mb_per_s"] > 0 and data["cross_az_per_payload_byte"] is not None
         assert data["throughput_series"]["mb_per_s"], kind
+        # librdkafka's statistics reach the report: where a record waited, client side.
+        views = [f["producer_client"] for f in data["phases"].values() if f["producer_client"]]
+        assert views and all(v["rtt_avg_ms"] > 0 and v["queue_avg_ms"] >= 0 for v in views), kind
         for phase, f in data["phases"].items():
             where = f"{kind} {phase}"
             assert f["records_per_s"] > 0 and f["mb_per_s"] > 0, where
