@@ -27,9 +27,10 @@ def _server_environment() -> Iterator[None]:
     """
     before = {name: os.environ.get(name) for name in ("PYTHONPATH", "GOMEMLIMIT")}
     os.environ["PYTHONPATH"] = os.pathsep.join([str(SERVER_SITE), *filter(None, [before["PYTHONPATH"]])])
-    # SeaweedFS (and etcd) soft memory bound: at the 128MiB SeaweedFS otherwise gets, its garbage
-    # collector runs all the time (5-7% of a core per idle S3 server, ~0.3% at 256MiB).
-    os.environ["GOMEMLIMIT"] = "256MiB"
+    # SeaweedFS (and etcd) soft memory bound, as S3Server sets it (diskless/local/servers.py):
+    # at 128MiB SeaweedFS's garbage collector runs all the time (5-7% of a core per idle S3
+    # server, ~0.3% at 256MiB), and under load 512MiB halves its CPU per request against 256MiB.
+    os.environ["GOMEMLIMIT"] = "512MiB"
     yield
     for name, value in before.items():
         if value is None:
