@@ -35,9 +35,10 @@ def _overrides(items: list[str]) -> dict[str, str]:
 
 async def _run_broker(args: argparse.Namespace) -> int:
     from diskless.broker.broker import Broker
-    from diskless.broker.process_memory import tune_malloc
+    from diskless.broker.process_memory import freeze_startup_heap, observe_gc_pauses, tune_malloc
 
     tune_malloc()  # before the broker allocates its buffers and starts threads
+    observe_gc_pauses()
     overrides = _overrides(args.override)
     for flag, prop in (
         ("node_id", "node.id"),
@@ -55,6 +56,7 @@ async def _run_broker(args: argparse.Namespace) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     broker = Broker(config)
     await broker.start()
+    freeze_startup_heap()
     if args.ready_file:
         with open(args.ready_file, "w") as f:
             f.write(f"{broker.port} {broker.metrics_port}\n")

@@ -119,6 +119,13 @@ EVENT_LOOP_LAG_SECONDS = Histogram(
     "Delay between when a periodic timer was due and when the broker's event loop ran it",
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
+GC_PAUSE_SECONDS = Histogram(
+    "diskless_gc_pause_seconds",
+    "Python's cyclic garbage collector: how long each collection held the process, by generation",
+    ["generation"],
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5),
+)
+GC_FROZEN_OBJECTS = Gauge("diskless_gc_frozen_objects", "Objects moved out of the collector's reach after start-up")
 DISKLESS_CACHE = Counter("diskless_cache_lookups_total", "WAL cache lookups when serving batches", ["result"])
 DISKLESS_CACHE_BYTES = Gauge(
     "diskless_cache_bytes", "Bytes held by the WAL cache, by share (tail, lagging)", ["segment"]
