@@ -6,7 +6,8 @@ polling (fetch.min.bytes=1), each append anywhere in its assignment ends its wai
 is paid once per append, per consumer. In one process, without sockets: the real Fetch handler
 (FetchApis over the broker stand-in of tests/unit/test_topic_identity.py) leading N partitions of
 one classic topic; each round appends one batch to the next partition, then a consumer's Fetch
-(the version librdkafka sends) goes through the real codec: decoded, handled, answer encoded.
+(the version librdkafka sends) goes through the broker's path: decoded (header, length guard,
+kio), handled, answer encoded.
 
     .venv/bin/python bench/consumer_fetch.py [--partitions 1000] [--rounds 200] [--version 12]
         [--diskless [--followers]]
@@ -18,6 +19,7 @@ import argparse
 import asyncio
 import datetime
 import io
+import struct
 import sys
 import tempfile
 import time
@@ -99,7 +101,6 @@ async def measure(
             assert replica is not None and replica.log is not None
             replica.heard_from_leader_ms = now_ms() + 3_600_000  # fresh for the whole run
             replicas.append(replica)
-        header = m.RequestHeader(m.API_FETCH, version, 7, "consumer")
         request_cls = m._request_type(m.API_FETCH, version)
         decode = handle = encode = 0.0
         size = 0
@@ -113,10 +114,15 @@ async def measure(
                     replica.log.append_as_leader([batch], 0, now_ms(), check_sequence=False)
                     replica.log.high_watermark = replica.log.log_end_offset
                 out = io.BytesIO()
+                out.write(struct.pack(">hhih", m.API_FETCH, version, 7, len(b"consumer")) + b"consumer")
+                if request_cls.__flexible__:
+                    out.write(b"\x00")  # no tagged fields in the header
                 m._writer(request_cls)(out, fetch_request(version, "t", topic_id, offsets))
-                raw = memoryview(out.getvalue())
+                frame = out.getvalue()
                 t0 = time.process_time()
-                request, _ = m._reader(request_cls)(raw, 0)
+                # As the broker reads a request: header, the length guard, then kio.
+                header, body_pos = m.parse_header(frame)
+                request = m.decode_request(header, frame, body_pos)
                 t1 = time.process_time()
                 answer = await broker.fetch_apis.fetch(header, request)
                 t2 = time.process_time()
