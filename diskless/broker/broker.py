@@ -427,8 +427,7 @@ class Broker:
         return (await self.wal_reader.batches([entry]))[0]
 
     def on_leader_append(self, partition: Partition) -> None:
-        partition.on_local_append()
-        self.replicas.notify_append()
+        self.replicas.on_leader_append(partition)
 
     def on_follower_fetch(self, partition: Partition, follower: int, fetch_offset: int) -> None:
         if partition.on_follower_fetch(follower, fetch_offset, self.now_ms()):

@@ -195,7 +195,9 @@ class FetchApis(ApiFamily):
                     "responses": responses,
                 }
             # Partitions read through their leader get no local wake-up: poll them at a short interval.
-            await self.broker.replicas.wait_for_append(min(remaining, 0.1) if forwards else remaining)
+            await self.broker.replicas.wait_for_append(
+                min(remaining, 0.1) if forwards else remaining, readable_only=follower < 0
+            )
 
     def _topics_by_name(self, request: Any) -> tuple[Any, list[dict[str, Any]]]:
         """A Fetch v13+ request as the handler reads it (topics by the name their id has here now),

@@ -75,7 +75,10 @@ class ReplicaManager:
         # Parked long polls (replica and consumer fetches): each a future an append resolves. Plain
         # futures, not an Event under wait_for (a task per wait): a woken fetch resumes in the next
         # loop turn (tests/unit/test_commit_wakeups.py).
+        # Parked fetches (see wait_for_append): followers' fetches of partitions led here, and
+        # consumers' fetches, which only new readable data (or a role change) concerns.
         self._append_waiters: set[asyncio.Future[None]] = set()
+        self._readable_waiters: set[asyncio.Future[None]] = set()
         self._closed = False
         self._checkpointed: list[str] | None = None  # lines of the last HW checkpoint written
         self._checkpoint_lock = threading.Lock()
@@ -343,25 +346,55 @@ class ReplicaManager:
     # --- long-poll wake-ups -------------------------------------------------------------------
 
     def notify_append(self) -> None:
-        waiters, self._append_waiters = self._append_waiters, set()
-        for waiter in waiters:
-            if not waiter.done():
-                waiter.set_result(None)
+        """Wake every parked fetch: readable data may have moved (a high watermark or last stable
+        offset), or a role changed."""
+        self._append_waiters = _wake(self._append_waiters)
+        self._readable_waiters = _wake(self._readable_waiters)
 
-    async def wait_for_append(self, timeout: float) -> None:
-        """Wait until some partition receives data (or changes role), or ``timeout`` seconds pass.
+    def notify_log_end(self) -> None:
+        """Only a log end moved (a leader appended what its followers have yet to copy): wake the
+        parked replica fetches, not the consumers', which would find nothing new to read.
+
+        A sessionless consumer names every partition it reads (librdkafka's do), so each needless
+        wake-up is a pass over all of them: at 1,000 partitions, every append did that once before
+        the high watermark moved and once after."""
+        self._append_waiters = _wake(self._append_waiters)
+
+    def on_leader_append(self, partition: Partition) -> None:
+        """A leader appended to ``partition``: wake whoever its append concerns."""
+        readable = (partition.log.high_watermark, partition.log.last_stable_offset)
+        partition.on_local_append()  # an ISR of the leader alone commits at once
+        # A transaction marker moves the last stable offset without moving the high watermark.
+        if (partition.log.high_watermark, partition.log.last_stable_offset) != readable:
+            self.notify_append()
+        else:
+            self.notify_log_end()
+
+    async def wait_for_append(self, timeout: float, readable_only: bool = False) -> None:
+        """Wait until some partition receives data (or changes role), or ``timeout`` seconds pass;
+        with ``readable_only`` (a consumer's fetch), until some partition has new readable data.
 
         Only appends after this call count: the caller checked its partitions in the same loop
         turn, with no await in between, so nothing can slip between its check and this wait."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
-        self._append_waiters.add(waiter)
+        waiters = self._readable_waiters if readable_only else self._append_waiters
+        waiters.add(waiter)
         timer = loop.call_later(max(0.0, timeout), _release, waiter)
         try:
             await waiter
         finally:
             timer.cancel()
+            self._readable_waiters.discard(waiter)
             self._append_waiters.discard(waiter)
+
+
+def _wake(waiters: set[asyncio.Future[None]]) -> set[asyncio.Future[None]]:
+    """Release ``waiters``; returns the empty set that replaces them."""
+    for waiter in waiters:
+        if not waiter.done():
+            waiter.set_result(None)
+    return set()
 
 
 def _release(waiter: asyncio.Future[None]) -> None:

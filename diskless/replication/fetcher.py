@@ -48,6 +48,10 @@ def _now_ms() -> int:
 
 
 class ReplicaFetcher:
+    """Copies the partitions this broker follows from one leader. ``on_progress`` is called after
+    an answer moved the high watermark or last stable offset of one of them (readers waiting on
+    this broker have news), ``on_pointers`` with pointer entries appended (to prefetch)."""
+
     def __init__(
         self,
         node_id: int,
@@ -238,7 +242,7 @@ class ReplicaFetcher:
         """Apply a fetch response; True if some partition reported a leadership problem."""
         now = _now_ms()
         leadership_errors = False
-        progressed = False
+        readable_moved = False  # a high watermark or last stable offset here moved
         answered: set[tuple[str, int]] = set()
         for topic in response.responses:  # type: ignore[attr-defined]
             for data in topic.partitions:
@@ -256,7 +260,9 @@ class ReplicaFetcher:
                     diverging = data.diverging_epoch
                     if diverging is not None and (diverging.epoch >= 0 or diverging.end_offset >= 0):
                         partition.truncate_on_divergence(DivergingEpoch(diverging.epoch, diverging.end_offset), now)
+                        readable_moved = True
                     else:
+                        readable = (partition.log.high_watermark, partition.log.last_stable_offset)
                         entries = partition.on_fetched(
                             data.records or b"", data.high_watermark, data.log_start_offset, now, self._sent_ms
                         )
@@ -264,9 +270,11 @@ class ReplicaFetcher:
                         # copying a long pointer log) would pull every WAL object it points to.
                         if entries and partition.log.log_end_offset >= data.high_watermark:
                             self.on_pointers(entries)
-                    progressed = True
+                        if (partition.log.high_watermark, partition.log.last_stable_offset) != readable:
+                            readable_moved = True
                 elif code == ErrorCode.offset_out_of_range and partition.log.log_end_offset < data.log_start_offset:
                     partition.log.truncate_fully_and_start_at(data.log_start_offset, now)
+                    readable_moved = True
                 elif code in (
                     ErrorCode.not_leader_or_follower,
                     ErrorCode.fenced_leader_epoch,
@@ -284,7 +292,9 @@ class ReplicaFetcher:
                 continue
             if partition.role == FOLLOWER and partition.leader_id == self.leader_id:
                 partition.on_quiet_answer(self._sent_ms)
-        if progressed:
+        # Only readers of this broker's replicas wait on what a follower appends, and they read up
+        # to the high watermark: records it does not cover yet are no news to them.
+        if readable_moved:
             self.on_progress()
         return leadership_errors
 

@@ -54,8 +54,7 @@ class FakeBroker:
         return now_ms()
 
     def on_leader_append(self, partition: Partition) -> None:
-        partition.on_local_append()
-        self.replicas.notify_append()
+        self.replicas.on_leader_append(partition)
 
     def prefetch_objects(self, keys: set[str]) -> None:
         pass
@@ -234,3 +233,51 @@ async def test_the_periodic_high_watermark_checkpoint_does_not_block_the_loop(tm
     # Unchanged high watermarks: nothing written, no thread started.
     monkeypatch.setattr(rm.os, "fsync", lambda fd: pytest.fail("rewrote an unchanged checkpoint"))
     await broker.replicas.checkpoint_high_watermarks_async()
+
+
+async def test_a_parked_consumer_fetch_sleeps_through_log_end_moves_and_wakes_on_readable_ones(
+    tmp_path: Path,
+) -> None:
+    """A leader's append its followers have yet to copy concerns parked replica fetches only: a
+    consumer reads up to the high watermark, and a sessionless consumer's wake-up is a pass over
+    every partition it names."""
+    replicas = ReplicaManager(str(tmp_path), NODE, lambda node: None)
+    consumer = asyncio.ensure_future(replicas.wait_for_append(5.0, readable_only=True))
+    follower = asyncio.ensure_future(replicas.wait_for_append(5.0))
+    await turns_until_done(consumer, 5)
+
+    replicas.notify_log_end()
+    await turns_until_done(follower)
+    assert follower.done() and not consumer.done()
+
+    replicas.notify_append()
+    turns = await turns_until_done(consumer)
+    assert turns <= MAX_TURNS, f"the parked consumer fetch woke after {turns} loop turns"
+
+
+async def test_a_leader_append_wakes_consumers_only_when_it_moves_what_they_read(tmp_path: Path) -> None:
+    replicas = ReplicaManager(str(tmp_path), NODE, lambda node: None)
+    replica = leader_replica(replicas, isr=[NODE, NODE + 1])  # a follower must copy it first
+    consumer = asyncio.ensure_future(replicas.wait_for_append(5.0, readable_only=True))
+    follower = asyncio.ensure_future(replicas.wait_for_append(5.0))
+    await turns_until_done(consumer, 5)
+    replica.log.append_as_leader([memoryview(values_batch(2))], 0, now_ms(), check_sequence=False)
+    replicas.on_leader_append(replica)
+    await turns_until_done(follower)
+    assert follower.done() and not consumer.done()
+
+    alone = leader_replica(replicas, isr=[NODE], topic="alone")  # committed at once
+    alone.log.append_as_leader([memoryview(values_batch(2))], 0, now_ms(), check_sequence=False)
+    replicas.on_leader_append(alone)
+    await turns_until_done(consumer)
+    assert consumer.done() and alone.log.high_watermark == 2
+    consumer.cancel()
+
+
+def leader_replica(replicas: ReplicaManager, isr: list[int], topic: str = "t") -> Partition:
+    """A classic partition led here with in-sync replicas ``isr``."""
+    state = PartitionState(replicas=sorted(set(isr)), leader=NODE, leader_epoch=0, isr=sorted(set(isr)))
+    meta = TopicMetadata(topic, str(uuid.uuid4()), [state], {})
+    replica = replicas.apply(meta, 0, LogConfig(), now_ms())
+    assert replica is not None and replica.leader_state is not None
+    return replica
