@@ -380,7 +380,8 @@ def producer_client_view(result: dict[str, Any]) -> list[str]:
         "",
         "queue = how long records waited in the producer before their request was sent (its linger.ms, and"
         " waits for a free in-flight slot: an idempotent producer has at most 5 requests awaiting answers"
-        " per broker); round trip = request sent to answer read; in flight = requests awaiting answers.",
+        " per broker, and librdkafka puts one partition in each request); round trip = request sent to"
+        " answer read; in flight = requests awaiting answers.",
         "",
         "| kind | phase | queue avg / p99 ms | round trip avg / p99 ms | in flight |",
         "|---|---|---|---|---|",
