@@ -207,7 +207,10 @@ class ReplicaManager:
                 self._drop(key)
             return None
         partition = self._ensure(topic, index, config, now_ms)
+        readable = (partition.log.high_watermark, partition.log.last_stable_offset)
         changed = partition.apply_state(state, now_ms)
+        if changed is None and (partition.log.high_watermark, partition.log.last_stable_offset) != readable:
+            self.notify_append()  # an ISR shrink committed what the remaining replicas hold
         if changed is not None:
             self._roles_taken.setdefault(topic.name, Counter())[changed] += 1
             if state.leader_epoch == 0:

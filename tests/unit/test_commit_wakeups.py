@@ -281,3 +281,22 @@ def leader_replica(replicas: ReplicaManager, isr: list[int], topic: str = "t") -
     replica = replicas.apply(meta, 0, LogConfig(), now_ms())
     assert replica is not None and replica.leader_state is not None
     return replica
+
+
+async def test_an_isr_shrink_that_commits_wakes_parked_consumers(tmp_path: Path) -> None:
+    replicas = ReplicaManager(str(tmp_path), NODE, lambda node: None)
+    replica = leader_replica(replicas, isr=[NODE, NODE + 1])
+    replica.log.append_as_leader([memoryview(values_batch(2))], 0, now_ms(), check_sequence=False)
+    replicas.on_leader_append(replica)
+    assert replica.log.high_watermark == 0  # the follower has not copied it
+    consumer = asyncio.ensure_future(replicas.wait_for_append(5.0, readable_only=True))
+    await turns_until_done(consumer, 5)
+    assert not consumer.done()
+
+    # The follower drops out of the ISR (same leader epoch): what the leader holds is committed.
+    meta = TopicMetadata(
+        "t", replica.topic_id, [PartitionState(replicas=[NODE, NODE + 1], leader=NODE, leader_epoch=0, isr=[NODE])], {}
+    )
+    replicas.apply(meta, 0, LogConfig(), now_ms())
+    await turns_until_done(consumer)
+    assert replica.log.high_watermark == 2 and consumer.done()
