@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -505,6 +506,8 @@ def run_bench(options: BenchOptions, out: TextIO = sys.stdout) -> int:
         if cluster is not None:
             progress.line("stopping the cluster ...")
             cluster.stop()
+            if cluster.s3 is not None and not options.keep_s3_data:
+                shutil.rmtree(cluster.s3.data_dir, ignore_errors=True)
     paths = write_outputs(result, samples, result_dir, options.plots)
     progress.line("")
     for row in result["targets"]:
