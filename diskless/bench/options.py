@@ -53,9 +53,9 @@ class BenchOptions:
     out_dir: str = "bench-results"
     quick: bool = False
     plots: bool = True
-    # The S3 server's data (every WAL object written, GBs per full run) is deleted once the run is
-    # measured; broker and server logs stay.
-    keep_s3_data: bool = False
+    # The cluster's data (every WAL object in the S3 server, the classic topics' logs on the brokers:
+    # GBs per full run) is deleted once the run is measured; the processes' logs stay.
+    keep_data: bool = False
     broker_overrides: dict[str, str] = field(default_factory=dict)
     lagging: bool = True  # the diskless kind's ``lagging`` phase
     profile: tuple[str, ...] = ()  # topic kinds during whose phases py-spy samples the brokers
@@ -136,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-lagging", action="store_true", help="skip the diskless lagging-reader phase")
     parser.add_argument(
-        "--keep-s3-data", action="store_true", help="keep the S3 server's data (the WAL objects) after the run"
+        "--keep-data", action="store_true", help="keep the cluster's data (S3 objects, broker logs) after the run"
     )
     parser.add_argument(
         "--profile",
@@ -171,7 +171,7 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
         options.out_dir = args.out
     options.plots = not args.no_plots
     options.lagging = not args.no_lagging
-    options.keep_s3_data = args.keep_s3_data
+    options.keep_data = args.keep_data
     if args.profile:
         options.profile = tuple(k.strip() for k in args.profile.split(",") if k.strip())
     for item in args.broker_override:

@@ -506,8 +506,10 @@ def run_bench(options: BenchOptions, out: TextIO = sys.stdout) -> int:
         if cluster is not None:
             progress.line("stopping the cluster ...")
             cluster.stop()
-            if cluster.s3 is not None and not options.keep_s3_data:
-                shutil.rmtree(cluster.s3.data_dir, ignore_errors=True)
+            if not options.keep_data:
+                data = [b.data_dir for b in cluster.brokers] + [root / "s3", root / "etcd"]
+                for path in data:
+                    shutil.rmtree(path, ignore_errors=True)
     paths = write_outputs(result, samples, result_dir, options.plots)
     progress.line("")
     for row in result["targets"]:
