@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import io
 import struct
 import sys
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "unit"
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from batches import values_batch
+from fetch_requests import consumer_fetch
 from test_topic_identity import CONFIG, FetchingBroker, now_ms
 
 from diskless.cluster.metadata import PartitionState, TopicMetadata
@@ -41,40 +41,6 @@ class ClassicBroker(FetchingBroker):
     @staticmethod
     def is_diskless(meta: TopicMetadata) -> bool:
         return False
-
-
-def fetch_request(version: int, topic: str, topic_id: uuid.UUID, offsets: list[int]) -> object:
-    """A consumer's Fetch as librdkafka builds it: every partition, no session, read_uncommitted."""
-    cls = m._request_type(m.API_FETCH, version)
-    module = sys.modules[cls.__module__]
-    by_id = version >= 13
-    partitions = tuple(
-        module.FetchPartition(
-            partition=index,
-            current_leader_epoch=0,
-            fetch_offset=offset,
-            log_start_offset=-1,
-            partition_max_bytes=1 << 20,
-        )
-        for index, offset in enumerate(offsets)
-    )
-    fetch_topic = (
-        module.FetchTopic(topic_id=topic_id, partitions=partitions)
-        if by_id
-        else module.FetchTopic(topic=topic, partitions=partitions)
-    )
-    return cls(
-        replica_id=-1,
-        max_wait=datetime.timedelta(0),
-        min_bytes=1,
-        max_bytes=50 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=(fetch_topic,),
-        forgotten_topics_data=(),
-        rack_id="",
-    )
 
 
 async def measure(
@@ -117,7 +83,7 @@ async def measure(
                 out.write(struct.pack(">hhih", m.API_FETCH, version, 7, len(b"consumer")) + b"consumer")
                 if request_cls.__flexible__:
                     out.write(b"\x00")  # no tagged fields in the header
-                m._writer(request_cls)(out, fetch_request(version, "t", topic_id, offsets))
+                m._writer(request_cls)(out, consumer_fetch(version, "t", topic_id, offsets))
                 frame = out.getvalue()
                 t0 = time.process_time()
                 # As the broker reads a request: header, the length guard, then kio.

@@ -303,18 +303,18 @@ class FetchApis(ApiFamily):
             return ""
         return current_client_az() or request.rack_id or ""
 
-    def _redirects_zone(self, request: Any) -> bool:
-        """Whether ``_zone_redirect`` may send this request's consumer elsewhere at all."""
+    def _redirect_az(self, request: Any) -> str | None:
+        """The AZ ``_zone_redirect`` may send this request's consumer to: its connection's decided
+        AZ when that is not ours (Fetch v11+ only); None: every partition is served here."""
         az = current_client_az()
-        return hasattr(request, "rack_id") and bool(az) and az != self.local_az
+        return az if hasattr(request, "rack_id") and az and az != self.local_az else None
 
-    def _zone_redirect(self, request: Any, topic: str, index: int, state: PartitionState | None) -> int:
+    def _zone_redirect(self, az: str, topic: str, index: int, state: PartitionState | None) -> int:
         """KIP-392 for diskless partitions: a consumer whose connection is decided to be in another
-        AZ (it learnt its leaders from a broker that did not know its AZ yet: its rack comes only
-        with its first Fetch) is sent to the broker its AZ's clients are shown, which serves it
+        AZ, ``az`` (it learnt its leaders from a broker that did not know its AZ yet: its rack comes
+        only with its first Fetch) is sent to the broker its AZ's clients are shown, which serves it
         without crossing AZs. -1: serve it here."""
-        az = current_client_az()
-        if not self._redirects_zone(request) or not az or state is None or state.leader < 0:
+        if state is None or state.leader < 0:
             return -1
         target = zone_aligned_leader(state, topic, index, az, self._meta.brokers)
         info = self._meta.brokers.get(target)
@@ -407,7 +407,7 @@ class FetchApis(ApiFamily):
             # Consumers may read from any replica (KIP-392); followers serve up to the HW they know.
             any_replica = follower < 0
             rack = self._consumer_az(request) if follower < 0 and not diskless else ""
-            may_redirect = diskless and follower < 0 and self._redirects_zone(request)
+            redirect_az = self._redirect_az(request) if diskless and follower < 0 else None
             for p in topic.partitions:
                 index = p.partition
                 state = states[index] if 0 <= index < len(states) else None
@@ -435,7 +435,7 @@ class FetchApis(ApiFamily):
                 through_leader = replica is None or (
                     route.action == FORWARD and state is not None and state.leader != self.broker.node_id
                 )
-                redirect = self._zone_redirect(request, topic.topic, index, state) if may_redirect else -1
+                redirect = -1 if redirect_az is None else self._zone_redirect(redirect_az, topic.topic, index, state)
                 if redirect >= 0:
                     entry.update(error_code=ErrorCode.none, preferred_read_replica=redirect)
                     has_error = True  # answer now: the consumer moves to its own AZ's broker

@@ -207,9 +207,9 @@ class ReplicaManager:
                 self._drop(key)
             return None
         partition = self._ensure(topic, index, config, now_ms)
-        readable = (partition.log.high_watermark, partition.log.last_stable_offset)
+        bounds = partition.log.read_bounds
         changed = partition.apply_state(state, now_ms)
-        if changed is None and (partition.log.high_watermark, partition.log.last_stable_offset) != readable:
+        if changed is None and partition.log.read_bounds != bounds:
             self.notify_append()  # an ISR shrink committed what the remaining replicas hold
         if changed is not None:
             self._roles_taken.setdefault(topic.name, Counter())[changed] += 1
@@ -365,10 +365,10 @@ class ReplicaManager:
 
     def on_leader_append(self, partition: Partition) -> None:
         """A leader appended to ``partition``: wake whoever its append concerns."""
-        readable = (partition.log.high_watermark, partition.log.last_stable_offset)
+        bounds = partition.log.read_bounds
         partition.on_local_append()  # an ISR of the leader alone commits at once
         # A transaction marker moves the last stable offset without moving the high watermark.
-        if (partition.log.high_watermark, partition.log.last_stable_offset) != readable:
+        if partition.log.read_bounds != bounds:
             self.notify_append()
         else:
             self.notify_log_end()

@@ -213,6 +213,12 @@ class PartitionLog:
     def last_stable_offset(self) -> int:
         return self.txns.last_stable_offset(self.high_watermark)
 
+    @property
+    def read_bounds(self) -> tuple[int, int]:
+        """Where consumers' reads stop (high watermark, last stable offset): a change is news to
+        the fetches waiting on this log."""
+        return self.high_watermark, self.last_stable_offset
+
     def _rebuild_producer_state(self) -> None:
         """Latest usable snapshot, then replay of the batches written after it."""
         snapshot_offset, self.producer_state = load_latest_snapshot(self.directory, self.log_end_offset)

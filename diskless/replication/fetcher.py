@@ -262,7 +262,7 @@ class ReplicaFetcher:
                         partition.truncate_on_divergence(DivergingEpoch(diverging.epoch, diverging.end_offset), now)
                         readable_moved = True
                     else:
-                        readable = (partition.log.high_watermark, partition.log.last_stable_offset)
+                        bounds = partition.log.read_bounds
                         entries = partition.on_fetched(
                             data.records or b"", data.high_watermark, data.log_start_offset, now, self._sent_ms
                         )
@@ -270,7 +270,7 @@ class ReplicaFetcher:
                         # copying a long pointer log) would pull every WAL object it points to.
                         if entries and partition.log.log_end_offset >= data.high_watermark:
                             self.on_pointers(entries)
-                        if (partition.log.high_watermark, partition.log.last_stable_offset) != readable:
+                        if partition.log.read_bounds != bounds:
                             readable_moved = True
                 elif code == ErrorCode.offset_out_of_range and partition.log.log_end_offset < data.log_start_offset:
                     partition.log.truncate_fully_and_start_at(data.log_start_offset, now)

@@ -3,12 +3,11 @@ steps over in one move per element (a sessionless consumer's Fetch names every p
 
 from __future__ import annotations
 
-import datetime
 import io
-import sys
 import uuid
 
 import pytest
+from fetch_requests import consumer_fetch
 
 from diskless.protocol import messages as m
 from diskless.protocol.length_guard import LengthError, check_lengths
@@ -16,32 +15,8 @@ from diskless.protocol.length_guard import LengthError, check_lengths
 
 def fetch_body(version: int, partitions: int) -> tuple[type, bytes]:
     cls = m._request_type(m.API_FETCH, version)
-    module = sys.modules[cls.__module__]
-    parts = tuple(
-        module.FetchPartition(
-            partition=i, current_leader_epoch=0, fetch_offset=i, log_start_offset=-1, partition_max_bytes=1 << 20
-        )
-        for i in range(partitions)
-    )
-    topic = (
-        module.FetchTopic(topic_id=uuid.uuid4(), partitions=parts)
-        if version >= 13
-        else module.FetchTopic(topic="t", partitions=parts)
-    )
-    request = cls(
-        replica_id=-1,
-        max_wait=datetime.timedelta(milliseconds=500),
-        min_bytes=1,
-        max_bytes=1 << 20,
-        isolation_level=0,
-        session_id=0,
-        session_epoch=-1,
-        topics=(topic,),
-        forgotten_topics_data=(),
-        rack_id="",
-    )
     out = io.BytesIO()
-    m._writer(cls)(out, request)
+    m._writer(cls)(out, consumer_fetch(version, "t", uuid.uuid4(), list(range(partitions))))
     return cls, out.getvalue()
 
 
