@@ -267,6 +267,16 @@ class BrokerConfig:
             " never hold up WAL object uploads and the tail's prefetches.",
         ),
     )
+    diskless_fetch_lagging_max_bytes_per_second: int = field(
+        default=2**63 - 1,
+        metadata=_prop(
+            "diskless.fetch.lagging.max.bytes.per.second",
+            "Bytes per second this broker reads from object storage for consumers whose reads miss the"
+            " cache (far behind the tail, tiered segments); Kafka's remote.log.manager.fetch.max.bytes."
+            "per.second for diskless topics. A fetch over the quota waits for it within its max wait, or"
+            " is answered without those partitions' batches when it has others. Default: no limit.",
+        ),
+    )
     diskless_cache_lagging_max_bytes: int = field(
         default=-1,
         metadata=_prop(

@@ -130,6 +130,15 @@ DISKLESS_CACHE = Counter("diskless_cache_lookups_total", "WAL cache lookups when
 DISKLESS_CACHE_BYTES = Gauge(
     "diskless_cache_bytes", "Bytes held by the WAL cache, by share (tail, lagging)", ["segment"]
 )
+DISKLESS_LAGGING_BYTES = Counter(
+    "diskless_fetch_lagging_bytes_total",
+    "Bytes read from object storage for consumers whose reads missed the cache (far behind the tail)",
+)
+DISKLESS_LAGGING_DEFERRED = Counter(
+    "diskless_fetch_lagging_deferred_total",
+    "Partitions answered without batches because reads that miss the cache were over"
+    " diskless.fetch.lagging.max.bytes.per.second",
+)
 
 # Zone-aligned reads on followers (diskless/replication/follower_reads.py): one per consumer fetch pass
 # over a diskless partition whose local replica is a follower, by how it was answered.

@@ -77,6 +77,7 @@ class ProducerRun:
                 # librdkafka's own view of each request (see ``on_stats``).
                 "statistics.interval.ms": STATS_INTERVAL_MS,
                 "stats_cb": self.on_stats,
+                **json.loads(args.config),
             }
         )
         # Random bytes after the send time: nothing in the path compresses or deduplicates them.
@@ -271,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record-size", type=int, default=1024)
     parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument("--queue-kbytes", type=int, default=4096)
+    parser.add_argument("--config", default="{}", help="producer: more librdkafka settings, a JSON object")
     parser.add_argument("--from-beginning", action="store_true", help="consumer: read the topic from its start")
     parser.add_argument("--group-suffix", default="", help="consumer: distinguishes a second consumer in one AZ")
     args = parser.parse_args(argv)

@@ -57,7 +57,14 @@ class BenchOptions:
     # GBs per full run) is deleted once the run is measured; the processes' logs stay.
     keep_data: bool = False
     broker_overrides: dict[str, str] = field(default_factory=dict)
+    # librdkafka settings of the producers on top of the bench's own (e.g. enable.idempotence=false,
+    # sticky.partitioning.linger.ms=100): how a client's settings change diskless latency.
+    producer_config: dict[str, str] = field(default_factory=dict)
     lagging: bool = True  # the diskless kind's ``lagging`` phase
+    # Each broker's diskless.fetch.lagging.max.bytes.per.second (0: no quota, Kafka's default). The
+    # lagging reader catches up as fast as it is let; on a machine the whole cluster shares, an
+    # unbounded reader takes the tail's CPU (issue 10: it may cost the tail at most +20% e2e p99).
+    lagging_read_quota: int = 8 * 1024 * KIB
     profile: tuple[str, ...] = ()  # topic kinds during whose phases py-spy samples the brokers
 
     @classmethod
@@ -92,11 +99,20 @@ class BenchOptions:
             raise ValueError("--linger-ms must be >= 1")
         if self.producers_per_az < 1:
             raise ValueError("--producers-per-az must be >= 1")
+        if self.lagging_read_quota < 0:
+            raise ValueError("--lagging-quota must be >= 0")
 
     @property
     def producer_rate(self) -> int:
         """Records/s of each producer in the fixed-rate phases (the AZ's rate split among them)."""
         return max(1, round(self.rate / self.producers_per_az))
+
+    def broker_settings(self) -> dict[str, str]:
+        """The brokers' settings for the run: its own, then ``--broker-override``."""
+        settings = {"diskless.wal.linger.ms": str(self.linger_ms)}
+        if self.lagging_read_quota:
+            settings["diskless.fetch.lagging.max.bytes.per.second"] = str(self.lagging_read_quota)
+        return {**settings, **self.broker_overrides}
 
     def first_phases(self) -> list[dict[str, Any]]:
         """``low``, ``max``, ``after-burst``: one schedule the producers run back to back."""
@@ -136,6 +152,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-lagging", action="store_true", help="skip the diskless lagging-reader phase")
     parser.add_argument(
+        "--lagging-quota",
+        type=int,
+        dest="lagging_read_quota",
+        help=f"brokers' diskless.fetch.lagging.max.bytes.per.second, 0 for none (default {d.lagging_read_quota})",
+    )
+    parser.add_argument(
         "--keep-data", action="store_true", help="keep the cluster's data (S3 objects, broker logs) after the run"
     )
     parser.add_argument(
@@ -146,6 +168,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--broker-override", action="append", default=[], metavar="NAME=VALUE", help="one more broker setting"
+    )
+    parser.add_argument(
+        "--producer-config",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="one more librdkafka setting of the producers (e.g. enable.idempotence=false)",
     )
 
 
@@ -161,6 +190,7 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
         "after",
         "linger_ms",
         "producer_linger_ms",
+        "lagging_read_quota",
     ):
         value = getattr(args, flag)
         if value is not None:
@@ -174,9 +204,16 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
     options.keep_data = args.keep_data
     if args.profile:
         options.profile = tuple(k.strip() for k in args.profile.split(",") if k.strip())
-    for item in args.broker_override:
+    options.broker_overrides.update(_settings("--broker-override", args.broker_override))
+    options.producer_config.update(_settings("--producer-config", args.producer_config))
+    return options
+
+
+def _settings(flag: str, items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
         name, sep, value = item.partition("=")
         if not sep:
-            raise SystemExit(f"--broker-override expects name=value, got {item!r}")
-        options.broker_overrides[name.strip()] = value.strip()
-    return options
+            raise SystemExit(f"{flag} expects name=value, got {item!r}")
+        out[name.strip()] = value.strip()
+    return out

@@ -129,7 +129,13 @@ def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         before = diskless["phases"]["low"]["end_to_end_latency_ms"]["p99"]
         during = lagging["end_to_end_latency_ms"]["p99"]
         rise = None if not before or during is None else during / before - 1
-        note = f"tail e2e p99 {during} ms vs {before} ms in low; the reader got {diskless['lagging_reader_records']}"
+        options = result["options"]
+        read = diskless["lagging_reader_records"]
+        mb_s = read * options["record_size"] / options["duration"] / 1e6
+        quota = options.get("lagging_read_quota", 0)
+        note = f"tail e2e p99 {during} ms vs {before} ms in low; the reader got {read} records ({mb_s:.1f} MB/s)," + (
+            f" quota {quota / 2**20:g} MiB/s per broker" if quota else " no quota"
+        )
         ok = None if rise is None else rise <= 0.2
         rows.append(_row("lagging reader raises tail e2e p99 <= 20%", "lagging", rise, 0.2, "ratio", ok, note))
     return rows
@@ -183,6 +189,10 @@ def cross_az_breakdown(result: dict[str, Any], top: int = 8) -> list[str]:
     return lines
 
 
+def _client_settings(config: dict[str, str]) -> str:
+    return "".join(f", {name}={value}" for name, value in sorted(config.items()))
+
+
 def markdown(result: dict[str, Any]) -> str:
     o = result["options"]
     lines = [
@@ -190,7 +200,8 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"{o['brokers']} brokers in {o['azs']} AZs, S3: {result['cluster']['s3_kind']}; {o['partitions']} partitions,"
         f" replication {o['replication']}, {o['record_size']} B records, acks=all, producer linger.ms"
-        f" {o['producer_linger_ms']}, diskless.wal.linger.ms {o['linger_ms']};"
+        f" {o['producer_linger_ms']}{_client_settings(o.get('producer_config') or {})},"
+        f" diskless.wal.linger.ms {o['linger_ms']};"
         f" {o.get('producers_per_az', 1)} producer(s) and one consumer per AZ;"
         f" fixed rate {o['rate']} records/s per AZ{' (quick mode)' if o['quick'] else ''}."
         f" {result['cpus']} CPUs, load average {result['load_average']['at_start'][0]:g} at the start"

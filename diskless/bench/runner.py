@@ -200,6 +200,7 @@ def run_kind(
             "record_size": options.record_size,
             "linger_ms": options.producer_linger_ms,
             "queue_kbytes": options.producer_queue_kbytes,
+            "config": json.dumps(options.producer_config),
         }
         count = options.producers_per_az
         producers = [
@@ -415,7 +416,7 @@ def run_bench(options: BenchOptions, out: TextIO = sys.stdout) -> int:
     progress = Progress(out)
     progress.line(f"diskless bench: results in {result_dir}")
     load_at_start = [round(x, 2) for x in os.getloadavg()]
-    overrides = {"diskless.wal.linger.ms": str(options.linger_ms), **options.broker_overrides}
+    overrides = options.broker_settings()
     cluster: DevCluster | None = None
     try:
         cluster = start_cluster(root, options.brokers, options.azs, overrides, out)

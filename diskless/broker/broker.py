@@ -32,6 +32,7 @@ from diskless.cluster.metadata import (
 )
 from diskless.cluster.producer_ids import ProducerIdBlock
 from diskless.config import BrokerConfig
+from diskless.fetch.read_quota import ReadQuota
 from diskless.fetch.wal_reader import WalCache, WalReader
 from diskless.log.config import LogConfig, effective_values
 from diskless.log.segment import POINTERS, BatchLocation, LogSegment
@@ -120,6 +121,7 @@ class Broker:
         self.miss_store: ObjectStore | None = None
         self.wal_reader: WalReader | None = None
         self.representative: Representative | None = None
+        self.lagging_read_quota = ReadQuota(config.diskless_fetch_lagging_max_bytes_per_second, self.monotonic_ms())
         if config.diskless_s3_endpoint:
             bucket = (
                 config.diskless_s3_endpoint,
@@ -165,6 +167,10 @@ class Broker:
     @staticmethod
     def now_ms() -> int:
         return time.time_ns() // 1_000_000
+
+    @staticmethod
+    def monotonic_ms() -> float:
+        return time.monotonic() * 1000.0
 
     def leader_fenced(self) -> bool:
         """Whether this broker must not act as a partition leader now (answer NOT_LEADER_OR_FOLLOWER

@@ -26,6 +26,8 @@ from diskless.log.partition_log import TIERED, OffsetMovedToTiered, OffsetOutOfR
 from diskless.log.segment import POINTERS
 from diskless.metrics import (
     DISKLESS_FOLLOWER_READS,
+    DISKLESS_LAGGING_BYTES,
+    DISKLESS_LAGGING_DEFERRED,
     FETCH_SESSIONS,
     REPLICA_FETCH_PARTITIONS,
     REPLICA_FETCHES,
@@ -182,7 +184,7 @@ class FetchApis(ApiFamily):
             remaining = deadline - time.monotonic()
             if total >= request.min_bytes or has_error or remaining <= 0 or (total > 0 and request.min_bytes <= 1):
                 if remote:
-                    await self._serve_pointers(remote)
+                    await self._serve_pointers(remote, total, deadline)
                 if follower >= 0:
                     self._quiet.answered(asked, follower, self.broker.now_ms())
                 if by_id:
@@ -333,10 +335,12 @@ class FetchApis(ApiFamily):
                 return node_id
         return -1
 
-    async def _serve_pointers(self, remote: list[tuple[dict[str, Any], bytes]]) -> None:
+    async def _serve_pointers(self, remote: list[tuple[dict[str, Any], bytes]], total: int, deadline: float) -> None:
         """Replace pointer entries by the batches they point to (cache, else ranged GETs; the
-        partitions of one response read each WAL object once, see ``batches_of_partitions``)."""
+        partitions of one response read each WAL object once, see ``batches_of_partitions``).
+        ``total`` is the response's size, ``deadline`` its max wait (monotonic seconds)."""
         reader = self.broker.wal_reader
+        remote = await self._within_lagging_quota(remote, total, deadline)
 
         async def tiered(entry: dict[str, Any], raw: TieredRead) -> None:
             try:
@@ -364,6 +368,54 @@ class FetchApis(ApiFamily):
                 )
 
         await asyncio.gather(pointed(), *(tiered(entry, raw) for entry, raw in remote if isinstance(raw, TieredRead)))
+
+    async def _within_lagging_quota(
+        self, remote: list[tuple[dict[str, Any], bytes]], total: int, deadline: float
+    ) -> list[tuple[dict[str, Any], bytes]]:
+        """The partitions to serve now under ``diskless.fetch.lagging.max.bytes.per.second``.
+
+        Partitions whose batches would be read from object storage (cache misses, tiered
+        segments) are *cold*. Over the quota, a response that has other data is answered now
+        without the cold partitions' batches (their consumer asks again from the same offset); a
+        response of cold partitions only waits for the quota, up to its max wait, as Kafka delays
+        a fetch over its remote-read quota. Admitted bytes are charged at once, so fetches waking
+        together do not all pass on the same refill."""
+        quota = self.broker.lagging_read_quota
+        reader = self.broker.wal_reader
+        if not quota.limited or reader is None:
+            return remote
+        cold: list[int] = []
+        cold_bytes = cold_served = 0
+        for i, (_, raw) in enumerate(remote):
+            if isinstance(raw, TieredRead):
+                size = served = _tiered_size(raw)
+            else:
+                entries = [e for e in pointer.iter_entries(raw) if isinstance(e, pointer.PointerEntry)]
+                size, served = reader.miss_bytes(entries), pointer.served_size(raw)
+            if size:
+                cold.append(i)
+                cold_bytes += size
+                cold_served += served
+        if not cold:
+            return remote
+        wait_ms = quota.wait_ms(self.broker.monotonic_ms())
+        if wait_ms > 0 and total - cold_served <= 0:
+            # Nothing else to answer with: wait for the quota as long as the fetch may wait.
+            while wait_ms > 0 and (left := deadline - time.monotonic()) > 0:
+                await asyncio.sleep(min(wait_ms / 1000.0, left))
+                wait_ms = quota.wait_ms(self.broker.monotonic_ms())
+        if wait_ms > 0:
+            DISKLESS_LAGGING_DEFERRED.inc(len(cold))
+            deferred = set(cold)
+            for i in cold:
+                entry = remote[i][0]
+                entry["records"] = b""
+                if entry.get("aborted_transactions"):
+                    entry["aborted_transactions"] = []
+            return [item for i, item in enumerate(remote) if i not in deferred]
+        quota.record(cold_bytes, self.broker.monotonic_ms())
+        DISKLESS_LAGGING_BYTES.inc(cold_bytes)
+        return remote
 
     def _tier_reader(self) -> TierReader:
         """Segment objects are read in the cache-miss lane (``WalReader.miss_store``) and share the

@@ -56,6 +56,9 @@ class WalCache:
             self._lagging.move_to_end(key)
         return data
 
+    def __contains__(self, key: str) -> bool:  # no use recorded, unlike ``get``
+        return key in self._tail or key in self._lagging
+
     def put(self, key: str, data: bytes, lagging: bool = False) -> None:
         if key in self._tail or key in self._lagging:
             return
@@ -116,6 +119,11 @@ class WalReader:
             return data
         finally:
             self._inflight.pop(key, None)
+
+    def miss_bytes(self, entries: list[Any]) -> int:
+        """Bytes of these pointer entries that serving them would read from the object store:
+        neither cached nor on their way in a prefetch."""
+        return sum(entry.size for entry in entries if entry.key not in self._inflight and entry.key not in self.cache)
 
     async def batches(self, entries: list[Any]) -> list[bytes]:
         """The served batch of every pointer entry, in order."""

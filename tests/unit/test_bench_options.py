@@ -29,3 +29,20 @@ def test_the_rate_is_per_az_and_split_among_its_producers() -> None:
 def test_producers_per_az_must_be_positive() -> None:
     with pytest.raises(ValueError, match="producers-per-az"):
         _parse("--producers-per-az", "0").validate()
+
+
+def test_the_lagging_read_quota_reaches_the_brokers_unless_overridden_or_off() -> None:
+    name = "diskless.fetch.lagging.max.bytes.per.second"
+    assert _parse().broker_settings()[name] == str(8 << 20)
+    assert _parse("--lagging-quota", "1000").broker_settings()[name] == "1000"
+    assert name not in _parse("--lagging-quota", "0").broker_settings()
+    assert _parse("--broker-override", f"{name}=5").broker_settings()[name] == "5"
+    with pytest.raises(ValueError, match="lagging-quota"):
+        _parse("--lagging-quota", "-1").validate()
+
+
+def test_producer_settings_are_passed_through_by_name() -> None:
+    options = _parse("--producer-config", "enable.idempotence=true", "--producer-config", "batch.size=65536")
+    assert options.producer_config == {"enable.idempotence": "true", "batch.size": "65536"}
+    with pytest.raises(SystemExit):
+        _parse("--producer-config", "no-equals-sign")

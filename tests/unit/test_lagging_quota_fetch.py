@@ -1,0 +1,87 @@
+"""How a consumer Fetch is answered under diskless.fetch.lagging.max.bytes.per.second
+(``FetchApis._within_lagging_quota``): in-memory cache and quota, no sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from batches import make_batch
+
+from diskless.broker.fetch_apis import FetchApis
+from diskless.fetch.read_quota import UNLIMITED, ReadQuota
+from diskless.fetch.wal_reader import WalCache, WalReader
+from diskless.storage import pointer
+
+HOT, COLD = "wal/hot", "wal/cold"
+
+
+def pointers(key: str) -> bytes:
+    batch = make_batch([b"v" * 500] * 4, base_offset=0)
+    return pointer.encode_pointer_entry(batch[:61], key, 0, len(batch))
+
+
+def handler(quota: ReadQuota, clock: list[float]) -> Any:
+    cache = WalCache(1 << 20)
+    cache.put(HOT, b"x" * 4096)  # only HOT is cached: COLD would be read from object storage
+    broker = SimpleNamespace(
+        lagging_read_quota=quota,
+        wal_reader=WalReader(store=None, cache=cache),  # type: ignore[arg-type]
+        monotonic_ms=lambda: clock[0],
+    )
+    return SimpleNamespace(broker=broker)
+
+
+def serve(fake: Any, remote: list[tuple[dict[str, Any], bytes]], deadline_s: float) -> list[Any]:
+    total = sum(pointer.served_size(raw) for _, raw in remote)
+    return asyncio.run(FetchApis._within_lagging_quota(fake, remote, total, time.monotonic() + deadline_s))
+
+
+def test_unlimited_serves_everything() -> None:
+    fake = handler(ReadQuota(UNLIMITED, 0), [0.0])
+    remote = [({"records": None}, pointers(COLD))]
+    assert serve(fake, remote, 0.0) == remote
+
+
+def test_over_the_quota_the_tail_is_answered_at_once_and_the_lagging_partition_later() -> None:
+    clock = [0.0]
+    quota = ReadQuota(1000, 0)
+    quota.record(5000, 0)  # in debt for 4 s
+    fake = handler(quota, clock)
+    hot, cold = {"records": None, "aborted_transactions": None}, {"records": None, "aborted_transactions": None}
+    started = time.monotonic()
+    served = serve(fake, [(hot, pointers(HOT)), (cold, pointers(COLD))], deadline_s=5.0)
+    assert time.monotonic() - started < 1.0  # no wait: the response has the tail's batches
+    assert [entry for entry, _ in served] == [hot]
+    assert cold["records"] == b""  # answered empty, no error: asked again from the same offset
+
+
+def test_a_response_of_lagging_partitions_only_waits_within_its_max_wait_and_charges_the_quota() -> None:
+    clock = [0.0]
+    quota = ReadQuota(1000, 0)
+    quota.record(1100, 0)  # 100 ms of debt
+    fake = handler(quota, clock)
+    cold = {"records": None, "aborted_transactions": None}
+    remote = [(cold, pointers(COLD))]
+
+    async def advance() -> list[Any]:
+        task = asyncio.ensure_future(FetchApis._within_lagging_quota(fake, remote, 2000, time.monotonic() + 5))
+        await asyncio.sleep(0.01)
+        assert not task.done()  # waiting for the quota
+        clock[0] = 150.0  # the debt is paid back
+        return await task
+
+    assert asyncio.run(advance()) == remote
+    size = pointer.iter_entries(remote[0][1])[0].size
+    assert round(quota.wait_ms(150.0)) == size - 50  # charged when admitted: 50 B were left, 1 B/ms
+
+
+def test_past_its_max_wait_a_lagging_only_response_is_answered_empty() -> None:
+    quota = ReadQuota(1000, 0)
+    quota.record(10_000, 0)
+    fake = handler(quota, [0.0])
+    cold = {"records": None, "aborted_transactions": []}
+    assert serve(fake, [(cold, pointers(COLD))], deadline_s=0.05) == []
+    assert cold["records"] == b""
