@@ -374,8 +374,8 @@ class FetchApis(ApiFamily):
     ) -> list[tuple[dict[str, Any], bytes]]:
         """The partitions to serve now under ``diskless.fetch.lagging.max.bytes.per.second``.
 
-        Partitions whose batches would be read from object storage (cache misses, tiered
-        segments) are *cold*. Over the quota, a response that has other data is answered now
+        Partitions whose batches would be read from object storage (cache misses short of the
+        partition's end, tiered segments) are *cold*. Over the quota, a response that has other data is answered now
         without the cold partitions' batches (their consumer asks again from the same offset); a
         response of cold partitions only waits for the quota, up to its max wait, as Kafka delays
         a fetch over its remote-read quota. Admitted bytes are charged at once, so fetches waking
@@ -386,12 +386,17 @@ class FetchApis(ApiFamily):
             return remote
         cold: list[int] = []
         cold_bytes = cold_served = 0
-        for i, (_, raw) in enumerate(remote):
+        for i, (answer, raw) in enumerate(remote):
             if isinstance(raw, TieredRead):
                 size = served = _tiered_size(raw)
             else:
-                entries = [e for e in pointer.iter_entries(raw) if isinstance(e, pointer.PointerEntry)]
-                size, served = reader.miss_bytes(entries), pointer.served_size(raw)
+                entries = pointer.iter_entries(raw)
+                if entries and entries[-1].last_offset + 1 >= answer["last_stable_offset"]:
+                    # A read up to the end is the tail's, even when its object is not cached yet
+                    # (a prefetch not started): the tail is never held for a lagging reader's quota.
+                    continue
+                size = reader.miss_bytes([e for e in entries if isinstance(e, pointer.PointerEntry)])
+                served = pointer.served_size(raw)
             if size:
                 cold.append(i)
                 cold_bytes += size
