@@ -69,7 +69,6 @@ class ProducerRun:
                 "client.id": f"bench-producer-{args.az} diskless_az={args.az}",
                 "client.rack": args.az,
                 "acks": "all",
-                "enable.idempotence": True,
                 "linger.ms": args.linger_ms,
                 "queue.buffering.max.kbytes": args.queue_kbytes,
                 "queue.buffering.max.messages": 1_000_000,

@@ -30,9 +30,9 @@ class BenchOptions:
     partitions: int = 12
     record_size: int = 1024  # bytes of record value (the payload); the first 8 carry the send time
     rate: int = 300  # records/s per AZ in the fixed-rate phases, split among the AZ's producers
-    # Producers per AZ. An idempotent producer has at most 5 requests in flight per broker, so one
-    # producer's maximum rate is about 5 requests / produce latency: diskless, with its linger and
-    # PUT in every request's latency, needs more producers than classic to show its maximum.
+    # Producers per AZ. With enable.idempotence=true a producer has at most 5 requests in flight
+    # per broker, so its maximum rate is about 5 requests / produce latency: diskless, with its
+    # linger and PUT in every request's latency, then needs more producers than classic.
     producers_per_az: int = 1
     duration: float = 20.0  # seconds of each of the ``low`` and ``80pct`` phases
     burst: float = 15.0  # seconds at maximum rate
@@ -57,8 +57,10 @@ class BenchOptions:
     # GBs per full run) is deleted once the run is measured; the processes' logs stay.
     keep_data: bool = False
     broker_overrides: dict[str, str] = field(default_factory=dict)
-    # librdkafka settings of the producers on top of the bench's own (e.g. enable.idempotence=false,
-    # sticky.partitioning.linger.ms=100): how a client's settings change diskless latency.
+    # librdkafka settings of the producers on top of the bench's own (acks=all, linger.ms, queue
+    # bounds; librdkafka's defaults otherwise, as in issue 10's setup, so no idempotence): e.g.
+    # enable.idempotence=true, whose 5 requests in flight per broker, with librdkafka's one
+    # partition per ProduceRequest, keep records waiting in the producer (report: "Producers' view").
     producer_config: dict[str, str] = field(default_factory=dict)
     lagging: bool = True  # the diskless kind's ``lagging`` phase
     # Each broker's diskless.fetch.lagging.max.bytes.per.second (0: no quota, Kafka's default). The
@@ -174,7 +176,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=VALUE",
-        help="one more librdkafka setting of the producers (e.g. enable.idempotence=false)",
+        help="one more librdkafka setting of the producers (e.g. enable.idempotence=true)",
     )
 
 

@@ -190,7 +190,8 @@ def cross_az_breakdown(result: dict[str, Any], top: int = 8) -> list[str]:
 
 
 def _client_settings(config: dict[str, str]) -> str:
-    return "".join(f", {name}={value}" for name, value in sorted(config.items()))
+    idempotence = {} if "enable.idempotence" in config else {"enable.idempotence": "false (librdkafka's default)"}
+    return "".join(f", {name}={value}" for name, value in sorted({**config, **idempotence}.items()))
 
 
 def markdown(result: dict[str, Any]) -> str:
