@@ -375,11 +375,11 @@ class FetchApis(ApiFamily):
         """The partitions to serve now under ``diskless.fetch.lagging.max.bytes.per.second``.
 
         Partitions whose batches would be read from object storage (cache misses short of the
-        partition's end, tiered segments) are *cold*. Over the quota, a response that has other data is answered now
-        without the cold partitions' batches (their consumer asks again from the same offset); a
-        response of cold partitions only waits for the quota, up to its max wait, as Kafka delays
-        a fetch over its remote-read quota. Admitted bytes are charged at once, so fetches waking
-        together do not all pass on the same refill."""
+        partition's end, tiered segments) are *cold*. Over the quota, a response that has other
+        data is answered now without the cold partitions' batches (their consumer asks again from
+        the same offset); a response of cold partitions only waits for the quota, up to its max
+        wait, as Kafka delays a fetch over its remote-read quota. Admitted bytes are charged at
+        once, so fetches waking together do not all pass on the same refill."""
         quota = self.broker.lagging_read_quota
         reader = self.broker.wal_reader
         if not quota.limited or reader is None:
