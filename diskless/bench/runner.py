@@ -265,6 +265,19 @@ def run_kind(
         gens.wait_files(producers, "done-2", options.duration + FLUSH_TIMEOUT_S + 30, tick_for(second, {}))
         rounds = [round1, _load_producers(producers, 2)]
         if options.lagging and kind == "diskless":
+            # The control: the fixed rate again without the reader, right before it, so the
+            # reader's effect is measured against the same cluster state (data written, caches).
+            order = {
+                "start_at": time.time() + 0.3,
+                "phases": [{"name": "control", "rate": options.producer_rate, "duration": options.duration}],
+                "flush_timeout": FLUSH_TIMEOUT_S,
+            }
+            control_window = _windows(order)
+            for control in producers:
+                _publish(control / "go-3.json", order)
+            gens.wait_files(producers, "done-3", options.duration + FLUSH_TIMEOUT_S + 30, tick_for(control_window, {}))
+            rounds.append(_load_producers(producers, 3))
+            second += control_window
             # A reader of the whole topic from its start in the first AZ, beside that AZ's tail reader.
             az = azs[0]
             lagging = gens.spawn(
@@ -282,9 +295,9 @@ def run_kind(
             }
             third = _windows(order)
             for control in producers:
-                _publish(control / "go-3.json", order)
-            gens.wait_files(producers, "done-3", options.duration + FLUSH_TIMEOUT_S + 30, tick_for(third, {}))
-            rounds.append(_load_producers(producers, 3))
+                _publish(control / "go-4.json", order)
+            gens.wait_files(producers, "done-4", options.duration + FLUSH_TIMEOUT_S + 30, tick_for(third, {}))
+            rounds.append(_load_producers(producers, 4))
             second += third
             gens.stop([lagging])
             with np.load(lagging / "out.npz") as data:

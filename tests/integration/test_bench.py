@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-PHASES = ("low", "max", "after-burst", "80pct")  # and "lagging" for diskless
+PHASES = ("low", "max", "after-burst", "80pct")  # and "control", "lagging" for diskless
 
 
 def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
@@ -31,7 +31,7 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
     assert set(result["kinds"]) == {"diskless", "classic"}
     for kind, data in result["kinds"].items():
         assert data["failed_records"] == 0, kind
-        expected = [*PHASES, "lagging"] if kind == "diskless" else list(PHASES)
+        expected = [*PHASES, "control", "lagging"] if kind == "diskless" else list(PHASES)
         assert list(data["phases"]) == expected, kind
         assert data["max_mb_per_s"] > 0 and data["cross_az_per_payload_byte"] is not None
         assert data["throughput_series"]["mb_per_s"], kind
@@ -64,7 +64,11 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
         assert row["result"] in ("pass", "fail") and row["limit"] > result["options"]["linger_ms"]
     assert targets[("diskless max throughput >= classic", "max")]["result"] in ("pass", "fail")
     assert targets[("diskless bytes crossing AZs / payload", "all")]["result"] in ("pass", "fail")
-    assert targets[("lagging reader raises tail e2e p99 <= 20%", "lagging")]["result"] in ("pass", "fail")
+    lagging = targets[("lagging reader raises tail e2e p99 <= 20%", "lagging")]
+    assert lagging["result"] in ("pass", "fail")
+    # Compared with the control phase run just before the reader, the low phase also named.
+    control = result["kinds"]["diskless"]["phases"]["control"]["end_to_end_latency_ms"]["p99"]
+    assert f"vs {control} ms in control" in lagging["note"] and "in low" in lagging["note"]
     table = (run / "result.md").read_text()
     assert "| target | phase | measured | limit | result | note |" in table
     assert table.count("**pass**") + table.count("**fail**") >= len(PHASES) + 6
