@@ -206,6 +206,26 @@ def api_names() -> dict[str, str]:
     return names
 
 
+def requests_per_broker_per_s(delta: WindowDelta) -> dict[str, float]:
+    """Requests each broker handled per second, by API (mean over brokers), most frequent first;
+    Fetch is split into replica fetches and the rest (consumers')."""
+    names = api_names()
+    counts: dict[str, float] = {}
+    for metrics in delta.metrics.values():
+        for key, value in metrics.items():
+            sample, labels = parse_sample(key)
+            if sample == "diskless_requests_total" and value > 0:
+                name = names.get(labels.get("api", ""), labels.get("api", "?"))
+                counts[name] = counts.get(name, 0.0) + value
+    replica = delta.total("diskless_replica_fetches_total")
+    if "Fetch" in counts:
+        counts["Fetch (replicas)"] = replica
+        counts["Fetch (consumers)"] = max(0.0, counts.pop("Fetch") - replica)
+    brokers = max(1, len(delta.metrics))
+    rates = {name: round(count / delta.seconds / brokers, 1) for name, count in counts.items()}
+    return dict(sorted(rates.items(), key=lambda item: -item[1]))
+
+
 # Group membership and offsets: answered by the group's one coordinator (Kafka's design, one AZ).
 COORDINATOR_APIS = frozenset(
     {

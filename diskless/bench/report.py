@@ -273,6 +273,7 @@ def markdown(result: dict[str, Any]) -> str:
             put, lag = _fmt(t.get("s3_put_client_mean_ms")), _fmt(t.get("loop_lag_mean_ms"))
             lines.append(f"| {phase} | {cells} | {put} | {lag} |")
     lines += producer_client_view(result)
+    lines += requests_by_api(result)
     lines += [
         "",
         "## Raw S3 baseline (same server, the brokers' ObjectStore client)",
@@ -380,6 +381,29 @@ def write_outputs(
     if with_plots:
         paths += [out / name for name in plots(result, samples, out)]
     return paths
+
+
+def requests_by_api(result: dict[str, Any], top: int = 8) -> list[str]:
+    """Requests per broker per second by API, per kind and phase (the most frequent ``top``)."""
+    rows = [
+        (kind, phase, f["requests_per_broker_per_s"])
+        for kind, figures in result["kinds"].items()
+        for phase, f in figures.get("phases", {}).items()
+        if f.get("requests_per_broker_per_s")
+    ]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Requests per broker per second, by API (mean over brokers, the most frequent)",
+        "",
+        "| kind | phase | requests |",
+        "|---|---|---|",
+    ]
+    for kind, phase, rates in rows:
+        shown = ", ".join(f"{name} {rate:g}" for name, rate in list(rates.items())[:top])
+        lines.append(f"| {kind} | {phase} | {shown} |")
+    return lines
 
 
 def producer_client_view(result: dict[str, Any]) -> list[str]:

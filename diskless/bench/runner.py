@@ -24,7 +24,15 @@ from typing import Any, TextIO
 import numpy as np
 
 from diskless.bench.cluster import az_env, azs_of, build_shim, create_topics, spawn_loadgen, start_cluster
-from diskless.bench.collect import OBJECT_REQUESTS, Sampler, WalObject, cross_az_bytes, list_wal_objects, window_delta
+from diskless.bench.collect import (
+    OBJECT_REQUESTS,
+    Sampler,
+    WalObject,
+    cross_az_bytes,
+    list_wal_objects,
+    requests_per_broker_per_s,
+    window_delta,
+)
 from diskless.bench.options import BenchOptions
 from diskless.bench.profile import Profiler, hot_spots
 from diskless.bench.report import evaluate_targets, write_outputs
@@ -389,6 +397,7 @@ def kind_figures(
             cross_az=cross,
             wal_objects=size_distribution(in_window),
             broker_timings=timings,
+            requests_per_broker_per_s=requests_per_broker_per_s(delta),
             producer_client=client_view(run.produced, window),
         )
         phases[window.name] = f

@@ -64,6 +64,11 @@ class TieredRead(bytes):
     """A TIERED read result's descriptor, waiting in ``remote`` beside pointer entries to be served."""
 
 
+# A consumer's partition served from object storage: its answer, what the log read returned
+# (pointer entries' bytes, or a tiered read), and those parsed (the entries, or the tiered read).
+_RemotePart = tuple[dict[str, Any], Any, Any]
+
+
 def _pointers_within(data: bytes, room: int, min_one: bool) -> bytes:
     """The leading pointer entries whose batches fit in ``room`` bytes (at least one if ``min_one``)."""
     pos = used = 0
@@ -340,7 +345,11 @@ class FetchApis(ApiFamily):
         partitions of one response read each WAL object once, see ``batches_of_partitions``).
         ``total`` is the response's size, ``deadline`` its max wait (monotonic seconds)."""
         reader = self.broker.wal_reader
-        remote = await self._within_lagging_quota(remote, total, deadline)
+        # Each partition's pointers parsed once, for the quota's decision and for serving.
+        parts: list[_RemotePart] = [
+            (entry, raw, raw if isinstance(raw, TieredRead) else pointer.iter_entries(raw)) for entry, raw in remote
+        ]
+        parts = await self._within_lagging_quota(parts, total, deadline)
 
         async def tiered(entry: dict[str, Any], raw: TieredRead) -> None:
             try:
@@ -350,7 +359,7 @@ class FetchApis(ApiFamily):
                 entry["error_code"] = ErrorCode.kafka_storage_error
 
         async def pointed() -> None:
-            parsed = [(entry, pointer.iter_entries(raw)) for entry, raw in remote if not isinstance(raw, TieredRead)]
+            parsed = [(entry, entries) for entry, _, entries in parts if not isinstance(entries, TieredRead)]
             groups = [[e for e in entries if isinstance(e, pointer.PointerEntry)] for _, entries in parsed]
             if reader is None or not any(groups):
                 results: list[list[bytes] | Exception] = [[] for _ in groups]
@@ -367,11 +376,9 @@ class FetchApis(ApiFamily):
                     e.batch if isinstance(e, pointer.InlineEntry) else next(batches) for e in entries
                 )
 
-        await asyncio.gather(pointed(), *(tiered(entry, raw) for entry, raw in remote if isinstance(raw, TieredRead)))
+        await asyncio.gather(pointed(), *(tiered(entry, raw) for entry, raw, _ in parts if isinstance(raw, TieredRead)))
 
-    async def _within_lagging_quota(
-        self, remote: list[tuple[dict[str, Any], bytes]], total: int, deadline: float
-    ) -> list[tuple[dict[str, Any], bytes]]:
+    async def _within_lagging_quota(self, parts: list[_RemotePart], total: int, deadline: float) -> list[_RemotePart]:
         """The partitions to serve now under ``diskless.fetch.lagging.max.bytes.per.second``.
 
         Partitions whose batches would be read from object storage (cache misses short of the
@@ -380,29 +387,28 @@ class FetchApis(ApiFamily):
         the same offset); a response of cold partitions only waits for the quota, up to its max
         wait, as Kafka delays a fetch over its remote-read quota. Admitted bytes are charged at
         once, so fetches waking together do not all pass on the same refill."""
-        quota = self.broker.lagging_read_quota
         reader = self.broker.wal_reader
-        if not quota.limited or reader is None:
-            return remote
+        if reader is None or not self.broker.lagging_read_quota.limited:
+            return parts
+        quota = self.broker.lagging_read_quota
         cold: list[int] = []
         cold_bytes = cold_served = 0
-        for i, (answer, raw) in enumerate(remote):
-            if isinstance(raw, TieredRead):
-                size = served = _tiered_size(raw)
+        for i, (answer, raw, entries) in enumerate(parts):
+            if isinstance(entries, TieredRead):
+                size = served = _tiered_size(entries)
+            elif entries and entries[-1].last_offset + 1 >= answer["last_stable_offset"]:
+                # A read up to the end is the tail's, even when its object is not cached yet
+                # (a prefetch not started): the tail is never held for a lagging reader's quota.
+                continue
             else:
-                entries = pointer.iter_entries(raw)
-                if entries and entries[-1].last_offset + 1 >= answer["last_stable_offset"]:
-                    # A read up to the end is the tail's, even when its object is not cached yet
-                    # (a prefetch not started): the tail is never held for a lagging reader's quota.
-                    continue
                 size = reader.miss_bytes([e for e in entries if isinstance(e, pointer.PointerEntry)])
-                served = pointer.served_size(raw)
+                served = pointer.served_size(raw) if size else 0
             if size:
                 cold.append(i)
                 cold_bytes += size
                 cold_served += served
         if not cold:
-            return remote
+            return parts
         wait_ms = quota.wait_ms(self.broker.monotonic_ms())
         if wait_ms > 0 and total - cold_served <= 0:
             # Nothing else to answer with: wait for the quota as long as the fetch may wait.
@@ -413,14 +419,14 @@ class FetchApis(ApiFamily):
             DISKLESS_LAGGING_DEFERRED.inc(len(cold))
             deferred = set(cold)
             for i in cold:
-                entry = remote[i][0]
+                entry = parts[i][0]
                 entry["records"] = b""
                 if entry.get("aborted_transactions"):
                     entry["aborted_transactions"] = []
-            return [item for i, item in enumerate(remote) if i not in deferred]
+            return [part for i, part in enumerate(parts) if i not in deferred]
         quota.record(cold_bytes, self.broker.monotonic_ms())
         DISKLESS_LAGGING_BYTES.inc(cold_bytes)
-        return remote
+        return parts
 
     def _tier_reader(self) -> TierReader:
         """Segment objects are read in the cache-miss lane (``WalReader.miss_store``) and share the

@@ -48,6 +48,9 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
             assert f["s3_puts_per_mb"] is not None and f["s3_gets_per_mb"] is not None, where
             assert f["cross_az"]["per_payload_byte"] is not None, where
             assert set(f["s3_puts_per_broker_per_s"]) == {"1", "2", "3"}, where
+            assert (
+                f["requests_per_broker_per_s"]["Produce"] > 0 and "Fetch (consumers)" in f["requests_per_broker_per_s"]
+            )
         if kind == "diskless":
             assert all(f["s3_puts_per_mb"] > 0 and f["wal_objects"]["objects"] > 0 for f in data["phases"].values())
             assert all(f["broker_timings"]["flush_mean_ms"] > 0 for f in data["phases"].values())
@@ -71,6 +74,7 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
     assert f"vs {control} ms in control" in lagging["note"] and "in low" in lagging["note"]
     table = (run / "result.md").read_text()
     assert "| target | phase | measured | limit | result | note |" in table
+    assert "## Requests per broker per second, by API" in table
     assert table.count("**pass**") + table.count("**fail**") >= len(PHASES) + 6
     for plot in ("latency_cdf.png", "throughput.png"):
         assert (run / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -14,6 +14,7 @@ import pytest
 from batches import Record, make_batch
 
 from diskless.broker.fetch_apis import FetchApis
+from diskless.fetch.read_quota import UNLIMITED, ReadQuota
 from diskless.protocol import internal
 from diskless.protocol import messages as m
 from diskless.storage import pointer
@@ -66,6 +67,7 @@ async def test_forwarded_partitions_share_the_fetch_max_bytes(monkeypatch: pytes
         peers=SimpleNamespace(get=get),
         metadata=SimpleNamespace(topics={"t": SimpleNamespace(topic_id="tid")}),
         wal_reader=reader,
+        lagging_read_quota=ReadQuota(UNLIMITED, 0),
         now_ms=lambda: 0,
         config=SimpleNamespace(fetch_max_bytes=1 << 30),
     )

@@ -3,7 +3,7 @@ must not evict what tail consumers read) and its byte bounds."""
 
 from __future__ import annotations
 
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from test_tier_reader import FakeStore, build, read
 
@@ -47,11 +47,14 @@ OPS = st.lists(
 
 @settings(max_examples=300, deadline=None)
 @given(OPS, st.integers(0, MAX))
+@example(ops=[("tail", 0, 1), ("tail", 0, 2)], lagging_max=MAX - 1)  # one key drawn with two sizes
 def test_tail_content_depends_on_tail_puts_only(ops: list[tuple[str, int, int]], lagging_max: int) -> None:
     everything = WalCache(MAX, lagging_max)
     tail_only = WalCache(MAX, lagging_max)
-    for kind, number, size in ops:
+    sizes: dict[str, int] = {}
+    for kind, number, drawn in ops:
         key = f"{kind}/{number}" if kind != "get" else f"{'tail' if number % 2 else 'lagging'}/{number // 2}"
+        size = sizes.setdefault(key, drawn)  # an object's key names its bytes: never two sizes for one key
         if kind == "tail":
             everything.put(key, b"t" * size)
             tail_only.put(key, b"t" * size)
