@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from typing import NamedTuple
+from typing import NamedTuple, cast
 
 __all__ = [
     "Answer",
@@ -260,8 +260,8 @@ class _Connection(asyncio.Protocol):
     # -- asyncio callbacks
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # A stream transport by construction (create_connection); uvloop's do not subclass asyncio's.
+        self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         parser = self._parser
