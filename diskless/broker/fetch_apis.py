@@ -69,6 +69,16 @@ class TieredRead(bytes):
 _RemotePart = tuple[dict[str, Any], Any, Any]
 
 
+def _prefix_within(entries: list[Any], room: int) -> list[Any]:
+    """The first entries whose batches fit in ``room`` bytes, at least one (a fetch always moves on)."""
+    used = 0
+    for n, entry in enumerate(entries):
+        used += entry.size if isinstance(entry, pointer.PointerEntry) else len(entry.batch)
+        if used > room and n > 0:
+            return entries[:n]
+    return entries
+
+
 def _pointers_within(data: bytes, room: int, min_one: bool) -> bytes:
     """The leading pointer entries whose batches fit in ``room`` bytes (at least one if ``min_one``)."""
     pos = used = 0
@@ -379,34 +389,36 @@ class FetchApis(ApiFamily):
         await asyncio.gather(pointed(), *(tiered(entry, raw) for entry, raw, _ in parts if isinstance(raw, TieredRead)))
 
     async def _within_lagging_quota(self, parts: list[_RemotePart], total: int, deadline: float) -> list[_RemotePart]:
-        """The partitions to serve now under ``diskless.fetch.lagging.max.bytes.per.second``.
+        """The partitions to serve now, and how much of each, under
+        ``diskless.fetch.lagging.max.bytes.per.second``.
 
         Partitions whose batches would be read from object storage (cache misses short of the
         partition's end, tiered segments) are *cold*. Over the quota, a response that has other
         data is answered now without the cold partitions' batches (their consumer asks again from
         the same offset); a response of cold partitions only waits for the quota, up to its max
-        wait, as Kafka delays a fetch over its remote-read quota. Admitted bytes are charged at
-        once, so fetches waking together do not all pass on the same refill."""
+        wait, as Kafka delays a fetch over its remote-read quota. Within it, the cold partitions
+        share the quota's allowance evenly, each cut to a prefix of its batches (at least one):
+        all of them move on together through the same WAL objects, so each object is still read
+        once for all of them. Admitted bytes are charged at once, so fetches waking together do
+        not all pass on the same refill."""
         reader = self.broker.wal_reader
         if reader is None or not self.broker.lagging_read_quota.limited:
             return parts
         quota = self.broker.lagging_read_quota
         cold: list[int] = []
-        cold_bytes = cold_served = 0
+        cold_served = 0
         for i, (answer, raw, entries) in enumerate(parts):
             if isinstance(entries, TieredRead):
-                size = served = _tiered_size(entries)
+                cold_served += _tiered_size(entries)
             elif entries and entries[-1].last_offset + 1 >= answer["last_stable_offset"]:
                 # A read up to the end is the tail's, even when its object is not cached yet
                 # (a prefetch not started): the tail is never held for a lagging reader's quota.
                 continue
+            elif reader.miss_bytes([e for e in entries if isinstance(e, pointer.PointerEntry)]):
+                cold_served += pointer.served_size(raw)
             else:
-                size = reader.miss_bytes([e for e in entries if isinstance(e, pointer.PointerEntry)])
-                served = pointer.served_size(raw) if size else 0
-            if size:
-                cold.append(i)
-                cold_bytes += size
-                cold_served += served
+                continue
+            cold.append(i)
         if not cold:
             return parts
         wait_ms = quota.wait_ms(self.broker.monotonic_ms())
@@ -424,8 +436,18 @@ class FetchApis(ApiFamily):
                 if entry.get("aborted_transactions"):
                     entry["aborted_transactions"] = []
             return [part for i, part in enumerate(parts) if i not in deferred]
-        quota.record(cold_bytes, self.broker.monotonic_ms())
-        DISKLESS_LAGGING_BYTES.inc(cold_bytes)
+        share = quota.allowance(self.broker.monotonic_ms()) // len(cold)
+        charged = 0
+        for i in cold:
+            answer, raw, entries = parts[i]
+            if isinstance(entries, TieredRead):
+                charged += _tiered_size(entries)
+                continue
+            kept = _prefix_within(entries, share)
+            parts[i] = (answer, raw, kept)
+            charged += reader.miss_bytes([e for e in kept if isinstance(e, pointer.PointerEntry)])
+        quota.record(charged, self.broker.monotonic_ms())
+        DISKLESS_LAGGING_BYTES.inc(charged)
         return parts
 
     def _tier_reader(self) -> TierReader:

@@ -7,16 +7,21 @@ from the tail's consumers and producers on the same machines. This is Kafka's qu
 tiered storage (KIP-956, ``remote.log.manager.fetch.max.bytes.per.second``) applied to diskless
 reads that miss the cache: ``diskless.fetch.lagging.max.bytes.per.second``.
 
-The quota is a token bucket holding at most one second of the rate. A read is let through while
-the bucket is not in debt and takes its bytes from it, possibly into debt (a read is never cut
-short: the batches a fetch chose are served whole or not at all); the next read waits until the
-debt is paid back. So over any interval the bytes read stay within the rate plus one second's
-burst plus one read.
+The quota is a token bucket holding at most ``BURST_S`` of the rate. A read may start while the
+bucket is not in debt, and may take ``allowance`` bytes: what the bucket holds, but at least
+``QUANTUM_S`` of the rate, so a reader kept at the quota reads in steps of that size rather than
+in slivers. The bytes a read took are charged at once, possibly into debt; the next read waits
+until the debt is paid back. Over any interval the bytes read stay within the rate plus one burst
+plus one allowance. A small burst matters: a reader starting on a full bucket of a second's worth
+read 16 MiB in one response, hundreds of ranged GETs of small WAL objects at once, and the tail's
+consumers waited up to 2.7 s behind them.
 """
 
 from __future__ import annotations
 
 UNLIMITED = 2**63 - 1  # Kafka's Long.MAX_VALUE default: no quota
+BURST_S = 0.5
+QUANTUM_S = 0.1
 
 
 class ReadQuota:
@@ -25,12 +30,14 @@ class ReadQuota:
             raise ValueError("the quota must be positive")
         self.rate = float(bytes_per_second)
         self.limited = bytes_per_second < UNLIMITED
-        self._tokens = self.rate  # a full bucket: one second of the rate
+        self.capacity = self.rate * BURST_S
+        self.quantum = self.rate * QUANTUM_S
+        self._tokens = self.capacity  # a full bucket
         self._at_ms = now_ms
 
     def _refill(self, now_ms: float) -> None:
         if now_ms > self._at_ms:
-            self._tokens = min(self.rate, self._tokens + self.rate * (now_ms - self._at_ms) / 1000.0)
+            self._tokens = min(self.capacity, self._tokens + self.rate * (now_ms - self._at_ms) / 1000.0)
             self._at_ms = now_ms
 
     def wait_ms(self, now_ms: float) -> float:
@@ -39,6 +46,13 @@ class ReadQuota:
             return 0.0
         self._refill(now_ms)
         return 0.0 if self._tokens >= 0 else -self._tokens / self.rate * 1000.0
+
+    def allowance(self, now_ms: float) -> int:
+        """Bytes a read starting now may take (0 while in debt)."""
+        if not self.limited:
+            return UNLIMITED
+        self._refill(now_ms)
+        return 0 if self._tokens < 0 else int(max(self._tokens, self.quantum))
 
     def record(self, nbytes: int, now_ms: float) -> None:
         """Bytes a read let through took from the object store."""

@@ -2,7 +2,7 @@
 
 A consumer reading a diskless topic from its start, with every read a cache miss (a cache too small
 to hold a WAL object), is held to the quota: it cannot read faster than the rate plus the bucket's
-one second and one fetch, and it still gets every record once, in order (a partition answered
+burst and one fetch, and it still gets every record once, in order (a partition answered
 without batches is asked for again from the same offset). Without the quota the same read takes
 well under a second on this machine, so the lower bound below fails on code without it.
 """
@@ -15,6 +15,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from diskless.fetch.read_quota import BURST_S
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +73,7 @@ def test_a_reader_missing_the_cache_is_held_to_the_quota_and_gets_every_record(c
         consumer.close()
 
     assert keys == list(range(RECORDS))  # every record once, in order
-    # Read from object storage after the first fetch: at most rate * t + one second's burst + one
-    # fetch; the last fetch, reaching the partition's end, is the tail's and free.
-    least = (RECORDS * RECORD_BYTES - QUOTA - 3 * PARTITION_FETCH) / QUOTA
+    # Read from object storage after the first fetch: at most rate * t + one burst + one fetch;
+    # the last fetch, reaching the partition's end, is the tail's and free.
+    least = (RECORDS * RECORD_BYTES - QUOTA * BURST_S - 3 * PARTITION_FETCH) / QUOTA
     assert took >= least, (took, least)

@@ -5,29 +5,34 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from diskless.fetch.read_quota import UNLIMITED, ReadQuota
+from diskless.fetch.read_quota import BURST_S, QUANTUM_S, UNLIMITED, ReadQuota
+
+RATE = 1000  # B/s: the bucket holds 500 B, a quantum is 100 B
 
 
 def test_unlimited_never_waits() -> None:
     quota = ReadQuota(UNLIMITED, now_ms=0)
     quota.record(10**12, now_ms=0)
-    assert quota.wait_ms(now_ms=0) == 0
+    assert quota.wait_ms(now_ms=0) == 0 and quota.allowance(0) == UNLIMITED
 
 
 def test_a_read_into_debt_makes_the_next_wait_until_it_is_paid_back() -> None:
-    quota = ReadQuota(1000, now_ms=0)  # 1,000 B/s, a bucket of 1,000 B
+    quota = ReadQuota(RATE, now_ms=0)
     assert quota.wait_ms(0) == 0
-    quota.record(3000, 0)  # whole: 2,000 B of debt
-    assert quota.wait_ms(0) == 2000
-    assert quota.wait_ms(1500) == 500
-    assert quota.wait_ms(2000) == 0
+    quota.record(3000, 0)  # whole: 2,500 B of debt
+    assert quota.wait_ms(0) == 2500 and quota.allowance(0) == 0
+    assert quota.wait_ms(1500) == 1000
+    assert quota.wait_ms(2500) == 0
 
 
-def test_the_bucket_holds_at_most_one_second() -> None:
-    quota = ReadQuota(1000, now_ms=0)
-    assert quota.wait_ms(60_000) == 0  # idle for a minute
-    quota.record(2001, 60_000)  # the minute saved only one second's worth
-    assert quota.wait_ms(60_000) > 1000
+def test_the_bucket_holds_a_burst_and_allows_at_least_a_quantum() -> None:
+    quota = ReadQuota(RATE, now_ms=0)
+    assert quota.allowance(60_000) == RATE * BURST_S  # idle for a minute: only a burst saved
+    quota.record(int(RATE * BURST_S), 60_000)
+    assert quota.wait_ms(60_000) == 0  # empty, not in debt
+    assert quota.allowance(60_000) == RATE * QUANTUM_S  # a step of a quantum, not a sliver
+    quota.record(1, 60_000)
+    assert quota.allowance(60_000) == 0 and quota.wait_ms(60_000) == 1
 
 
 @given(
@@ -37,18 +42,17 @@ def test_the_bucket_holds_at_most_one_second() -> None:
     )
 )
 def test_bytes_let_through_stay_within_rate_plus_burst_plus_one_read(reads: list[tuple[int, int]]) -> None:
-    """Whatever the readers' timing, a reader that starts only when told may read at most
-    rate * elapsed + one second's burst + its last read."""
-    rate = 1000
-    quota = ReadQuota(rate, now_ms=0)
+    """Whatever the readers' timing and sizes, a reader that starts only when told may read at
+    most rate * elapsed + one burst + its last read."""
+    quota = ReadQuota(RATE, now_ms=0)
     now = 0.0
     passed = 0
     largest = 0
     for gap, size in reads:
         now += gap
         now += quota.wait_ms(now)  # the reader waits as told
-        assert quota.wait_ms(now) == 0
+        assert quota.wait_ms(now) == 0 and quota.allowance(now) > 0
         quota.record(size, now)
         passed += size
         largest = max(largest, size)
-        assert passed <= rate * now / 1000 + rate + largest
+        assert passed <= RATE * now / 1000 + RATE * BURST_S + largest
