@@ -174,6 +174,20 @@ class WindowDelta:
         return {node: metric_sum(m, name, **labels) for node, m in self.metrics.items()}
 
 
+def combined(deltas: list[WindowDelta]) -> WindowDelta:
+    """Several windows' increases as one (their seconds, CPU and counters summed)."""
+    metrics: dict[int, dict[str, float]] = {}
+    cpu: dict[int, float] = {}
+    for delta in deltas:
+        for node, values in delta.metrics.items():
+            into = metrics.setdefault(node, {})
+            for key, value in values.items():
+                into[key] = into.get(key, 0.0) + value
+        for node, seconds in delta.cpu_s.items():
+            cpu[node] = cpu.get(node, 0.0) + seconds
+    return WindowDelta(seconds=sum(d.seconds for d in deltas), cpu_s=cpu, metrics=metrics)
+
+
 def window_delta(sampler: Sampler, start: float, end: float) -> WindowDelta:
     a, b = sampler.bracket(start, end)
     nodes = sorted(set(a.brokers) & set(b.brokers))
