@@ -95,7 +95,7 @@ class BrokerConfig:
     socket_request_max_bytes: int = field(default=104857600, metadata=_prop("socket.request.max.bytes"))
     # Kafka's default is -1 (unbounded; its produce path does not park requests). Here produce
     # requests waiting for room in the representative's buffer hold their frames, so without a
-    # bound a burst of producers holds 64 requests per connection in memory (issue 10).
+    # bound a burst of producers holds 512 requests per connection in memory (issue 10).
     queued_max_request_bytes: int = field(
         default=64 * 1024 * 1024,
         metadata=_prop(

@@ -4,7 +4,7 @@ A connection reads a request, takes its frame's bytes from the budget, and gives
 the request's answer is ready. When the budget is spent the connection waits before starting the
 request and reads nothing more meanwhile, so TCP pushes back on the client. This bounds what the
 representative's produce buffer cannot: produce requests waiting to be buffered
-(``diskless.produce.buffer.max.bytes``) still hold their frames, 64 per connection.
+(``diskless.produce.buffer.max.bytes``) still hold their frames, up to 512 per connection.
 
 Grants come in arrival order, so a large request is not starved by small ones; a single request
 larger than the whole budget is taken once nothing else is held (it passed
