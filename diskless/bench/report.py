@@ -383,14 +383,19 @@ def write_outputs(
     return paths
 
 
-def requests_by_api(result: dict[str, Any], top: int = 8) -> list[str]:
-    """Requests per broker per second by API, per kind and phase (the most frequent ``top``)."""
-    rows = [
-        (kind, phase, f["requests_per_broker_per_s"])
+def _phase_rows(result: dict[str, Any], key: str) -> list[tuple[str, str, Any]]:
+    """(kind, phase, figure) for every phase that has the figure ``key``."""
+    return [
+        (kind, phase, f[key])
         for kind, figures in result["kinds"].items()
         for phase, f in figures.get("phases", {}).items()
-        if f.get("requests_per_broker_per_s")
+        if f.get(key)
     ]
+
+
+def requests_by_api(result: dict[str, Any], top: int = 8) -> list[str]:
+    """Requests per broker per second by API, per kind and phase (the most frequent ``top``)."""
+    rows = _phase_rows(result, "requests_per_broker_per_s")
     if not rows:
         return []
     lines = [
@@ -408,12 +413,7 @@ def requests_by_api(result: dict[str, Any], top: int = 8) -> list[str]:
 
 def producer_client_view(result: dict[str, Any]) -> list[str]:
     """The producers' librdkafka statistics per kind and phase (``stats.client_view``)."""
-    rows = [
-        (kind, phase, f["producer_client"])
-        for kind, figures in result["kinds"].items()
-        for phase, f in figures.get("phases", {}).items()
-        if f.get("producer_client")
-    ]
+    rows = _phase_rows(result, "producer_client")
     if not rows:
         return []
     lines = [

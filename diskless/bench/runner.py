@@ -263,30 +263,28 @@ def run_kind(
         acked_at = round1.sent_at + round1.latency
         max_rps = float(((acked_at >= burst.start) & (acked_at < burst.end)).sum()) / burst.seconds
         per_producer = max(1, round(0.8 * max_rps / len(producers)))
-        order = {
-            "start_at": time.time() + 0.3,
-            "phases": [{"name": "80pct", "rate": per_producer, "duration": options.duration}],
-            "flush_timeout": FLUSH_TIMEOUT_S,
-        }
-        second = _windows(order)
-        for control in producers:
-            _publish(control / "go-2.json", order)
-        gens.wait_files(producers, "done-2", options.duration + FLUSH_TIMEOUT_S + 30, tick_for(second, {}))
-        rounds = [round1, _load_producers(producers, 2)]
+        rounds = [round1]
+
+        def fixed_rate_round(number: int, name: str, rate: int) -> list[Window]:
+            """One phase at ``rate`` records/s per producer: round ``number`` of their orders."""
+            order = {
+                "start_at": time.time() + 0.3,
+                "phases": [{"name": name, "rate": rate, "duration": options.duration}],
+                "flush_timeout": FLUSH_TIMEOUT_S,
+            }
+            windows = _windows(order)
+            for control in producers:
+                _publish(control / f"go-{number}.json", order)
+            wait = options.duration + FLUSH_TIMEOUT_S + 30
+            gens.wait_files(producers, f"done-{number}", wait, tick_for(windows, {}))
+            rounds.append(_load_producers(producers, number))
+            return windows
+
+        second = fixed_rate_round(2, "80pct", per_producer)
         if options.lagging and kind == "diskless":
             # The control: the fixed rate again without the reader, right before it, so the
             # reader's effect is measured against the same cluster state (data written, caches).
-            order = {
-                "start_at": time.time() + 0.3,
-                "phases": [{"name": "control", "rate": options.producer_rate, "duration": options.duration}],
-                "flush_timeout": FLUSH_TIMEOUT_S,
-            }
-            control_window = _windows(order)
-            for control in producers:
-                _publish(control / "go-3.json", order)
-            gens.wait_files(producers, "done-3", options.duration + FLUSH_TIMEOUT_S + 30, tick_for(control_window, {}))
-            rounds.append(_load_producers(producers, 3))
-            second += control_window
+            second += fixed_rate_round(3, "control", options.producer_rate)
             # A reader of the whole topic from its start in the first AZ, beside that AZ's tail reader.
             az = azs[0]
             lagging = gens.spawn(
@@ -297,17 +295,7 @@ def run_kind(
                 name=f"lagging-consumer-{az}",
             )
             gens.wait_files([lagging], "ready", READY_TIMEOUT_S)
-            order = {
-                "start_at": time.time() + 0.3,
-                "phases": [{"name": "lagging", "rate": options.producer_rate, "duration": options.duration}],
-                "flush_timeout": FLUSH_TIMEOUT_S,
-            }
-            third = _windows(order)
-            for control in producers:
-                _publish(control / "go-4.json", order)
-            gens.wait_files(producers, "done-4", options.duration + FLUSH_TIMEOUT_S + 30, tick_for(third, {}))
-            rounds.append(_load_producers(producers, 4))
-            second += third
+            second += fixed_rate_round(4, "lagging", options.producer_rate)
             gens.stop([lagging])
             with np.load(lagging / "out.npz") as data:
                 run.lagging_read = int(data["sent_at"].size)
