@@ -64,16 +64,21 @@ class TieredRead(bytes):
     """A TIERED read result's descriptor, waiting in ``remote`` beside pointer entries to be served."""
 
 
-# A consumer's partition served from object storage: its answer, what the log read returned
-# (pointer entries' bytes, or a tiered read), and those parsed (the entries, or the tiered read).
-_RemotePart = tuple[dict[str, Any], Any, Any]
+# A consumer's partition served from object storage: its answer, and what the log read returned
+# (its pointer entries parsed, or a tiered read).
+_RemotePart = tuple[dict[str, Any], Any]
+
+
+def _batch_bytes(entry: pointer.PointerEntry | pointer.InlineEntry) -> int:
+    """What an entry's batch takes in a response."""
+    return entry.size if isinstance(entry, pointer.PointerEntry) else len(entry.batch)
 
 
 def _prefix_within(entries: list[Any], room: int) -> list[Any]:
     """The first entries whose batches fit in ``room`` bytes, at least one (a fetch always moves on)."""
     used = 0
     for n, entry in enumerate(entries):
-        used += entry.size if isinstance(entry, pointer.PointerEntry) else len(entry.batch)
+        used += _batch_bytes(entry)
         if used > room and n > 0:
             return entries[:n]
     return entries
@@ -357,7 +362,7 @@ class FetchApis(ApiFamily):
         reader = self.broker.wal_reader
         # Each partition's pointers parsed once, for the quota's decision and for serving.
         parts: list[_RemotePart] = [
-            (entry, raw, raw if isinstance(raw, TieredRead) else pointer.iter_entries(raw)) for entry, raw in remote
+            (entry, raw if isinstance(raw, TieredRead) else pointer.iter_entries(raw)) for entry, raw in remote
         ]
         parts = await self._within_lagging_quota(parts, total, deadline)
 
@@ -369,7 +374,7 @@ class FetchApis(ApiFamily):
                 entry["error_code"] = ErrorCode.kafka_storage_error
 
         async def pointed() -> None:
-            parsed = [(entry, entries) for entry, _, entries in parts if not isinstance(entries, TieredRead)]
+            parsed = [(entry, entries) for entry, entries in parts if not isinstance(entries, TieredRead)]
             groups = [[e for e in entries if isinstance(e, pointer.PointerEntry)] for _, entries in parsed]
             if reader is None or not any(groups):
                 results: list[list[bytes] | Exception] = [[] for _ in groups]
@@ -386,7 +391,7 @@ class FetchApis(ApiFamily):
                     e.batch if isinstance(e, pointer.InlineEntry) else next(batches) for e in entries
                 )
 
-        await asyncio.gather(pointed(), *(tiered(entry, raw) for entry, raw, _ in parts if isinstance(raw, TieredRead)))
+        await asyncio.gather(pointed(), *(tiered(entry, raw) for entry, raw in parts if isinstance(raw, TieredRead)))
 
     async def _within_lagging_quota(self, parts: list[_RemotePart], total: int, deadline: float) -> list[_RemotePart]:
         """The partitions to serve now, and how much of each, under
@@ -407,7 +412,7 @@ class FetchApis(ApiFamily):
         quota = self.broker.lagging_read_quota
         cold: list[int] = []
         cold_served = 0
-        for i, (answer, raw, entries) in enumerate(parts):
+        for i, (answer, entries) in enumerate(parts):
             if isinstance(entries, TieredRead):
                 cold_served += _tiered_size(entries)
             elif entries and entries[-1].last_offset + 1 >= answer["last_stable_offset"]:
@@ -415,7 +420,7 @@ class FetchApis(ApiFamily):
                 # (a prefetch not started): the tail is never held for a lagging reader's quota.
                 continue
             elif reader.miss_bytes([e for e in entries if isinstance(e, pointer.PointerEntry)]):
-                cold_served += pointer.served_size(raw)
+                cold_served += sum(_batch_bytes(e) for e in entries)
             else:
                 continue
             cold.append(i)
@@ -439,12 +444,12 @@ class FetchApis(ApiFamily):
         share = quota.allowance(self.broker.monotonic_ms()) // len(cold)
         charged = 0
         for i in cold:
-            answer, raw, entries = parts[i]
+            answer, entries = parts[i]
             if isinstance(entries, TieredRead):
                 charged += _tiered_size(entries)
                 continue
             kept = _prefix_within(entries, share)
-            parts[i] = (answer, raw, kept)
+            parts[i] = (answer, kept)
             charged += reader.miss_bytes([e for e in kept if isinstance(e, pointer.PointerEntry)])
         quota.record(charged, self.broker.monotonic_ms())
         DISKLESS_LAGGING_BYTES.inc(charged)

@@ -72,11 +72,10 @@ class ReplicaManager:
         # name exists at a time); every path that creates or reuses a replica checks the id.
         self.topic_ids: dict[tuple[str, int], str] = {}
         self.fetchers: dict[int, ReplicaFetcher] = {}
-        # Parked long polls (replica and consumer fetches): each a future an append resolves. Plain
-        # futures, not an Event under wait_for (a task per wait): a woken fetch resumes in the next
-        # loop turn (tests/unit/test_commit_wakeups.py).
-        # Parked fetches (see wait_for_append): followers' fetches of partitions led here, and
-        # consumers' fetches, which only new readable data (or a role change) concerns.
+        # Parked long polls, each a future an append resolves: followers' fetches of partitions led
+        # here, and consumers' fetches, which only new readable data (or a role change) concerns.
+        # Plain futures, not an Event under wait_for (a task per wait): a woken fetch resumes in the
+        # next loop turn (tests/unit/test_commit_wakeups.py).
         self._append_waiters: set[asyncio.Future[None]] = set()
         self._readable_waiters: set[asyncio.Future[None]] = set()
         self._closed = False
@@ -395,8 +394,7 @@ class ReplicaManager:
 def _wake(waiters: set[asyncio.Future[None]]) -> set[asyncio.Future[None]]:
     """Release ``waiters``; returns the empty set that replaces them."""
     for waiter in waiters:
-        if not waiter.done():
-            waiter.set_result(None)
+        _release(waiter)
     return set()
 
 

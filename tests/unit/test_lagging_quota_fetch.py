@@ -44,15 +44,15 @@ def handler(quota: ReadQuota, clock: list[float]) -> Any:
 
 
 def parts(remote: list[tuple[dict[str, Any], bytes]]) -> list[Any]:
-    """What ``_serve_pointers`` hands the quota: (answer, pointer bytes, the entries parsed)."""
-    return [(entry, raw, pointer.iter_entries(raw)) for entry, raw in remote]
+    """What ``_serve_pointers`` hands the quota: (answer, its pointer entries parsed)."""
+    return [(entry, pointer.iter_entries(raw)) for entry, raw in remote]
 
 
 def serve(fake: Any, remote: list[tuple[dict[str, Any], bytes]], deadline_s: float) -> list[Any]:
     """The answers of the partitions served now."""
     total = sum(pointer.served_size(raw) for _, raw in remote)
     chosen = asyncio.run(FetchApis._within_lagging_quota(fake, parts(remote), total, time.monotonic() + deadline_s))
-    return [entry for entry, _, _ in chosen]
+    return [entry for entry, _ in chosen]
 
 
 def test_unlimited_serves_everything() -> None:
@@ -89,7 +89,7 @@ def test_a_response_of_lagging_partitions_only_waits_within_its_max_wait_and_cha
         clock[0] = 150.0  # the debt is paid back
         return await task
 
-    assert [entry for entry, _, _ in asyncio.run(advance())] == [cold]
+    assert [entry for entry, _ in asyncio.run(advance())] == [cold]
     size = pointer.iter_entries(remote[0][1])[0].size
     assert round(quota.wait_ms(150.0)) == size - 50  # charged when admitted: 50 B were left, 1 B/ms
 
@@ -127,7 +127,7 @@ def test_within_the_quota_lagging_partitions_share_the_allowance_and_move_on_tog
     remote = [(first, pointers(COLD, batches=10)), (second, pointers(COLD, batches=10))]
     batch_size = pointer.iter_entries(remote[0][1])[0].size  # ~2 KiB
     chosen = asyncio.run(FetchApis._within_lagging_quota(fake, parts(remote), 0, time.monotonic() + 5))
-    kept = [len(entries) for _, _, entries in chosen]
+    kept = [len(entries) for _, entries in chosen]
     assert kept == [10_000 // 2 // batch_size] * 2  # 5,000 B each: two batches, not ten
     assert quota.wait_ms(0) == 0 and quota.allowance(0) == max(10_000 - 4 * batch_size, 2_000)  # charged 4 batches
 
@@ -137,4 +137,4 @@ def test_a_partition_always_gets_at_least_one_batch() -> None:
     fake = handler(quota, [0.0])
     remote = [(answer(end=1000), pointers(COLD, batches=3))]
     chosen = asyncio.run(FetchApis._within_lagging_quota(fake, parts(remote), 0, time.monotonic() + 5))
-    assert [len(entries) for _, _, entries in chosen] == [1]
+    assert [len(entries) for _, entries in chosen] == [1]
