@@ -2,8 +2,9 @@
 
 A ``Sampler`` thread takes a snapshot about once a second: per broker, CPU seconds (utime + stime
 from ``/proc/<pid>/stat``), resident and peak resident memory (``VmRSS``/``VmHWM``), and every
-sample of the broker's Prometheus endpoint. Figures for a phase are differences between the
-snapshots that bracket its window.
+sample of the broker's Prometheus endpoint. Figures for a phase are differences between the first
+and the last snapshot taken inside its window: a snapshot of saturated brokers takes seconds, and
+one reaching into the next phase counted that phase's work and records too.
 
 Bytes crossing AZs come from the brokers' per-connection socket counters. Preferred is the
 counter by the socket's own addresses (``diskless_connection_network_bytes``: each AZ is a
@@ -84,10 +85,14 @@ def machine_jiffies() -> tuple[int, int]:
 
 @dataclass
 class Snapshot:
-    at: float  # wall seconds
+    at: float  # wall seconds when taking it began
     brokers: dict[int, dict[str, Any]]  # node id -> proc figures plus "metrics"
     s3: dict[str, float] = field(default_factory=dict)  # the S3 server's proc figures
     machine: tuple[int, int] = (0, 0)  # machine_jiffies()
+    until: float = 0.0  # wall seconds when it was done (its figures were read in between)
+
+    def __post_init__(self) -> None:
+        self.until = max(self.until, self.at)
 
 
 @dataclass
@@ -100,6 +105,7 @@ class Sampler:
     _thread: threading.Thread | None = None
 
     def take(self) -> Snapshot:
+        began = time.time()
         out: dict[int, dict[str, Any]] = {}
         for broker in self.brokers:
             figures: dict[str, Any] = proc_figures(broker.pid) if broker.pid else {}
@@ -109,7 +115,7 @@ class Sampler:
                 figures["metrics"] = {}
             out[broker.node_id] = figures
         s3 = proc_figures(self.s3_pid) if self.s3_pid else {}
-        snapshot = Snapshot(time.time(), out, s3, machine_jiffies())
+        snapshot = Snapshot(began, out, s3, machine_jiffies(), until=time.time())
         self.snapshots.append(snapshot)
         return snapshot
 
@@ -129,8 +135,13 @@ class Sampler:
         self.take()
 
     def bracket(self, start: float, end: float) -> tuple[Snapshot, Snapshot]:
-        """The last snapshot at or before ``start`` and the first at or after ``end`` (or the nearest)."""
+        """The first snapshot begun at or after ``start`` and the last done by ``end``; when the
+        window holds fewer than two, the last begun by ``start`` and the first begun at or after
+        ``end`` (or the nearest)."""
         snaps = list(self.snapshots)
+        inside = [s for s in snaps if s.at >= start and s.until <= end]
+        if len(inside) >= 2:
+            return inside[0], inside[-1]
         before = [s for s in snaps if s.at <= start]
         after = [s for s in snaps if s.at >= end]
         return (before[-1] if before else snaps[0]), (after[0] if after else snaps[-1])
@@ -155,6 +166,32 @@ def metric_sum(metrics: dict[str, float], name: str, **labels: str) -> float:
         if sample == name and all(have.get(k) == v for k, v in labels.items()):
             total += value
     return total
+
+
+def histogram_quantile(delta: WindowDelta, name: str, q: float, **labels: str) -> float | None:
+    """A quantile of a Prometheus histogram's increase over a window, as Prometheus estimates it:
+    linear within the bucket it falls in (the last finite bound when it falls beyond them)."""
+    counts: dict[float, float] = {}
+    for metrics in delta.metrics.values():
+        for key, value in metrics.items():
+            sample, have = parse_sample(key)
+            if sample != f"{name}_bucket" or any(have.get(k) != v for k, v in labels.items()):
+                continue
+            bound = float(have["le"])
+            counts[bound] = counts.get(bound, 0.0) + value
+    bounds = sorted(counts)
+    if not bounds or counts[bounds[-1]] <= 0:
+        return None
+    rank = q * counts[bounds[-1]]
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        if counts[bound] >= rank:
+            if bound == float("inf"):
+                return lower
+            share = (rank - below) / (counts[bound] - below) if counts[bound] > below else 1.0
+            return lower + (bound - lower) * share
+        lower, below = bound, counts[bound]
+    return lower
 
 
 def _diff(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
@@ -192,7 +229,7 @@ def window_delta(sampler: Sampler, start: float, end: float) -> WindowDelta:
     a, b = sampler.bracket(start, end)
     nodes = sorted(set(a.brokers) & set(b.brokers))
     return WindowDelta(
-        seconds=max(b.at - a.at, 1e-9),
+        seconds=max(b.until - a.at, 1e-9),
         cpu_s={n: b.brokers[n].get("cpu_s", 0.0) - a.brokers[n].get("cpu_s", 0.0) for n in nodes},
         metrics={n: _diff(a.brokers[n].get("metrics", {}), b.brokers[n].get("metrics", {})) for n in nodes},
     )

@@ -254,22 +254,31 @@ def markdown(result: dict[str, Any]) -> str:
     lines += cross_az_breakdown(result)
     diskless_phases = result["kinds"].get("diskless", {}).get("phases", {})
     first = next(iter(diskless_phases.values()), {})
-    stages = [k for k in first.get("broker_timings", {}) if k.startswith("stage_")]
-    if stages:
-        names = [k.removeprefix("stage_").removesuffix("_mean_ms") for k in stages]
+    names = [
+        k.removeprefix("stage_").removesuffix("_mean_ms")
+        for k in first.get("broker_timings", {})
+        if k.startswith("stage_") and k.endswith("_mean_ms")
+    ]
+    if names:
         lines += [
             "",
-            "## Diskless produce stages (mean ms per batch, representatives' view), S3 PUT and event-loop lag",
+            "## Diskless produce stages (ms per batch, mean / p99, representatives' view), S3 PUT and event-loop lag",
             "",
             "upload = WAL object encoding + PUT as the representative waits for it; PUT in client = the same"
-            " PUT timed inside the object-store client (signing, HTTP); loop lag = how late a timer fires.",
+            " PUT timed inside the object-store client (signing, HTTP); loop lag = how late a timer fires."
+            " p99 from the brokers' histogram buckets (linear within a bucket).",
             "",
             "| phase | " + " | ".join(names) + " | PUT in client | loop lag |",
             "|---|" + "---|" * (len(names) + 2),
         ]
         for phase, f in diskless_phases.items():
             t = f["broker_timings"]
-            cells = " | ".join(_fmt(t.get(k)) for k in stages)
+            cells = " | ".join(
+                f"{_fmt(t.get(f'stage_{n}_mean_ms'))} / {_fmt(t.get(f'stage_{n}_p99_ms'))}"
+                if t.get(f"stage_{n}_p99_ms") is not None
+                else _fmt(t.get(f"stage_{n}_mean_ms"))
+                for n in names
+            )
             put, lag = _fmt(t.get("s3_put_client_mean_ms")), _fmt(t.get("loop_lag_mean_ms"))
             lines.append(f"| {phase} | {cells} | {put} | {lag} |")
     lines += producer_client_view(result)

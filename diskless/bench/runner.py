@@ -30,6 +30,7 @@ from diskless.bench.collect import (
     WalObject,
     combined,
     cross_az_bytes,
+    histogram_quantile,
     list_wal_objects,
     requests_per_broker_per_s,
     window_delta,
@@ -340,7 +341,7 @@ def kind_figures(
         f = phase_figures(window, run.produced, run.consumed, options.record_size, len(azs))
         a, b = sampler.bracket(window.start, window.end)
         delta = window_delta(sampler, window.start, window.end)
-        payload = _payload_between(run.produced, a.at, b.at, options.record_size)
+        payload = _payload_between(run.produced, a.at, b.until, options.record_size)
         megabytes = payload / 1e6
         cpu = sum(delta.cpu_s.values())
         puts = delta.total(OBJECT_REQUESTS, operation="put")
@@ -361,6 +362,8 @@ def kind_figures(
             count = delta.total(f"{metric}_count", **labels)
             total = delta.total(f"{metric}_sum", **labels)
             timings[f"stage_{stage}_mean_ms"] = round(total / count * 1000, 1) if count else None
+            p99 = histogram_quantile(delta, metric, 0.99, **labels)
+            timings[f"stage_{stage}_p99_ms"] = round(p99 * 1000, 1) if p99 is not None else None
         count = delta.total("diskless_object_store_seconds_count", operation="put")
         put = delta.total("diskless_object_store_seconds_sum", operation="put")
         timings["s3_put_client_mean_ms"] = round(put / count * 1000, 1) if count else None
@@ -408,7 +411,7 @@ def kind_figures(
     payload = 0
     for start, end in spans:
         a, b = sampler.bracket(start, end)
-        payload += _payload_between(run.produced, a.at, b.at, options.record_size)
+        payload += _payload_between(run.produced, a.at, b.until, options.record_size)
     figures = {
         "topic": run.topic,
         "started_at": run.started_at,

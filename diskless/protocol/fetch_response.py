@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .varint import write_uvarint
+from .response_wire import I32, length, string
 
 __all__ = ["FIRST_VERSION", "LAST_VERSION", "encode_fetch_response"]
 
@@ -29,22 +29,9 @@ FIRST_VERSION = 4
 LAST_VERSION = 13
 FLEXIBLE_FROM = 12
 
-_I16 = struct.Struct(">h")
-_I32 = struct.Struct(">i")
 _ABORTED = struct.Struct(">qq")
 _NO_DIVERGENCE = (-1, -1)
 _ZERO_UUID = bytes(16)
-
-
-_SMALL_UVARINTS = tuple(bytes([value]) for value in range(128))
-
-
-def _uvarint(value: int) -> bytes:
-    if 0 <= value < 128:
-        return _SMALL_UVARINTS[value]
-    out = bytearray()
-    write_uvarint(value, out)
-    return bytes(out)
 
 
 # The fixed fields that open a partition's answer: index, error, high watermark, last stable
@@ -61,19 +48,13 @@ def _milliseconds(value: Any) -> int:
     return int(value)
 
 
-def _length(count: int, flexible: bool) -> bytes:
-    """An array or bytes length prefix (``count`` -1 for null)."""
-    return _uvarint(count + 1) if flexible else _I32.pack(count)
-
-
 def _topic(entry: Mapping[str, Any], version: int, flexible: bool) -> bytes:
     if version >= 13:
         topic_id = entry.get("topic_id")
         if topic_id is None:
             return _ZERO_UUID
         return (topic_id if isinstance(topic_id, uuid.UUID) else uuid.UUID(str(topic_id))).bytes
-    name = str(entry.get("topic", "")).encode()
-    return (_uvarint(len(name) + 1) if flexible else _I16.pack(len(name))) + name
+    return string(str(entry.get("topic", "")), flexible)
 
 
 def _partition(p: Mapping[str, Any], version: int, flexible: bool, out: list[bytes | memoryview]) -> None:
@@ -87,18 +68,18 @@ def _partition(p: Mapping[str, Any], version: int, flexible: bool, out: list[byt
     out.append(head.pack(*fixed, p.get("log_start_offset", -1)) if version >= 5 else head.pack(*fixed))
     aborted = p.get("aborted_transactions", ())
     if aborted is None:
-        out.append(_length(-1, flexible))
+        out.append(length(-1, flexible))
     else:
-        out.append(_length(len(aborted), flexible))
+        out.append(length(len(aborted), flexible))
         tail = b"\x00" if flexible else b""
         out.extend(_ABORTED.pack(a["producer_id"], a["first_offset"]) + tail for a in aborted)
     if version >= 11:
-        out.append(_I32.pack(p.get("preferred_read_replica", -1)))
+        out.append(I32.pack(p.get("preferred_read_replica", -1)))
     records = p.get("records", b"")
     if records is None:
-        out.append(_length(-1, flexible))
+        out.append(length(-1, flexible))
     else:
-        out.append(_length(len(records), flexible))
+        out.append(length(len(records), flexible))
         if records:
             out.append(records)
     if flexible:
@@ -113,19 +94,19 @@ def encode_fetch_response(version: int, correlation_id: int, body: Mapping[str, 
     if not FIRST_VERSION <= version <= LAST_VERSION:
         raise ValueError(f"Fetch v{version} responses are not written here")
     flexible = version >= FLEXIBLE_FROM
-    out: list[bytes | memoryview] = [b"", _I32.pack(correlation_id)]
+    out: list[bytes | memoryview] = [b"", I32.pack(correlation_id)]
     if flexible:
         out.append(b"\x00")  # response header v1: no tagged fields
-    out.append(_I32.pack(_milliseconds(body.get("throttle_time", 0))))
+    out.append(I32.pack(_milliseconds(body.get("throttle_time", 0))))
     if version >= 7:
         out.append(struct.pack(">hi", body.get("error_code", 0), body.get("session_id", 0)))
     topics: Iterable[Mapping[str, Any]] = body.get("responses", ())
     topics = list(topics)
-    out.append(_length(len(topics), flexible))
+    out.append(length(len(topics), flexible))
     for topic in topics:
         out.append(_topic(topic, version, flexible))
         partitions = topic.get("partitions", ())
-        out.append(_length(len(partitions), flexible))
+        out.append(length(len(partitions), flexible))
         for p in partitions:
             _partition(p, version, flexible, out)
         if flexible:
@@ -133,5 +114,5 @@ def encode_fetch_response(version: int, correlation_id: int, body: Mapping[str, 
     if flexible:
         out.append(b"\x00")
     size = sum(len(part) for part in out)
-    out[0] = _I32.pack(size)
+    out[0] = I32.pack(size)
     return b"".join(out)

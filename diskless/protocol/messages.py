@@ -22,7 +22,7 @@ from kio.index import load_request_schema, load_response_schema
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
-from . import fetch_response
+from . import fetch_response, produce_response
 from .framing import encode_frame
 from .length_guard import check_lengths
 from .varint import read_uvarint
@@ -222,6 +222,8 @@ def encode_response(header: RequestHeader, body: dict[str, Any], version: int | 
     version = header.api_version if version is None else version
     if header.api_key == API_FETCH and fetch_response.FIRST_VERSION <= version <= fetch_response.LAST_VERSION:
         return fetch_response.encode_fetch_response(version, header.correlation_id, body)
+    if header.api_key == API_PRODUCE and produce_response.FIRST_VERSION <= version <= produce_response.LAST_VERSION:
+        return produce_response.encode_produce_response(version, header.correlation_id, body)
     return encode_response_with_kio(header, body, version)
 
 
