@@ -276,7 +276,9 @@ class Representative:
         elif self._timer is None:
             deadline = self.buffer.deadline_ms()
             assert deadline is not None
-            delay = max(0.0, (deadline - _now_ms()) / 1000)
+            # Deadlines are wall-clock milliseconds: a clock stepped back must not hold a batch
+            # longer than a linger (it waited an hour for an hour's step).
+            delay = min(max(0.0, (deadline - _now_ms()) / 1000), self.buffer.linger_ms / 1000)
             self._timer = asyncio.get_running_loop().call_later(delay, self._flush_now)
 
     def _admit_waiting(self) -> None:

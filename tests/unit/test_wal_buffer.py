@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -150,3 +151,33 @@ def test_the_gather_is_a_broker_setting() -> None:
     representative = Representative(host, store=None, on_uploaded=lambda key, data: None)  # type: ignore[arg-type]
     assert (representative.buffer.gather_ms, representative.buffer.linger_ms) == (3, 250)
     assert load_config(environ={}).diskless_wal_gather_ms == DEFAULT_GATHER_MS
+
+
+def test_a_clock_stepped_back_holds_no_batch_longer_than_a_linger(monkeypatch: Any) -> None:
+    """The buffer's deadlines are wall-clock milliseconds. After a flush at wall time T the next is
+    due at T + linger; if the clock then steps back an hour, the timer must still fire within a
+    linger, not an hour and a linger later."""
+    import asyncio
+
+    from diskless.config import load_config
+    from diskless.produce import representative as module
+    from diskless.produce.host import RepresentativeHost
+
+    config = load_config(environ={}, overrides={"diskless.wal.linger.ms": "250"})
+    host = RepresentativeHost(config, None, None, None, None)  # type: ignore[arg-type]
+    rep = module.Representative(host, store=None, on_uploaded=lambda key, data: None)  # type: ignore[arg-type]
+    now = 1_800_000_000_000
+    rep.buffer.add(batch(0, 1), now)
+    assert rep.buffer.drain(now) is not None  # a flush at T: the next is due at T + 250
+    monkeypatch.setattr(module, "_now_ms", lambda: now - 3_600_000)
+
+    async def scenario() -> float:
+        loop = asyncio.get_running_loop()
+        item = module._Item(batch(1, 1), loop.create_future(), acks=1)
+        rep._buffer(item)
+        assert rep._timer is not None
+        delay = rep._timer.when() - loop.time()
+        rep._timer.cancel()
+        return delay
+
+    assert asyncio.run(scenario()) <= 0.25 + 0.01
