@@ -15,13 +15,12 @@ ones ``messages.encode_response`` takes: keys as in FetchResponse.json, a missin
 
 from __future__ import annotations
 
-import datetime
 import struct
 import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .response_wire import I32, length, string
+from .response_wire import I32, frame, frame_start, length, milliseconds, string
 
 __all__ = ["FIRST_VERSION", "LAST_VERSION", "encode_fetch_response"]
 
@@ -40,12 +39,6 @@ _HEAD_V4 = struct.Struct(">ihqq")
 _HEAD_V5 = struct.Struct(">ihqqq")
 # Tagged field 0 (diverging_epoch): tag, size 13, epoch, end offset, the struct's empty tags.
 _DIVERGING = struct.Struct(">BBiqB")
-
-
-def _milliseconds(value: Any) -> int:
-    if isinstance(value, datetime.timedelta):
-        return value // datetime.timedelta(milliseconds=1)
-    return int(value)
 
 
 def _topic(entry: Mapping[str, Any], version: int, flexible: bool) -> bytes:
@@ -94,10 +87,8 @@ def encode_fetch_response(version: int, correlation_id: int, body: Mapping[str, 
     if not FIRST_VERSION <= version <= LAST_VERSION:
         raise ValueError(f"Fetch v{version} responses are not written here")
     flexible = version >= FLEXIBLE_FROM
-    out: list[bytes | memoryview] = [b"", I32.pack(correlation_id)]
-    if flexible:
-        out.append(b"\x00")  # response header v1: no tagged fields
-    out.append(I32.pack(_milliseconds(body.get("throttle_time", 0))))
+    out = frame_start(correlation_id, flexible)
+    out.append(I32.pack(milliseconds(body.get("throttle_time", 0))))
     if version >= 7:
         out.append(struct.pack(">hi", body.get("error_code", 0), body.get("session_id", 0)))
     topics: Iterable[Mapping[str, Any]] = body.get("responses", ())
@@ -113,6 +104,4 @@ def encode_fetch_response(version: int, correlation_id: int, body: Mapping[str, 
             out.append(b"\x00")
     if flexible:
         out.append(b"\x00")
-    size = sum(len(part) for part in out)
-    out[0] = I32.pack(size)
-    return b"".join(out)
+    return frame(out)

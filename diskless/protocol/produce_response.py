@@ -17,7 +17,7 @@ import struct
 from collections.abc import Mapping
 from typing import Any
 
-from .response_wire import I32, length, string
+from .response_wire import I32, frame, frame_start, length, milliseconds, string
 
 __all__ = ["FIRST_VERSION", "LAST_VERSION", "encode_produce_response"]
 
@@ -41,13 +41,7 @@ def _epoch_ms(value: Any) -> int:
     return int(value)
 
 
-def _milliseconds(value: Any) -> int:
-    if isinstance(value, datetime.timedelta):
-        return value // datetime.timedelta(milliseconds=1)
-    return int(value)
-
-
-def _partition(p: Mapping[str, Any], version: int, flexible: bool, out: list[bytes]) -> None:
+def _partition(p: Mapping[str, Any], version: int, flexible: bool, out: list[bytes | memoryview]) -> None:
     fixed = (p["index"], p.get("error_code", 0), p.get("base_offset", 0), _epoch_ms(p.get("log_append_time", -1)))
     out.append(_HEAD_V5.pack(*fixed, p.get("log_start_offset", -1)) if version >= 5 else _HEAD_V3.pack(*fixed))
     if version >= 8:
@@ -68,9 +62,7 @@ def encode_produce_response(version: int, correlation_id: int, body: Mapping[str
     if not FIRST_VERSION <= version <= LAST_VERSION:
         raise ValueError(f"Produce v{version} responses are not written here")
     flexible = version >= FLEXIBLE_FROM
-    out: list[bytes] = [b"", I32.pack(correlation_id)]
-    if flexible:
-        out.append(b"\x00")  # response header v1: no tagged fields
+    out = frame_start(correlation_id, flexible)
     topics = list(body.get("responses", ()))
     out.append(length(len(topics), flexible))
     for topic in topics:
@@ -81,9 +73,7 @@ def encode_produce_response(version: int, correlation_id: int, body: Mapping[str
             _partition(p, version, flexible, out)
         if flexible:
             out.append(b"\x00")
-    out.append(I32.pack(_milliseconds(body.get("throttle_time", 0))))
+    out.append(I32.pack(milliseconds(body.get("throttle_time", 0))))
     if flexible:
         out.append(b"\x00")
-    size = sum(len(part) for part in out)
-    out[0] = I32.pack(size)
-    return b"".join(out)
+    return frame(out)

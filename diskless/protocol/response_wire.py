@@ -7,7 +7,9 @@ need, in the classic (int16/int32 lengths) and the flexible (unsigned varint, le
 
 from __future__ import annotations
 
+import datetime
 import struct
+from typing import Any
 
 from .varint import write_uvarint
 
@@ -36,3 +38,25 @@ def string(value: str | None, flexible: bool) -> bytes:
         return b"\x00" if flexible else I16.pack(-1)
     raw = value.encode()
     return (uvarint(len(raw) + 1) if flexible else I16.pack(len(raw))) + raw
+
+
+def milliseconds(value: Any) -> int:
+    """A duration field as the handlers give it (milliseconds, or a timedelta) in milliseconds."""
+    if isinstance(value, datetime.timedelta):
+        return value // datetime.timedelta(milliseconds=1)
+    return int(value)
+
+
+def frame_start(correlation_id: int, flexible: bool) -> list[bytes | memoryview]:
+    """The parts a response frame starts with: a size to fill in (``frame``), then the response
+    header (v1, flexible versions: no tagged fields)."""
+    out: list[bytes | memoryview] = [b"", I32.pack(correlation_id)]
+    if flexible:
+        out.append(b"\x00")
+    return out
+
+
+def frame(out: list[bytes | memoryview]) -> bytes:
+    """The frame of the parts ``frame_start`` began: its size, then every part."""
+    out[0] = I32.pack(sum(len(part) for part in out) - len(out[0]))
+    return b"".join(out)
