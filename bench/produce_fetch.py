@@ -9,23 +9,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from standalone_broker import standalone_broker
 
 
 def rss_mb(pid: int) -> float:
@@ -44,19 +33,7 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=6)
     args = parser.parse_args()
 
-    workdir = Path(tempfile.mkdtemp(prefix="diskless-bench-"))
-    port = free_port()
-    ready = workdir / "ready"
-    cmd = [sys.executable, "-m", "diskless", "broker", "--listeners", f"PLAINTEXT://127.0.0.1:{port}"]
-    cmd += ["--log-dirs", str(workdir / "data"), "--ready-file", str(ready), "--log-level", "WARNING"]
-    broker = subprocess.Popen(cmd)
-    try:
-        deadline = time.monotonic() + 30
-        while not (ready.exists() and ready.read_text().strip()):
-            if time.monotonic() > deadline or broker.poll() is not None:
-                raise RuntimeError("broker did not start")
-            time.sleep(0.05)
-        bootstrap = f"127.0.0.1:{port}"
+    with standalone_broker() as (bootstrap, broker_pid):
         admin = AdminClient({"bootstrap.servers": bootstrap})
         admin.create_topics([NewTopic("bench", args.partitions, 1)])["bench"].result(30)
 
@@ -107,15 +84,8 @@ def main() -> int:
         print(f"records={args.records} size={args.size}B codec={args.codec} partitions={args.partitions}")
         print(f"produce acks=all: {args.records / produce_s:,.0f} records/s  {mb / produce_s:.1f} MB/s")
         print(f"fetch:            {seen / fetch_s:,.0f} records/s  {mb / fetch_s:.1f} MB/s  (read {seen})")
-        print(f"broker RSS after: {rss_mb(broker.pid):.0f} MB")
+        print(f"broker RSS after: {rss_mb(broker_pid):.0f} MB")
         return 0 if seen == args.records else 1
-    finally:
-        broker.send_signal(signal.SIGTERM)
-        try:
-            broker.wait(15)
-        except subprocess.TimeoutExpired:
-            broker.kill()
-        shutil.rmtree(workdir, ignore_errors=True)
 
 
 if __name__ == "__main__":

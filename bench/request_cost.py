@@ -15,12 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -28,14 +23,9 @@ from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from standalone_broker import standalone_broker
 
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_seconds(pid: int) -> float:
@@ -80,74 +70,61 @@ def main() -> int:
     parser.add_argument("--profile", default=None, help="cProfile the broker into this file")
     args = parser.parse_args()
 
-    workdir = Path(tempfile.mkdtemp(prefix="diskless-request-cost-"))
-    port = free_port()
-    ready = workdir / "ready"
-    python = [sys.executable] + (["-m", "cProfile", "-o", args.profile] if args.profile else [])
-    cmd = [*python, "-m", "diskless", "broker", "--listeners", f"PLAINTEXT://127.0.0.1:{port}"]
-    cmd += ["--log-dirs", str(workdir / "data"), "--ready-file", str(ready), "--log-level", "WARNING"]
-    broker = subprocess.Popen(cmd)
     stop = threading.Event()
-    try:
-        wait_until(lambda: ready.exists() and ready.read_text().strip(), 60, "the broker")
-        bootstrap = f"127.0.0.1:{port}"
-        admin = AdminClient({"bootstrap.servers": bootstrap})
-        admin.create_topics([NewTopic("cost", args.partitions, 1)])["cost"].result(30)
-        producer_counts, consumer_counts = RequestCounts(), RequestCounts()
-        common = {"bootstrap.servers": bootstrap, "statistics.interval.ms": 500}
-        producer = Producer({**common, "acks": "all", "linger.ms": 0, "stats_cb": producer_counts.on_stats})
-        consumer = Consumer(
-            {**common, "group.id": "cost", "enable.auto.commit": False, "stats_cb": consumer_counts.on_stats}
-        )
-        consumer.assign([TopicPartition("cost", p, 0) for p in range(args.partitions)])
-        payload = os.urandom(args.size)
-        consumed = 0
-
-        def produce() -> None:
-            interval, sent = 1.0 / args.rate, 0
-            start = time.monotonic()
-            while not stop.is_set():
-                due = start + sent * interval
-                while (delay := due - time.monotonic()) > 0:
-                    producer.poll(delay)
-                producer.produce("cost", value=payload, partition=sent % args.partitions)
-                sent += 1
-            producer.flush(10)
-
-        def consume() -> None:
-            nonlocal consumed
-            while not stop.is_set():
-                consumed += sum(1 for m in consumer.consume(1000, 0.2) if m.error() is None)
-
-        threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
-        for thread in threads:
-            thread.start()
-        time.sleep(3)  # warm-up: connections, metadata, the consumer reaching the tail (not a sync)
-        counts0 = {**producer_counts.snapshot(), **{"Fetch": consumer_counts.snapshot().get("Fetch", 0)}}
-        cpu0, t0 = cpu_seconds(broker.pid), time.monotonic()
-        time.sleep(args.seconds)
-        cpu1, t1 = cpu_seconds(broker.pid), time.monotonic()
-        counts1 = {**producer_counts.snapshot(), **{"Fetch": consumer_counts.snapshot().get("Fetch", 0)}}
-        stop.set()
-        for thread in threads:
-            thread.join(30)
-        consumer.close()
-        window = t1 - t0
-        produce_rps = (counts1.get("Produce", 0) - counts0.get("Produce", 0)) / window
-        fetch_rps = (counts1.get("Fetch", 0) - counts0.get("Fetch", 0)) / window
-        cpu = (cpu1 - cpu0) / window
-        print(f"rate {args.rate} records/s, {args.partitions} partitions, {args.size} B records, {window:.1f} s window")
-        print(f"requests/s: Produce {produce_rps:.0f}, Fetch {fetch_rps:.0f}; consumed {consumed}")
-        print(f"broker CPU: {cpu * 100:.1f}% of a core, {cpu * 1e6 / (produce_rps + fetch_rps):.0f} us per request")
-        return 0
-    finally:
-        stop.set()
-        broker.send_signal(signal.SIGTERM)
+    with standalone_broker(args.profile) as (bootstrap, broker_pid):
         try:
-            broker.wait(30)
-        except subprocess.TimeoutExpired:
-            broker.kill()
-        shutil.rmtree(workdir, ignore_errors=True)
+            admin = AdminClient({"bootstrap.servers": bootstrap})
+            admin.create_topics([NewTopic("cost", args.partitions, 1)])["cost"].result(30)
+            producer_counts, consumer_counts = RequestCounts(), RequestCounts()
+            common = {"bootstrap.servers": bootstrap, "statistics.interval.ms": 500}
+            producer = Producer({**common, "acks": "all", "linger.ms": 0, "stats_cb": producer_counts.on_stats})
+            consumer = Consumer(
+                {**common, "group.id": "cost", "enable.auto.commit": False, "stats_cb": consumer_counts.on_stats}
+            )
+            consumer.assign([TopicPartition("cost", p, 0) for p in range(args.partitions)])
+            payload = os.urandom(args.size)
+            consumed = 0
+
+            def produce() -> None:
+                interval, sent = 1.0 / args.rate, 0
+                start = time.monotonic()
+                while not stop.is_set():
+                    due = start + sent * interval
+                    while (delay := due - time.monotonic()) > 0:
+                        producer.poll(delay)
+                    producer.produce("cost", value=payload, partition=sent % args.partitions)
+                    sent += 1
+                producer.flush(10)
+
+            def consume() -> None:
+                nonlocal consumed
+                while not stop.is_set():
+                    consumed += sum(1 for m in consumer.consume(1000, 0.2) if m.error() is None)
+
+            threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
+            for thread in threads:
+                thread.start()
+            time.sleep(3)  # warm-up: connections, metadata, the consumer reaching the tail (not a sync)
+            counts0 = {**producer_counts.snapshot(), **{"Fetch": consumer_counts.snapshot().get("Fetch", 0)}}
+            cpu0, t0 = cpu_seconds(broker_pid), time.monotonic()
+            time.sleep(args.seconds)
+            cpu1, t1 = cpu_seconds(broker_pid), time.monotonic()
+            counts1 = {**producer_counts.snapshot(), **{"Fetch": consumer_counts.snapshot().get("Fetch", 0)}}
+            stop.set()
+            for thread in threads:
+                thread.join(30)
+            consumer.close()
+            window = t1 - t0
+            produce_rps = (counts1.get("Produce", 0) - counts0.get("Produce", 0)) / window
+            fetch_rps = (counts1.get("Fetch", 0) - counts0.get("Fetch", 0)) / window
+            cpu = (cpu1 - cpu0) / window
+            shape = f"{args.partitions} partitions, {args.size} B records"
+            print(f"rate {args.rate} records/s, {shape}, {window:.1f} s window")
+            print(f"requests/s: Produce {produce_rps:.0f}, Fetch {fetch_rps:.0f}; consumed {consumed}")
+            print(f"broker CPU: {cpu * 100:.1f}% of a core, {cpu * 1e6 / (produce_rps + fetch_rps):.0f} us per request")
+            return 0
+        finally:
+            stop.set()
 
 
 if __name__ == "__main__":

@@ -434,7 +434,7 @@ class Connection:
                 carry = None
                 frames: list[bytes] = []
                 gathered = 0
-                close = ended = False
+                close = False
                 while item is not None:
                     header, response = item
                     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import operator
 import os
 import struct
 from collections import Counter
@@ -29,8 +30,6 @@ SUFFIXES = {RECORDS: ".log", POINTERS: ".plog"}
 _POINTER_READ_CHUNK = 256 * 1024
 _LOCATE_CHUNK = 8 * 1024  # at least this much is read at once when scanning for an offset
 _LENGTH = struct.Struct(">i")
-_MAX_TIMESTAMP = struct.Struct(">q")
-_MAX_TIMESTAMP_POS = 35  # of a v2 batch header
 # Entries most recently appended, located without reading the file: replicas and tail consumers
 # read what was just appended (the scan from the index entry was ~4% of a broker's CPU at low rate).
 _RECENT_ENTRIES = 64
@@ -62,6 +61,9 @@ class BatchLocation:
     max_timestamp: int
 
 
+_last_offset = operator.attrgetter("last_offset")
+
+
 class LogSegment:
     def __init__(
         self, directory: str, base_offset: int, index_interval_bytes: int, created_ms: int, kind: str = RECORDS
@@ -87,7 +89,6 @@ class LogSegment:
         self.ref_floor = base_offset
         self._pointed_bytes = 0  # pointers segments: sum of the batch sizes in the entries' headers
         self._recent: list[BatchLocation] = []  # the last entries appended, in order
-        self._recent_last: list[int] = []  # their last offsets
 
     # --- appending -------------------------------------------------------------------------
 
@@ -100,7 +101,7 @@ class LogSegment:
         self.size += len(batch)
         self._track(position, base_offset, last_offset, len(batch), max_ts)
         header_pos = pointer.ENTRY_HEADER_POS if self.kind == POINTERS else 0
-        header_max_ts = _MAX_TIMESTAMP.unpack_from(batch, header_pos + _MAX_TIMESTAMP_POS)[0]
+        header_max_ts = records.max_timestamp_at(batch, header_pos)
         self._remember(BatchLocation(position, base_offset, last_offset, len(batch), header_max_ts))
         if self.kind == POINTERS:
             self._pointed_bytes += records.peek_offset_and_size(batch, pointer.ENTRY_HEADER_POS)[1]
@@ -158,16 +159,9 @@ class LogSegment:
         self.next_offset = last_offset + 1
 
     def _remember(self, location: BatchLocation) -> None:
-        recent = self._recent
-        if len(recent) >= _RECENT_ENTRIES:
-            del recent[: _RECENT_ENTRIES // 2]
-            del self._recent_last[: _RECENT_ENTRIES // 2]
-        recent.append(location)
-        self._recent_last.append(location.last_offset)
-
-    def _forget_recent(self) -> None:
-        self._recent = []
-        self._recent_last = []
+        if len(self._recent) >= _RECENT_ENTRIES:
+            del self._recent[: _RECENT_ENTRIES // 2]
+        self._recent.append(location)
 
     # --- reading ---------------------------------------------------------------------------
 
@@ -199,7 +193,7 @@ class LogSegment:
         recent = self._recent
         if recent and offset >= recent[0].base_offset:
             # Entries before the remembered ones end below their first base offset.
-            return recent[bisect.bisect_left(self._recent_last, offset)]
+            return recent[bisect.bisect_left(recent, offset, key=_last_offset)]
         pointers = self.kind == POINTERS
         header_pos = pointer.ENTRY_HEADER_POS if pointers else 0
         need = header_pos + HEADER_SIZE
@@ -339,7 +333,7 @@ class LogSegment:
             self.next_offset = batch.last_offset + 1
 
     def _rebuild(self) -> int:
-        self._forget_recent()
+        self._recent = []  # what the rebuild finds is read from the file
         self.next_offset = self.base_offset
         self.max_timestamp = records.NO_TIMESTAMP
         self.offset_of_max_timestamp = -1

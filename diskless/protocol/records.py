@@ -117,6 +117,11 @@ def last_offset_at(buf: bytes | bytearray | memoryview, pos: int) -> int:
     return _INT64.unpack_from(buf, pos)[0] + _INT32.unpack_from(buf, pos + 23)[0]
 
 
+def max_timestamp_at(buf: bytes | bytearray | memoryview, pos: int) -> int:
+    """The max timestamp field of the batch header at ``pos``, reading 8 bytes only."""
+    return _INT64.unpack_from(buf, pos + 35)[0]
+
+
 def compute_crc(batch: bytes | bytearray | memoryview) -> int:
     return crc32c.crc32c(memoryview(batch)[CRC_START:])
 

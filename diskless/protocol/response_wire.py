@@ -58,5 +58,5 @@ def frame_start(correlation_id: int, flexible: bool) -> list[bytes | memoryview]
 
 def frame(out: list[bytes | memoryview]) -> bytes:
     """The frame of the parts ``frame_start`` began: its size, then every part."""
-    out[0] = I32.pack(sum(len(part) for part in out) - len(out[0]))
+    out[0] = I32.pack(sum(len(part) for part in out))  # the size part is still empty
     return b"".join(out)
