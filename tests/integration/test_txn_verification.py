@@ -26,6 +26,7 @@ import pytest
 from aiokafka import AIOKafkaProducer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from rawclient import Session, build_batch
+from support import wait_until
 from test_txn_isolation import OVERRIDES, latest_offsets_in, read_committed_in
 
 from diskless.protocol import records
@@ -64,7 +65,7 @@ async def test_late_commit_of_an_aborted_transaction_joins_no_later_transaction(
         # The next transaction adds the partition (its first record is written), then a request of
         # the same producer stalls in the representative's flush while object storage is stopped.
         await producer.begin_transaction()
-        await producer.send_and_wait(topic, b"aborted", partition=0)
+        aborted = await producer.send_and_wait(topic, b"aborted", partition=0)
         tp = TopicPartition(topic, 0)
         manager = producer._txn_manager
         assert manager is not None
@@ -84,6 +85,18 @@ async def test_late_commit_of_an_aborted_transaction_joins_no_later_transaction(
             assert code == REQUEST_TIMED_OUT, f"the stalled request was answered {code}"
             # The client gives up on it and aborts; the ABORT marker is written inline (no S3).
             await producer.abort_transaction()
+            # EndTxn is answered once the abort is prepared; the coordinator writes the markers
+            # after that. A late commit that reaches the leader before the marker belongs to the
+            # aborted transaction and is aborted with it (as in Kafka, where the append would
+            # have happened before the marker), and "after", which reuses its sequence, is then a
+            # duplicate of it. This test is about the commit that comes after the marker.
+            await asyncio.to_thread(
+                wait_until,
+                lambda: latest_offsets_in("az-1", bootstrap, topic)[1] > aborted.offset,
+                30,
+                0.1,
+                "the ABORT marker was not written",
+            )
         finally:
             os.kill(s3.pid, signal.SIGCONT)
         # Same epoch, and the sequence of the request it never had an answer for.
