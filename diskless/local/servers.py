@@ -23,15 +23,24 @@ import socket
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+# Ports handed out lately, machine-wide: a file per port, its mtime when it was handed out.
+# Checking that a port is free only says it is free now; a server bound to it takes a second or
+# two to start, and another process (a parallel test worker, ``diskless dev``) checking meanwhile
+# finds it free too. Two brokers given one port: "address already in use", seen in CI.
+PORT_RESERVATIONS = Path(tempfile.gettempdir()) / "diskless-port-reservations"
+PORT_RESERVED_FOR_S = 600.0
+
 
 def free_ports(count: int, host: str = "127.0.0.1", plus: int = 0) -> list[int]:
-    """``count`` distinct free ports on ``host`` (with ``plus``, ``port + plus`` is free too).
+    """``count`` distinct free ports on ``host`` (with ``plus``, ``port + plus`` is free too),
+    none handed out on this machine in the last ``PORT_RESERVED_FOR_S`` (``_reserve``).
 
     All sockets stay bound until every port is chosen: ports picked one at a time can repeat,
     and two components of one server given the same port is a failure that looks healthy.
@@ -62,6 +71,8 @@ def free_ports(count: int, host: str = "127.0.0.1", plus: int = 0) -> list[int]:
                     continue
                 held.append(extra)
             held.append(s)
+            if not all(_reserve(p) for p in ((port, port + plus) if plus else (port,))):
+                continue  # the held sockets are closed at the end
             ports.append(port)
         if len(ports) < count:
             raise RuntimeError("no free ports")
@@ -69,6 +80,28 @@ def free_ports(count: int, host: str = "127.0.0.1", plus: int = 0) -> list[int]:
     finally:
         for s in held:
             s.close()
+
+
+def _reserve(port: int) -> bool:
+    """Claim ``port`` for the next ``PORT_RESERVED_FOR_S`` seconds against every process on this
+    machine that picks ports here; False if someone claimed it within that time. Creating the
+    file is atomic (O_EXCL); a claim past its time is taken over. Where no file can be made,
+    every port counts as unclaimed (the bind check alone, as before)."""
+    path = PORT_RESERVATIONS / str(port)
+    try:
+        PORT_RESERVATIONS.mkdir(exist_ok=True)
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - path.stat().st_mtime < PORT_RESERVED_FOR_S:
+                return False
+            os.utime(path)
+            return True
+        except OSError:
+            return False
+    except OSError:
+        return True
 
 
 def _ports_below_ephemeral(plus: int) -> tuple[int, int] | None:
