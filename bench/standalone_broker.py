@@ -4,7 +4,6 @@ benchmarks in this folder (``produce_fetch.py``, ``request_cost.py``)."""
 from __future__ import annotations
 
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +12,8 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from diskless.local.servers import stop_process
 
 
 def free_port() -> int:
@@ -40,9 +41,5 @@ def standalone_broker(profile: str | None = None, start_timeout: float = 60) -> 
             time.sleep(0.05)
         yield f"127.0.0.1:{port}", broker.pid
     finally:
-        broker.send_signal(signal.SIGTERM)
-        try:
-            broker.wait(30)
-        except subprocess.TimeoutExpired:
-            broker.kill()
+        stop_process(broker, 30)
         shutil.rmtree(workdir, ignore_errors=True)

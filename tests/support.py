@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from diskless.local.servers import free_ports
+from diskless.local.servers import free_ports, stop_process
 
 T = TypeVar("T")
 
@@ -90,14 +90,7 @@ class BrokerProcess:
     def stop(self, timeout: float = 15.0) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        code = self.proc.returncode
+        code = stop_process(self.proc, timeout, kill_wait=5)
         self.proc = None
         return code
 

@@ -118,6 +118,20 @@ def _ports_below_ephemeral(plus: int) -> tuple[int, int] | None:
     return (first, last) if last - first >= 1000 else None
 
 
+def stop_process(proc: subprocess.Popen[bytes], timeout: float, kill_wait: float = 10.0) -> int | None:
+    """SIGTERM ``proc`` unless it has exited, SIGKILL it if it is still running after ``timeout``
+    seconds; its exit code (None only if it outlived the SIGKILL's ``kill_wait`` too)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(kill_wait)
+    return proc.returncode
+
+
 def free_port(host: str = "127.0.0.1", plus: int = 0) -> int:
     return free_ports(1, host, plus)[0]
 
@@ -196,14 +210,7 @@ class ManagedProcess:
     def stop(self, timeout: float = 20.0) -> int | None:
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        code = self.proc.returncode
+        code = stop_process(self.proc, timeout, kill_wait=5)
         self.proc = None
         return code
 

@@ -25,6 +25,8 @@ from typing import Any
 import pytest
 from support import wait_until
 
+from diskless.local.servers import stop_process
+
 STARTUP_DEADLINE_S = 120
 STOP_DEADLINE_S = 60
 
@@ -76,13 +78,7 @@ class Launcher:
 
     def cleanup(self) -> None:
         """Only after a failure: stop the launcher, then anything it may have left."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(STOP_DEADLINE_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, STOP_DEADLINE_S)
         for pid in processes_mentioning(str(self.data_dir)):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)

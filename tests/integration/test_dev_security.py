@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 from support import wait_until
 
+from diskless.local.servers import stop_process
 from diskless.protocol import internal
 from diskless.protocol.client import KafkaClientConnection
 
@@ -43,12 +43,7 @@ def dev(tmp_path: Path) -> Iterator[dict[str, Any]]:
 
         yield wait_until(ready, 120, 0.2, "diskless dev never wrote cluster.json")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        stop_process(proc, 60)
         time.sleep(0)  # nothing to wait for: the launcher stopped its processes before exiting
 
 

@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 from support import wait_until
 
+from diskless.local.servers import stop_process
+
 pytestmark = pytest.mark.integration
 
 STARTUP_DEADLINE_S = 120
@@ -75,13 +77,7 @@ class Launcher:
         wait_until(up, STARTUP_DEADLINE_S, interval=0.1, message=f"launcher not up:\n{self.output()}")
 
     def cleanup(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+        stop_process(self.proc, 60)
         for entry in Path("/proc").iterdir():
             if entry.name.isdigit() and int(entry.name) != os.getpid():
                 with contextlib.suppress(OSError):
