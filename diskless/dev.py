@@ -642,7 +642,18 @@ def _demo(cluster: DevCluster) -> None:
             producer.poll(0)
         _until(lambda: producer.flush(0.5) == 0, 30, check, "records not acknowledged within 30s")
         produced_in = time.monotonic() - began
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(DEMO_TOPIC, p), timeout=10)[1] for p in layout_now}
+
+        def ends_now() -> dict[int, int]:
+            return {p: consumer.get_watermark_offsets(TopicPartition(DEMO_TOPIC, p), timeout=10)[1] for p in layout_now}
+
+        # The broker asked may be a follower whose high watermark has not yet caught up with
+        # the acks the producer got: wait until the ends cover every acknowledged record.
+        ends = ends_now()
+        end_deadline = time.monotonic() + 30
+        while sum(ends[p] - starts[p] for p in layout_now) < DEMO_RECORDS and time.monotonic() < end_deadline:
+            check()
+            time.sleep(0.05)
+            ends = ends_now()
         wanted = {p: ends[p] for p in layout_now if ends[p] > starts[p]}
         consumer.assign([TopicPartition(DEMO_TOPIC, p, starts[p]) for p in wanted])
         consumed = 0
