@@ -232,6 +232,21 @@ class BrokerConfig:
         ),
     )
     diskless_wal_max_bytes: int = field(default=8 * 1024 * 1024, metadata=_prop("diskless.wal.max.bytes"))
+    diskless_wal_put_hedge_quantile: float = field(
+        default=0.95,
+        metadata=_prop(
+            "diskless.wal.put.hedge.quantile",
+            "A WAL object PUT still unanswered after this quantile of the recent PUTs' latencies gets a"
+            " second, identical PUT; the first answer wins (storage/hedging.py). 0 turns hedging off.",
+        ),
+    )
+    diskless_wal_put_hedge_max_ratio: float = field(
+        default=0.05,
+        metadata=_prop(
+            "diskless.wal.put.hedge.max.ratio",
+            "At most this share of the last 200 WAL object PUTs get a hedge, however slow the store is.",
+        ),
+    )
     diskless_produce_buffer_max_bytes: int = field(
         default=64 * 1024 * 1024,
         metadata=_prop(
@@ -444,6 +459,8 @@ def _coerce(name: str, raw: str) -> Any:
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     if kind.startswith("int"):
         return int(raw)
+    if kind.startswith("float"):
+        return float(raw)
     if kind.startswith("bool"):
         if raw.lower() not in ("true", "false"):
             raise ConfigError(f"{name}: expected true or false, got {raw!r}")

@@ -134,6 +134,8 @@ class DevCluster:
     # its AZ's addresses is zone-aligned without any client setting (README, "Client AZs").
     az_listeners: bool = True
     broker_overrides: dict[str, str] = field(default_factory=dict)  # more broker settings (tests)
+    # The S3 endpoint brokers are given, from the server's: a fault proxy in front of it (bench --s3-slow).
+    s3_front: Callable[[str], str] | None = None
     policy: RestartPolicy = field(default_factory=RestartPolicy)
     supervisor: Supervisor | None = None  # from the end of start() on
     paused: set[str] = field(default_factory=set)
@@ -177,7 +179,7 @@ class DevCluster:
             "broker.session.timeout.ms": str(SESSION_TIMEOUT_MS),
             "controlled.shutdown.timeout.ms": str(CONTROLLED_SHUTDOWN_TIMEOUT_MS),
             "default.replication.factor": str(min(3, len(self.slots))),
-            "diskless.s3.endpoint": self.s3.endpoint,
+            "diskless.s3.endpoint": self.s3_front(self.s3.endpoint) if self.s3_front else self.s3.endpoint,
             "diskless.s3.bucket": BUCKET,
             "diskless.s3.access.key": self.s3.access_key,
             "diskless.s3.secret.key": self.s3.secret_key,

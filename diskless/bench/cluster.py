@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any, TextIO
@@ -21,7 +22,14 @@ from diskless.dev import DevCluster, StopRequest, layout
 SOURCE_HOST = 250  # load generators of az-k leave from 127.0.k.250, an address no broker uses
 
 
-def start_cluster(root: Path, brokers: int, azs: int, overrides: dict[str, str], out: TextIO) -> DevCluster:
+def start_cluster(
+    root: Path,
+    brokers: int,
+    azs: int,
+    overrides: dict[str, str],
+    out: TextIO,
+    s3_front: Callable[[str], str] | None = None,
+) -> DevCluster:
     cluster = DevCluster(
         root,
         layout(brokers, azs),
@@ -29,6 +37,7 @@ def start_cluster(root: Path, brokers: int, azs: int, overrides: dict[str, str],
         out,
         StopRequest(),
         broker_overrides={"metrics.port": "0", **overrides},
+        s3_front=s3_front,
     )
     try:
         cluster.start()

@@ -71,6 +71,9 @@ class BenchOptions:
     # unbounded reader takes the tail's CPU (issue 10: it may cost the tail at most +20% e2e p99).
     lagging_read_quota: int = 8 * 1024 * KIB
     profile: tuple[str, ...] = ()  # topic kinds during whose phases py-spy samples the brokers
+    # (fraction, seconds): brokers and the raw baseline reach S3 through the chaos proxy, which holds
+    # that fraction of requests that long, a tail like a remote store's (hedged PUTs are for it).
+    s3_slow: tuple[float, float] | None = None
 
     @classmethod
     def quick_run(cls, **changes: Any) -> BenchOptions:
@@ -106,6 +109,8 @@ class BenchOptions:
             raise ValueError("--producers-per-az must be >= 1")
         if self.lagging_read_quota < 0:
             raise ValueError("--lagging-quota must be >= 0")
+        if self.s3_slow is not None and not (0.0 <= self.s3_slow[0] <= 1.0 and self.s3_slow[1] >= 0.0):
+            raise ValueError("--s3-slow takes FRACTION:SECONDS, a fraction in [0, 1] and seconds >= 0")
 
     @property
     def producer_rate(self) -> int:
@@ -132,6 +137,7 @@ class BenchOptions:
         out["kinds"] = list(self.kinds)
         out["s3_sizes"] = list(self.s3_sizes)
         out["profile"] = list(self.profile)
+        out["s3_slow"] = list(self.s3_slow) if self.s3_slow is not None else None
         return out
 
 
@@ -175,6 +181,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--broker-override", action="append", default=[], metavar="NAME=VALUE", help="one more broker setting"
     )
     parser.add_argument(
+        "--s3-slow",
+        metavar="FRACTION:SECONDS",
+        help="reach S3 through the chaos proxy, which holds that fraction of requests that long (a remote"
+        " store's tail, e.g. 0.02:0.2)",
+    )
+    parser.add_argument(
         "--producer-config",
         action="append",
         default=[],
@@ -210,6 +222,12 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
     if args.profile:
         options.profile = tuple(k.strip() for k in args.profile.split(",") if k.strip())
     options.broker_overrides.update(_settings("--broker-override", args.broker_override))
+    if args.s3_slow:
+        fraction, _, seconds = args.s3_slow.partition(":")
+        try:
+            options.s3_slow = (float(fraction), float(seconds))
+        except ValueError:
+            raise ValueError(f"--s3-slow takes FRACTION:SECONDS, got {args.s3_slow!r}") from None
     options.producer_config.update(_settings("--producer-config", args.producer_config))
     return options
 

@@ -100,6 +100,30 @@ def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                 diskless["cross_az_counted_by"],
             )
         )
+        # Per phase as well: the whole run's ratio is carried by the high-rate phases' bytes, while
+        # at a low rate every small batch pays its commit and its followers' copy (bytes per batch,
+        # not per byte), which the whole-run figure hides.
+        for phase, figures in phases.items():
+            cross = figures["cross_az"]
+            ratio = cross.get("per_payload_byte")
+            batches = cross.get("batches") or 0
+            payload = cross.get("payload_bytes") or 0
+            note = (
+                f"{cross['cross_az_bytes'] / batches:.0f} B crossing per batch of {payload / batches:.0f} B payload"
+                if batches
+                else ""
+            )
+            rows.append(
+                _row(
+                    "diskless bytes crossing AZs / payload",
+                    phase,
+                    ratio,
+                    CROSS_AZ_LIMIT,
+                    "ratio",
+                    None if ratio is None else ratio <= CROSS_AZ_LIMIT,
+                    note,
+                )
+            )
         put_limit = 1000.0 / linger * 1.1
         for phase, figures in phases.items():
             rate = figures["s3_puts_per_broker_per_s_max"]
@@ -200,12 +224,20 @@ def _client_settings(config: dict[str, str]) -> str:
     return "".join(f", {name}={value}" for name, value in sorted({**config, **idempotence}.items()))
 
 
+def _slow_s3(options: dict[str, Any]) -> str:
+    slow = options.get("s3_slow")
+    if not slow:
+        return ""
+    return f" through the chaos proxy, {slow[0]:g} of requests held {slow[1] * 1000:g} ms (--s3-slow)"
+
+
 def markdown(result: dict[str, Any]) -> str:
     o = result["options"]
     lines = [
         f"# diskless bench, {result['started_at']}",
         "",
-        f"{o['brokers']} brokers in {o['azs']} AZs, S3: {result['cluster']['s3_kind']}; {o['partitions']} partitions,"
+        f"{o['brokers']} brokers in {o['azs']} AZs, S3: {result['cluster']['s3_kind']}{_slow_s3(o)};"
+        f" {o['partitions']} partitions,"
         f" replication {o['replication']}, {o['record_size']} B records, acks=all, producer linger.ms"
         f" {o['producer_linger_ms']}{_client_settings(o.get('producer_config') or {})},"
         f" diskless.wal.linger.ms {o['linger_ms']};"
@@ -262,14 +294,16 @@ def markdown(result: dict[str, Any]) -> str:
     if names:
         lines += [
             "",
-            "## Diskless produce stages (ms per batch, mean / p99, representatives' view), S3 PUT and event-loop lag",
+            "## Diskless produce stages (ms per batch, mean / p99, representatives' view),"
+            " S3 PUT and event-loop lag (mean / p99)",
             "",
             "upload = WAL object encoding + PUT as the representative waits for it; PUT in client = the same"
-            " PUT timed inside the object-store client (signing, HTTP); loop lag = how late a timer fires."
+            " PUT timed inside the object-store client (signing, HTTP); hedged = PUTs that got a second,"
+            " identical PUT (won: answered first); loop lag = how late a timer fires."
             " p99 from the brokers' histogram buckets (linear within a bucket).",
             "",
-            "| phase | " + " | ".join(names) + " | PUT in client | loop lag |",
-            "|---|" + "---|" * (len(names) + 2),
+            "| phase | " + " | ".join(names) + " | PUT in client | hedged (won) | loop lag |",
+            "|---|" + "---|" * (len(names) + 3),
         ]
         for phase, f in diskless_phases.items():
             t = f["broker_timings"]
@@ -279,8 +313,10 @@ def markdown(result: dict[str, Any]) -> str:
                 else _fmt(t.get(f"stage_{n}_mean_ms"))
                 for n in names
             )
-            put, lag = _fmt(t.get("s3_put_client_mean_ms")), _fmt(t.get("loop_lag_mean_ms"))
-            lines.append(f"| {phase} | {cells} | {put} | {lag} |")
+            put = f"{_fmt(t.get('s3_put_client_mean_ms'))} / {_fmt(t.get('s3_put_client_p99_ms'))}"
+            lag = f"{_fmt(t.get('loop_lag_mean_ms'))} / {_fmt(t.get('loop_lag_p99_ms'))}"
+            hedged = f"{_fmt(t.get('s3_put_hedges'))} ({_fmt(t.get('s3_put_hedge_wins'))})"
+            lines.append(f"| {phase} | {cells} | {put} | {hedged} | {lag} |")
     lines += producer_client_view(result)
     lines += requests_by_api(result)
     lines += [

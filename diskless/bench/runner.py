@@ -48,6 +48,7 @@ from diskless.bench.stats import (
     size_distribution,
     throughput_series,
 )
+from diskless.chaos.s3proxy import FaultRates, S3FaultProxy
 from diskless.dev import BUCKET, DevCluster
 from diskless.metrics import PRODUCE_STAGES
 
@@ -232,6 +233,10 @@ def run_kind(
                 current = next((w for w in windows if w.start <= now < w.end), None)
                 acked = sum(int(_read_json(c / "status.json").get("acked", 0)) for c in producers)
                 received = sum(int(_read_json(c / "status.json").get("received", 0)) for c in consumers)
+                if acked < state.get("acked", 0):
+                    # The producers started a new round, whose count starts at zero: the previous
+                    # round's total is no baseline (it showed as a large negative rate).
+                    state["acked"] = 0
                 rate = (acked - state.get("acked", acked)) / max(now - state.get("at", now), 1e-3)
                 if now - state.get("at", 0.0) >= 1.0:
                     state.update(acked=acked, at=now, rate=rate)
@@ -367,9 +372,16 @@ def kind_figures(
         count = delta.total("diskless_object_store_seconds_count", operation="put")
         put = delta.total("diskless_object_store_seconds_sum", operation="put")
         timings["s3_put_client_mean_ms"] = round(put / count * 1000, 1) if count else None
+        timings["s3_put_hedges"] = int(delta.total("diskless_object_store_hedges_total"))
+        timings["s3_put_hedge_wins"] = int(delta.total("diskless_object_store_hedge_wins_total"))
+        # Its tail, set against the upload stage's, tells a slow store from a busy broker.
+        p99 = histogram_quantile(delta, "diskless_object_store_seconds", 0.99, operation="put")
+        timings["s3_put_client_p99_ms"] = round(p99 * 1000, 1) if p99 is not None else None
         count = delta.total("diskless_event_loop_lag_seconds_count")
         lag = delta.total("diskless_event_loop_lag_seconds_sum")
         timings["loop_lag_mean_ms"] = round(lag / count * 1000, 1) if count else None
+        p99 = histogram_quantile(delta, "diskless_event_loop_lag_seconds", 0.99)
+        timings["loop_lag_p99_ms"] = round(p99 * 1000, 1) if p99 is not None else None
         cross["per_payload_byte"] = round(cross["cross_az_bytes"] / payload, 5) if payload else None
         in_window = [o.size for o in wal if window.start * 1000 <= o.created_ms < window.end * 1000]
         s3_cpu = b.s3.get("cpu_s", 0.0) - a.s3.get("cpu_s", 0.0)
@@ -441,10 +453,24 @@ def run_bench(options: BenchOptions, out: TextIO = sys.stdout) -> int:
     load_at_start = [round(x, 2) for x in os.getloadavg()]
     overrides = options.broker_settings()
     cluster: DevCluster | None = None
+    proxies: list[S3FaultProxy] = []
+
+    def slow_front(endpoint: str) -> str:
+        """The chaos proxy in front of the S3 server, holding ``--s3-slow``'s share of requests."""
+        assert options.s3_slow is not None
+        fraction, seconds = options.s3_slow
+        proxy = S3FaultProxy(endpoint, seed=10, rates=FaultRates(slow=fraction, slow_s=seconds)).start()
+        proxies.append(proxy)
+        return proxy.endpoint
+
     try:
-        cluster = start_cluster(root, options.brokers, options.azs, overrides, out)
+        front = slow_front if options.s3_slow is not None else None
+        cluster = start_cluster(root, options.brokers, options.azs, overrides, out, front)
         assert cluster.s3 is not None
         s3 = cluster.s3
+        s3_endpoint = proxies[0].endpoint if proxies else s3.endpoint  # the baseline measures what brokers get
+        if proxies:
+            progress.line(f"  S3 through the chaos proxy {s3_endpoint}: {options.s3_slow} (fraction, s) held")
         azs = azs_of(cluster)
         shim = build_shim(result_dir / "shim")
         if shim is None:
@@ -452,7 +478,7 @@ def run_bench(options: BenchOptions, out: TextIO = sys.stdout) -> int:
         progress.line("raw S3 baseline ...")
         baseline = asyncio.run(
             run_baseline(
-                s3.endpoint,
+                s3_endpoint,
                 BUCKET,
                 s3.access_key,
                 s3.secret_key,
@@ -530,6 +556,8 @@ def run_bench(options: BenchOptions, out: TextIO = sys.stdout) -> int:
         if cluster is not None:
             progress.line("stopping the cluster ...")
             cluster.stop()
+            for proxy in proxies:
+                proxy.stop()
             if not options.keep_data:
                 data = [b.data_dir for b in cluster.brokers] + [root / "s3", root / "etcd"]
                 for path in data:

@@ -21,6 +21,7 @@ import random
 import socket
 import struct
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -107,6 +108,7 @@ class S3FaultProxy:
         self._open = threading.Event()
         self._open.set()
         self._resumed: asyncio.Event | None = None
+        self._scripted: deque[Decision] = deque()  # decisions for the next requests, before the rates
         self._tasks: set[asyncio.Task[None]] = set()
         for key in ("requests", "forwarded", "held", "error", "upstream_error", *FAULT_KINDS):
             self.stats.setdefault(key, 0)
@@ -165,6 +167,11 @@ class S3FaultProxy:
         self.rates = rates
         self._injector = injector
 
+    def delay_next(self, seconds: float, count: int = 1) -> None:
+        """The next ``count`` requests to arrive are held ``seconds`` before being forwarded,
+        whatever the rates say (one slow request among fast ones, as a hedging test needs)."""
+        self._scripted.extend(Decision("slow", seconds) for _ in range(count))
+
     def pause(self) -> None:
         """Hold every new request (and those not yet forwarded) until ``resume``."""
         self._open.clear()
@@ -210,7 +217,10 @@ class S3FaultProxy:
             if not self._resumed.is_set():
                 self.stats["held"] += 1
                 await self._resumed.wait()
-            decision = self._injector.decide()
+            try:
+                decision = self._scripted.popleft()
+            except IndexError:
+                decision = self._injector.decide()
             if decision.kind != "none":
                 self.stats[decision.kind] += 1
             if decision.kind in ("error_500", "error_503"):

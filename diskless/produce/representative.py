@@ -54,6 +54,7 @@ from kio.schema.errors import ErrorCode
 from diskless.metrics import DISKLESS_COMMIT_RPCS, DISKLESS_FLUSH_SECONDS, DISKLESS_WAL_OBJECT_BYTES, PRODUCE_STAGE
 from diskless.protocol import internal, records
 from diskless.protocol.client import KafkaClientConnection
+from diskless.storage.hedging import HedgePolicy
 from diskless.storage.object_store import ObjectStore
 from diskless.storage.wal_format import WalObjectWriter, wal_object_key
 
@@ -149,6 +150,9 @@ class Representative:
         )
         self.az = config.broker_rack or "none"
         self._upload_timeout_s = config.diskless_wal_commit_timeout_ms / 1000
+        self.hedge = HedgePolicy(
+            quantile=config.diskless_wal_put_hedge_quantile, max_ratio=config.diskless_wal_put_hedge_max_ratio
+        )
         self._ids = itertools.count()
         self._items: dict[int, _Item] = {}
         self._flushes: dict[int, _FlushInfo] = {}
@@ -354,7 +358,7 @@ class Representative:
             finished = writer.finish(created, self.host.node_id, self.az)
             for batch, ref in zip(batches, finished.refs, strict=True):
                 self._items[batch.token].position = ref.offset
-            await asyncio.wait_for(self.store.put(key, finished.data), self._upload_timeout_s)
+            await asyncio.wait_for(self.store.put(key, finished.data, self.hedge), self._upload_timeout_s)
         except Exception as exc:
             log.warning("WAL object upload failed", key=key, error=repr(exc))
             self.pipeline.upload_failed(sequence, _now_ms())

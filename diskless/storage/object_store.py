@@ -47,7 +47,9 @@ import structlog
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from diskless import metrics
+from diskless.aio import cancel_and_wait
 from diskless.storage import s3_xml
+from diskless.storage.hedging import HedgePolicy
 from diskless.storage.http11 import Answer, HttpPool, HttpProtocolError
 from diskless.storage.s3_xml import ObjectInfo
 from diskless.storage.sigv4 import EMPTY_SHA256, SigV4Signer, canonical_query, uri_encode
@@ -148,6 +150,8 @@ class ObjectStoreStats:
     get_bytes: int = 0
     retries: int = 0  # attempts that failed and were tried again
     failures: int = 0  # operations that raised after their last attempt (NoSuchKey/InvalidRange excluded)
+    hedges: int = 0  # second PUTs sent for one still unanswered (``put(..., hedge=)``)
+    hedge_wins: int = 0  # of them, those answered first
 
 
 def is_retriable(exc: BaseException) -> bool:
@@ -280,13 +284,61 @@ class ObjectStore:
         """Create the bucket unless it exists (idempotent; losing a creation race is fine)."""
         await self._call("bucket", self._ensure_bucket_once)
 
-    async def put(self, key: str, data: bytes) -> None:
-        """Store ``data`` under ``key``, replacing any existing object."""
+    async def put(self, key: str, data: bytes, hedge: HedgePolicy | None = None) -> None:
+        """Store ``data`` under ``key``, replacing any existing object.
+
+        With ``hedge``, a PUT still unanswered after the policy's delay gets a second, identical
+        one, and the first to succeed ends the call (``storage/hedging.py`` says why that is safe
+        for keys written once, as WAL objects are)."""
         # Hashed once for all attempts.
         payload_hash = await asyncio.to_thread(_sha256, data) if len(data) > HASH_IN_THREAD_BYTES else _sha256(data)
-        await self._call("put", functools.partial(self._put_once, key, data, payload_hash))
+        call = functools.partial(self._call, "put", functools.partial(self._put_once, key, data, payload_hash))
+        if hedge is None:
+            await call()
+        else:
+            await self._hedged(call, hedge, len(data))
         self.stats.put_bytes += len(data)
         metrics.child(metrics.OBJECT_STORE_BYTES, "put").inc(len(data))
+
+    async def _hedged(self, call: Callable[[], Awaitable[None]], policy: HedgePolicy, size: int) -> None:
+        """Run ``call``; if it is still out after ``policy.delay_ms()``, run it again beside it. The
+        first success wins and the other is cancelled; only if both fail does this fail (with the
+        first call's error)."""
+        delay_ms = policy.delay_ms(size)
+        started = time.perf_counter()
+
+        def elapsed_ms(since: float) -> float:
+            return (time.perf_counter() - since) * 1000
+
+        if delay_ms is None:  # no hedge for this one: no task either
+            await call()
+            policy.finished(elapsed_ms(started), size)
+            return
+        primary = asyncio.ensure_future(call())
+        calls = [(primary, started)]
+        try:
+            await asyncio.wait([primary], timeout=delay_ms / 1000)
+            if not primary.done():
+                policy.started()
+                self.stats.hedges += 1
+                metrics.OBJECT_STORE_HEDGES.inc()
+                calls.append((asyncio.ensure_future(call()), time.perf_counter()))
+            pending = {task for task, _ in calls}
+            while pending:
+                _done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                winner = next((t for t, _ in calls if t.done() and not t.cancelled() and t.exception() is None), None)
+                if winner is None:
+                    continue
+                for task, since in calls:
+                    if task is winner or not task.done():
+                        policy.finished(elapsed_ms(since), size)  # a loser's: how long it had been out
+                if winner is not primary:
+                    self.stats.hedge_wins += 1
+                    metrics.OBJECT_STORE_HEDGE_WINS.inc()
+                return
+            primary.result()  # both failed: the first call's error
+        finally:
+            await cancel_and_wait(*(task for task, _ in calls))
 
     async def get(self, key: str) -> bytes:
         """The whole object; ``NoSuchKey`` if it does not exist."""

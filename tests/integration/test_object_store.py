@@ -486,6 +486,40 @@ async def test_faults_through_the_chaos_proxy_are_retried_and_bodies_stay_exact(
         proxy.stop()
 
 
+async def test_a_stalled_put_is_hedged_and_the_hedge_answers(s3: S3Server, prefix: str) -> None:
+    """One PUT held 30 s by the chaos proxy among fast ones: once it has been out longer than the
+    policy's quantile of the earlier PUTs, an identical PUT goes out, is answered, and ends the call
+    long before the held one could have; the object is the body, and the held PUT is cancelled.
+    Without hedging the same PUT takes the whole 30 s (the last assertion of the test)."""
+    from diskless.chaos.s3proxy import S3FaultProxy
+    from diskless.storage.hedging import HedgePolicy
+
+    proxy = S3FaultProxy(s3.endpoint, seed=3).start()
+    try:
+        store = ObjectStore(proxy.endpoint, BUCKET, s3.access_key, s3.secret_key)
+        async with store:
+            policy = HedgePolicy(quantile=0.9, max_ratio=0.1, min_samples=20)
+            for i in range(20):  # the latencies the quantile is taken from
+                await store.put(f"{prefix}h/warm-{i}", b"w" * 40_000, policy)  # the held PUT's size class
+            assert store.stats.hedges == 0, "no PUT was slow, none may be hedged"
+            body = os.urandom(40_000)
+            proxy.delay_next(30.0)
+            started = time.monotonic()
+            await asyncio.wait_for(store.put(f"{prefix}h/held", body, policy), 20)
+            assert time.monotonic() - started < 20
+            assert (store.stats.hedges, store.stats.hedge_wins) == (1, 1)
+            assert proxy.stats["slow"] == 1
+            assert await store.get(f"{prefix}h/held") == body
+            assert store.stats.puts == 22  # 20 + the held one + its hedge
+            # No policy, no hedge: the same held PUT takes the full delay (bounded here at 3 s).
+            proxy.delay_next(30.0)
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(store.put(f"{prefix}h/unhedged", body), 3)
+            assert store.stats.hedges == 1
+    finally:
+        proxy.stop()
+
+
 class _ShortThenWhole(http.server.BaseHTTPRequestHandler):
     """The first GET promises 1000 bytes, sends 10 and closes; later GETs send all 1000."""
 

@@ -64,3 +64,45 @@ def test_report_shows_the_breakdown_per_phase() -> None:
     header = "| phase | payload B/s | crossing B/s | cross/payload | without coordinator | crossing B/batch |"
     assert header + " Fetch (broker) |" in table
     assert "| low | 30000 | 300 | 0.0100 | 0.0100 | 60 | 300 |" in table
+
+
+def test_the_target_is_checked_per_phase_too_not_only_over_the_whole_run() -> None:
+    """A run whose high-rate phase carries most of the payload passes the 1% over the whole run
+    while its low-rate phase, where every small batch pays its commit and its followers' copy,
+    does not: the report must show both."""
+    from diskless.bench.report import evaluate_targets
+
+    def phase(ratio: float, payload: int, batches: int) -> dict[str, object]:
+        return {
+            "wal_objects": {"p50": 32768},
+            "produce_latency_ms": {"p99": 100.0},
+            "end_to_end_latency_ms": {"p99": 110.0},
+            "mb_per_s": payload / 1e6,
+            "s3_puts_per_broker_per_s_max": 9.0,
+            "cross_az": {
+                "per_payload_byte": ratio,
+                "cross_az_bytes": ratio * payload,
+                "payload_bytes": payload,
+                "batches": batches,
+            },
+        }
+
+    baseline = [{"size_bytes": 65536, "put_latency_ms": {"p99": 3.0}, "put_mb_per_s": 80.0}]
+    result = {
+        "options": {"linger_ms": 100, "partitions": 12},
+        "s3_baseline": baseline,
+        "brokers": {},
+        "kinds": {
+            "diskless": {
+                "phases": {"low": phase(0.15, 1_000_000, 500), "max": phase(0.001, 50_000_000, 2_000)},
+                "cross_az_per_payload_byte": 0.004,
+                "cross_az_counted_by": "address",
+            }
+        },
+    }
+    rows = {(r["target"], r["phase"]): r for r in evaluate_targets(result)}
+    target = "diskless bytes crossing AZs / payload"
+    assert rows[(target, "all")]["result"] == "pass"
+    assert rows[(target, "max")]["result"] == "pass"
+    low = rows[(target, "low")]
+    assert low["result"] == "fail" and low["note"] == "300 B crossing per batch of 2000 B payload"

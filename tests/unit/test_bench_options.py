@@ -46,3 +46,14 @@ def test_producer_settings_are_passed_through_by_name() -> None:
     assert options.producer_config == {"enable.idempotence": "true", "batch.size": "65536"}
     with pytest.raises(SystemExit):
         _parse("--producer-config", "no-equals-sign")
+
+
+def test_s3_slow_puts_a_tail_on_the_store_only_when_asked() -> None:
+    assert _parse().s3_slow is None and _parse().as_dict()["s3_slow"] is None
+    options = _parse("--s3-slow", "0.02:0.2")
+    options.validate()
+    assert options.s3_slow == (0.02, 0.2) and options.as_dict()["s3_slow"] == [0.02, 0.2]
+    with pytest.raises(ValueError, match="s3-slow"):
+        _parse("--s3-slow", "often")
+    with pytest.raises(ValueError, match="s3-slow"):
+        _parse("--s3-slow", "1.5:0.2").validate()

@@ -81,6 +81,7 @@ def test_unknown_key_raises(tmp_path: Path, source: str) -> None:
         ("log.segment.bytes", "1"),
         ("log.message.timestamp.type", "Now"),
         ("log.cleanup.policy", "compact"),
+        ("diskless.wal.put.hedge.quantile", "often"),
     ],
 )
 def test_bad_values_raise(name: str, value: str) -> None:
@@ -127,3 +128,11 @@ def test_endpoint_parse(text: str, endpoint: Endpoint) -> None:
 def test_advertised_listener_wins() -> None:
     config = load_config(environ={}, overrides={"advertised.listeners": "PLAINTEXT://public:19092"})
     assert config.advertised(1234) == Endpoint("public", 19092)
+
+
+def test_ratios_are_floats() -> None:
+    config = load_config(
+        environ={"DISKLESS_DISKLESS_WAL_PUT_HEDGE_MAX_RATIO": "0.1"}, overrides={"diskless.wal.put.hedge.quantile": "0"}
+    )
+    assert (config.diskless_wal_put_hedge_quantile, config.diskless_wal_put_hedge_max_ratio) == (0.0, 0.1)
+    assert BrokerConfig().diskless_wal_put_hedge_quantile == 0.95

@@ -241,7 +241,7 @@ class FakeStore:
         self.delays = itertools.cycle(delays or [0])
         self.puts = 0
 
-    async def put(self, key: str, data: bytes) -> None:
+    async def put(self, key: str, data: bytes, hedge: object = None) -> None:
         self.puts += 1
         index = self.puts
         await asyncio.sleep(next(self.delays) / 1000)  # uploads finish out of order

@@ -1,0 +1,184 @@
+"""Hedged WAL object PUTs: the sans-IO policy (``storage/hedging.py``) and the race that
+``ObjectStore.put`` runs with it, with in-memory PUT attempts."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from diskless.storage.hedging import HedgePolicy, size_class
+from diskless.storage.object_store import ObjectStore
+
+SIZE = 32 * 1024  # a WAL object at a low rate
+
+
+def warmed(latencies: list[float], **kwargs: float) -> HedgePolicy:
+    policy = HedgePolicy(**kwargs)  # type: ignore[arg-type]
+    for latency in latencies:
+        policy.delay_ms(SIZE)  # a PUT starts (counted for the budget) ...
+        policy.finished(latency, SIZE)  # ... and ends
+    return policy
+
+
+def test_no_hedge_before_enough_latencies_are_known() -> None:
+    policy = HedgePolicy(min_samples=5, max_ratio=1.0)
+    for _ in range(4):
+        assert policy.delay_ms(SIZE) is None
+        policy.finished(10.0, SIZE)
+    assert policy.delay_ms(SIZE) is None  # 4 known when asked
+    policy.finished(10.0, SIZE)
+    assert policy.delay_ms(SIZE) == 10.0
+
+
+def test_the_delay_is_the_quantile_of_recent_latencies_and_old_ones_age_out() -> None:
+    policy = warmed([float(i) for i in range(1, 101)], quantile=0.95, window=100, min_samples=1, max_ratio=1.0)
+    assert policy.delay_ms(SIZE) == 95.0
+    for _ in range(100):  # the store got faster: the old latencies leave the window
+        policy.finished(2.0, SIZE)
+    assert policy.delay_ms(SIZE) == 2.0
+    assert warmed([5.0] * 30, min_samples=1, min_delay_ms=12.0).delay_ms(SIZE) == 12.0
+
+
+def test_the_budget_is_a_share_of_the_puts_seen_so_far() -> None:
+    """5% of 200: a policy that has seen 20 PUTs may hedge the 21st (1.05 allowed), not the 22nd."""
+    policy = warmed([10.0] * 20, min_samples=1)
+    assert policy.delay_ms(SIZE) is not None
+    policy.started()
+    policy.finished(10.0, SIZE)
+    assert policy.delay_ms(SIZE) is None
+    assert policy.hedged_share == pytest.approx(1 / 22)
+
+
+def test_latencies_count_for_puts_of_their_size_only() -> None:
+    """After a burst of 2 MiB objects at 300 ms, a 32 KiB PUT is still measured against the 32 KiB
+    ones (8 ms), and a class with no history gets no hedge."""
+    policy = warmed([8.0] * 30, quantile=0.9, max_ratio=1.0, min_samples=5)
+    for _ in range(300):
+        policy.delay_ms(2 << 20)
+        policy.finished(300.0, 2 << 20)
+    assert policy.delay_ms(SIZE) == 8.0
+    assert policy.delay_ms(3 << 20) == 300.0  # 2 and 3 MiB: one class
+    assert policy.delay_ms(512) is None
+    assert size_class(32 * 1024) == size_class(127 * 1024) != size_class(128 * 1024)
+
+
+def test_hedging_off() -> None:
+    assert warmed([1.0] * 50, quantile=0.0).delay_ms(SIZE) is None
+    assert warmed([1.0] * 50, max_ratio=0.0).delay_ms(SIZE) is None
+    for bad in ({"quantile": 1.0}, {"quantile": -0.1}, {"max_ratio": 1.5}, {"window": 0}):
+        with pytest.raises(ValueError):
+            HedgePolicy(**bad)  # type: ignore[arg-type]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    steps=st.lists(st.tuples(st.booleans(), st.floats(0.1, 500.0)), min_size=1, max_size=600),
+    ratio=st.sampled_from([0.01, 0.05, 0.2, 1.0]),
+    window=st.integers(5, 100),
+)
+def test_the_budget_caps_hedges_in_every_window(steps: list[tuple[bool, float]], ratio: float, window: int) -> None:
+    """Whatever the latencies and whichever PUTs the shell hedges when allowed, no run of
+    ``window`` consecutive PUTs holds more than ``max_ratio`` of them hedged (and at least one PUT
+    in any window of a policy that has hedged at all may be hedged)."""
+    policy = HedgePolicy(quantile=0.5, max_ratio=ratio, window=window, min_samples=1)
+    hedged: list[bool] = []
+    for take, latency in steps:
+        delay = policy.delay_ms(SIZE)
+        if delay is not None and take:
+            policy.started()
+            hedged.append(True)
+        else:
+            hedged.append(False)
+        policy.finished(latency, SIZE)
+        recent = hedged[-window:]
+        assert sum(recent) <= max(ratio * len(recent), 0) + 1e-9, (recent, ratio)
+        assert policy.hedged_share == pytest.approx(sum(recent) / len(recent))
+
+
+# --- the race in ObjectStore.put ------------------------------------------------------------------
+
+
+def store() -> ObjectStore:
+    return ObjectStore("http://127.0.0.1:9", "b", "k", "s")  # never connects: attempts are fakes
+
+
+def attempts(*plan: tuple[float, BaseException | None]) -> tuple[Callable[[], Awaitable[None]], list[str]]:
+    """A PUT whose n-th attempt takes ``plan[n][0]`` seconds, then raises ``plan[n][1]`` or succeeds;
+    the log says how each ended."""
+    log: list[str] = []
+    count = 0
+
+    async def call() -> None:
+        nonlocal count
+        index = count
+        count += 1
+        delay, error = plan[index]
+        try:
+            await asyncio.sleep(delay)
+        except asyncio.CancelledError:
+            log.append(f"{index} cancelled")
+            raise
+        if error is not None:
+            log.append(f"{index} failed")
+            raise error
+        log.append(f"{index} ok")
+
+    return call, log
+
+
+def fast_policy() -> HedgePolicy:
+    return warmed([10.0] * 30, quantile=0.9, max_ratio=0.5, min_samples=1)  # hedge after 10 ms
+
+
+async def test_the_hedge_wins_and_the_stalled_attempt_is_cancelled() -> None:
+    s = store()
+    call, log = attempts((30.0, None), (0.01, None))
+    await asyncio.wait_for(s._hedged(call, fast_policy(), SIZE), 5)
+    assert log == ["1 ok", "0 cancelled"]
+    assert (s.stats.hedges, s.stats.hedge_wins) == (1, 1)
+
+
+async def test_a_fast_put_gets_no_hedge() -> None:
+    s = store()
+    call, log = attempts((0.0, None))
+    await s._hedged(call, fast_policy(), SIZE)
+    assert log == ["0 ok"] and s.stats.hedges == 0
+
+
+async def test_the_slow_primary_still_wins_if_the_hedge_fails() -> None:
+    s = store()
+    call, log = attempts((0.1, None), (0.01, OSError("hedge refused")))
+    await asyncio.wait_for(s._hedged(call, fast_policy(), SIZE), 5)
+    assert log == ["1 failed", "0 ok"]
+    assert (s.stats.hedges, s.stats.hedge_wins) == (1, 0)
+
+
+async def test_both_failing_raise_the_primary_error() -> None:
+    s = store()
+    call, log = attempts((0.05, ValueError("primary")), (0.01, OSError("hedge")))
+    with pytest.raises(ValueError, match="primary"):
+        await asyncio.wait_for(s._hedged(call, fast_policy(), SIZE), 5)
+    assert sorted(log) == ["0 failed", "1 failed"]
+
+
+async def test_a_cancelled_caller_cancels_both_attempts() -> None:
+    """The representative's upload timeout cancels the PUT: neither attempt may outlive it."""
+    s = store()
+    call, log = attempts((30.0, None), (30.0, None))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(s._hedged(call, fast_policy(), SIZE), 0.2)
+    assert sorted(log) == ["0 cancelled", "1 cancelled"]
+
+
+async def test_the_loser_latency_keeps_slow_puts_in_the_window() -> None:
+    """A cancelled primary reports how long it had been out, so the quantile stays high after
+    hedges win instead of falling until every PUT is hedged."""
+    policy = warmed([10.0] * 9, quantile=0.5, max_ratio=1.0, min_samples=1, window=10)
+    call, _log = attempts((30.0, None), (0.05, None))
+    await asyncio.wait_for(store()._hedged(call, policy, SIZE), 5)
+    recorded = sorted(policy._latencies[size_class(SIZE)])
+    assert recorded[-1] >= 50.0  # the primary: out from its start until the hedge won (~60 ms)
