@@ -62,10 +62,16 @@ def broker(broker_factory: Callable[..., BrokerProcess]) -> BrokerProcess:
 def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., LocalCluster]]:
     started: list[LocalCluster] = []
 
-    def make(brokers: int = 3, azs: int = 3, overrides: dict[str, str] | None = None, s3: bool = False) -> LocalCluster:
+    def make(
+        brokers: int = 3,
+        azs: int = 3,
+        overrides: dict[str, str] | None = None,
+        s3: bool = False,
+        s3_front: Callable[[str], str] | None = None,
+    ) -> LocalCluster:
         defaults = {"broker.session.timeout.ms": "3000", "replica.lag.time.max.ms": "5000", "metrics.port": "0"}
         root = tmp_path / f"cluster-{len(started)}"
-        cluster = LocalCluster(root, brokers, azs, {**defaults, **(overrides or {})}, s3)
+        cluster = LocalCluster(root, brokers, azs, {**defaults, **(overrides or {})}, s3, s3_front)
         started.append(cluster)
         return cluster.start()
 

@@ -101,10 +101,19 @@ class BrokerProcess:
 class LocalCluster:
     """etcd plus N brokers spread over AZs, each AZ on its own loopback network (127.0.<az>.x)."""
 
-    def __init__(self, root: Path, brokers: int, azs: int, overrides: dict[str, str], s3: bool = False) -> None:
+    def __init__(
+        self,
+        root: Path,
+        brokers: int,
+        azs: int,
+        overrides: dict[str, str],
+        s3: bool = False,
+        s3_front: Callable[[str], str] | None = None,
+    ) -> None:
         from diskless.local.servers import BrokerServer, EtcdServer, S3Server
 
         self.root = root
+        self.s3_front = s3_front  # the endpoint brokers get from the server's (a fault proxy in front)
         self.etcd = EtcdServer(root / "etcd")
         self.s3 = S3Server(root / "s3") if s3 else None
         self.brokers = []
@@ -126,7 +135,8 @@ class LocalCluster:
         for broker in self.brokers:
             broker.etcd = self.etcd.endpoint
             if self.s3 is not None:
-                broker.overrides.setdefault("diskless.s3.endpoint", self.s3.endpoint)
+                front = self.s3_front(self.s3.endpoint) if self.s3_front else self.s3.endpoint
+                broker.overrides.setdefault("diskless.s3.endpoint", front)
         # Broker 0 alone first, so it becomes the controller as tests expect; the rest in
         # parallel: most of a broker's start-up is importing, ~1.7 s each on an idle machine.
         first, *rest = self.brokers

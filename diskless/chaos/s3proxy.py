@@ -108,7 +108,8 @@ class S3FaultProxy:
         self._open = threading.Event()
         self._open.set()
         self._resumed: asyncio.Event | None = None
-        self._scripted: deque[Decision] = deque()  # decisions for the next requests, before the rates
+        # Decisions for the next requests (of one HTTP method, or any), taken before the rates.
+        self._scripted: deque[tuple[bytes | None, Decision]] = deque()
         self._tasks: set[asyncio.Task[None]] = set()
         for key in ("requests", "forwarded", "held", "error", "upstream_error", *FAULT_KINDS):
             self.stats.setdefault(key, 0)
@@ -167,10 +168,12 @@ class S3FaultProxy:
         self.rates = rates
         self._injector = injector
 
-    def delay_next(self, seconds: float, count: int = 1) -> None:
-        """The next ``count`` requests to arrive are held ``seconds`` before being forwarded,
-        whatever the rates say (one slow request among fast ones, as a hedging test needs)."""
-        self._scripted.extend(Decision("slow", seconds) for _ in range(count))
+    def delay_next(self, seconds: float, count: int = 1, method: str | None = None) -> None:
+        """The next ``count`` requests to arrive (of ``method`` only, if given) are held ``seconds``
+        before being forwarded, whatever the rates say (one slow PUT among fast ones, as a hedging
+        test needs)."""
+        prefix = None if method is None else method.upper().encode() + b" "
+        self._scripted.extend((prefix, Decision("slow", seconds)) for _ in range(count))
 
     def pause(self) -> None:
         """Hold every new request (and those not yet forwarded) until ``resume``."""
@@ -217,10 +220,7 @@ class S3FaultProxy:
             if not self._resumed.is_set():
                 self.stats["held"] += 1
                 await self._resumed.wait()
-            try:
-                decision = self._scripted.popleft()
-            except IndexError:
-                decision = self._injector.decide()
+            decision = self._scripted_for(request) or self._injector.decide()
             if decision.kind != "none":
                 self.stats[decision.kind] += 1
             if decision.kind in ("error_500", "error_503"):
@@ -239,6 +239,14 @@ class S3FaultProxy:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    def _scripted_for(self, request: bytes) -> Decision | None:
+        """The first scripted decision whose method ``request`` has, taken off the script."""
+        for index, (prefix, decision) in enumerate(self._scripted):
+            if prefix is None or request.startswith(prefix):
+                del self._scripted[index]
+                return decision
+        return None
 
     async def _forward(self, request: bytes, writer: asyncio.StreamWriter, ambiguous: bool) -> None:
         try:
