@@ -232,19 +232,21 @@ class BrokerConfig:
         ),
     )
     diskless_wal_max_bytes: int = field(default=8 * 1024 * 1024, metadata=_prop("diskless.wal.max.bytes"))
-    diskless_wal_put_hedge_quantile: float = field(
+    diskless_s3_hedge_quantile: float = field(
         default=0.95,
         metadata=_prop(
-            "diskless.wal.put.hedge.quantile",
-            "A WAL object PUT still unanswered after this quantile of the recent PUTs' latencies gets a"
-            " second, identical PUT; the first answer wins (storage/hedging.py). 0 turns hedging off.",
+            "diskless.s3.hedge.quantile",
+            "A WAL object PUT or tail GET still unanswered after this quantile of the recent ones'"
+            " latencies (of its size) gets a second, identical request; the first answer wins"
+            " (storage/hedging.py). 0 turns hedging off.",
         ),
     )
-    diskless_wal_put_hedge_max_ratio: float = field(
+    diskless_s3_hedge_max_ratio: float = field(
         default=0.05,
         metadata=_prop(
-            "diskless.wal.put.hedge.max.ratio",
-            "At most this share of the last 200 WAL object PUTs get a hedge, however slow the store is.",
+            "diskless.s3.hedge.max.ratio",
+            "At most this share of the last 200 WAL object PUTs, and of the last 200 tail GETs, get a"
+            " hedge, however slow the store is.",
         ),
     )
     diskless_produce_buffer_max_bytes: int = field(

@@ -89,10 +89,12 @@ OBJECT_STORE_SECONDS = Histogram(
 OBJECT_STORE_BYTES = Counter("diskless_object_store_bytes_total", "Object data bytes moved", ["direction"])
 OBJECT_STORE_RETRIES = Counter("diskless_object_store_retries_total", "Object storage attempts retried", ["operation"])
 OBJECT_STORE_HEDGES = Counter(
-    "diskless_object_store_hedges_total", "Second, identical PUTs sent for a WAL object PUT still unanswered"
+    "diskless_object_store_hedges_total",
+    "Second, identical requests sent for a WAL object PUT or tail GET still unanswered",
+    ["operation"],
 )
 OBJECT_STORE_HEDGE_WINS = Counter(
-    "diskless_object_store_hedge_wins_total", "Hedge PUTs answered before the PUT they were sent for"
+    "diskless_object_store_hedge_wins_total", "Hedges answered before the request they were sent for", ["operation"]
 )
 OBJECT_STORE_FAILURES = Counter(
     "diskless_object_store_failures_total", "Object storage operations that failed after retries", ["operation"]

@@ -298,11 +298,11 @@ def markdown(result: dict[str, Any]) -> str:
             " S3 PUT and event-loop lag (mean / p99)",
             "",
             "upload = WAL object encoding + PUT as the representative waits for it; PUT in client = the same"
-            " PUT timed inside the object-store client (signing, HTTP); hedged = PUTs that got a second,"
-            " identical PUT (won: answered first); loop lag = how late a timer fires."
+            " PUT timed inside the object-store client (signing, HTTP); hedged = PUTs and tail GETs that got"
+            " a second, identical request (won: answered first); loop lag = how late a timer fires."
             " p99 from the brokers' histogram buckets (linear within a bucket).",
             "",
-            "| phase | " + " | ".join(names) + " | PUT in client | hedged (won) | loop lag |",
+            "| phase | " + " | ".join(names) + " | PUT in client | hedged (won): PUTs, GETs | loop lag |",
             "|---|" + "---|" * (len(names) + 3),
         ]
         for phase, f in diskless_phases.items():
@@ -315,7 +315,10 @@ def markdown(result: dict[str, Any]) -> str:
             )
             put = f"{_fmt(t.get('s3_put_client_mean_ms'))} / {_fmt(t.get('s3_put_client_p99_ms'))}"
             lag = f"{_fmt(t.get('loop_lag_mean_ms'))} / {_fmt(t.get('loop_lag_p99_ms'))}"
-            hedged = f"{_fmt(t.get('s3_put_hedges'))} ({_fmt(t.get('s3_put_hedge_wins'))})"
+            hedged = (
+                f"{_fmt(t.get('s3_put_hedges'))} ({_fmt(t.get('s3_put_hedge_wins'))}),"
+                f" {_fmt(t.get('s3_get_hedges'))} ({_fmt(t.get('s3_get_hedge_wins'))})"
+            )
             lines.append(f"| {phase} | {cells} | {put} | {hedged} | {lag} |")
     lines += producer_client_view(result)
     lines += requests_by_api(result)

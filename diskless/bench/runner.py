@@ -372,8 +372,10 @@ def kind_figures(
         count = delta.total("diskless_object_store_seconds_count", operation="put")
         put = delta.total("diskless_object_store_seconds_sum", operation="put")
         timings["s3_put_client_mean_ms"] = round(put / count * 1000, 1) if count else None
-        timings["s3_put_hedges"] = int(delta.total("diskless_object_store_hedges_total"))
-        timings["s3_put_hedge_wins"] = int(delta.total("diskless_object_store_hedge_wins_total"))
+        timings["s3_put_hedges"] = int(delta.total("diskless_object_store_hedges_total", operation="put"))
+        timings["s3_put_hedge_wins"] = int(delta.total("diskless_object_store_hedge_wins_total", operation="put"))
+        timings["s3_get_hedges"] = int(delta.total("diskless_object_store_hedges_total", operation="get"))
+        timings["s3_get_hedge_wins"] = int(delta.total("diskless_object_store_hedge_wins_total", operation="get"))
         # Its tail, set against the upload stage's, tells a slow store from a busy broker.
         p99 = histogram_quantile(delta, "diskless_object_store_seconds", 0.99, operation="put")
         timings["s3_put_client_p99_ms"] = round(p99 * 1000, 1) if p99 is not None else None

@@ -44,6 +44,7 @@ from diskless.security.cluster_secret import configured_secret, load_cluster_sec
 from diskless.security.internal_auth import ClusterSecret
 from diskless.security.tls import internal_client_context
 from diskless.storage import pointer
+from diskless.storage.hedging import HedgePolicy
 from diskless.storage.object_store import ObjectStore
 
 from .apis import KafkaApis
@@ -134,7 +135,10 @@ class Broker:
             # Cache misses (reads far behind the tail) get their own lane: WalReader.miss_store.
             self.miss_store = ObjectStore(*bucket, max_concurrency=config.diskless_fetch_miss_max_requests)
             cache = WalCache(config.diskless_cache_max_bytes, config.diskless_cache_lagging_max_bytes)
-            self.wal_reader = WalReader(self.store, cache, self.miss_store)
+            hedge = HedgePolicy(
+                quantile=config.diskless_s3_hedge_quantile, max_ratio=config.diskless_s3_hedge_max_ratio
+            )
+            self.wal_reader = WalReader(self.store, cache, self.miss_store, hedge)
             host = RepresentativeHost(config, self.metadata, self.peers, _OwnLeaders(self), self.cluster_secret)
             self.representative = Representative(host, self.store, self.wal_reader.cache.put)
         self._metadata_event = asyncio.Event()

@@ -18,6 +18,7 @@ from typing import Any
 import structlog
 
 from diskless.metrics import DISKLESS_CACHE, DISKLESS_CACHE_BYTES, child
+from diskless.storage.hedging import HedgePolicy
 from diskless.storage.object_store import ObjectStore
 
 log = structlog.get_logger(__name__)
@@ -98,8 +99,17 @@ class WalCache:
 
 
 class WalReader:
-    def __init__(self, store: ObjectStore, cache: WalCache, miss_store: ObjectStore | None = None) -> None:
+    def __init__(
+        self,
+        store: ObjectStore,
+        cache: WalCache,
+        miss_store: ObjectStore | None = None,
+        hedge: HedgePolicy | None = None,
+    ) -> None:
         self.store = store  # whole-object prefetches at the tail
+        # Tail GETs are hedged (storage/hedging.py): a tail consumer in another AZ waits for them.
+        # Ranged GETs of cache misses are not: they serve readers far behind, bounded by a quota.
+        self.hedge = hedge
         # Ranged GETs of cache misses: a store of their own (a lane with its own connections and
         # request slots), so a reader far behind the tail cannot queue the tail's requests.
         self.miss_store = store if miss_store is None else miss_store
@@ -114,7 +124,7 @@ class WalReader:
 
     async def _fetch_whole(self, key: str) -> bytes:
         try:
-            data = await self.store.get(key)
+            data = await self.store.get(key, self.hedge)
             self.cache.put(key, data)
             return data
         finally:

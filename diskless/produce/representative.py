@@ -151,7 +151,7 @@ class Representative:
         self.az = config.broker_rack or "none"
         self._upload_timeout_s = config.diskless_wal_commit_timeout_ms / 1000
         self.hedge = HedgePolicy(
-            quantile=config.diskless_wal_put_hedge_quantile, max_ratio=config.diskless_wal_put_hedge_max_ratio
+            quantile=config.diskless_s3_hedge_quantile, max_ratio=config.diskless_s3_hedge_max_ratio
         )
         self._ids = itertools.count()
         self._items: dict[int, _Item] = {}

@@ -1,36 +1,41 @@
-"""When to hedge a WAL object PUT, sans-IO: a second, identical PUT for one still unanswered.
+"""When to hedge an object storage request, sans-IO: a second, identical request for one still
+unanswered. Used for WAL object PUTs (the representative) and whole-object tail GETs (the WAL
+reader's prefetches), one policy each.
 
-Why. A diskless produce is answered only after its WAL object's PUT, so the PUT's tail is the
-produce's tail. Object stores have long tails that do not follow the request: a PUT can sit
-behind a slow disk, a busy front end or a garbage collection while the same PUT sent again is
-served at the median. AWS's S3 guidance for latency-sensitive work is to track latencies and
-resend the slow requests; this is "The Tail at Scale"'s hedged request (Dean and Barroso, 2013):
-once a request has been out longer than the q-quantile of recent ones, send it again and take
-whichever answer comes first.
+Why. A diskless produce is answered only after its WAL object's PUT, and a consumer in another AZ
+reads a batch only after its broker's GET of the object, so the store's tail is the produce's
+and the consumer's tail. Object stores have long tails that do not follow the request: a request
+can sit behind a slow disk, a busy front end or a garbage collection while the same request sent
+again is served at the median. AWS's S3 guidance for latency-sensitive work is to track
+latencies and resend the slow requests; this is "The Tail at Scale"'s hedged request (Dean and
+Barroso, 2013): once a request has been out longer than the q-quantile of recent ones, send it
+again and take whichever answer comes first.
 
-Why it is safe. Both PUTs carry the same bytes to the same key, and a WAL object's key is unique
-to its flush (``wal_format.wal_object_key``: time, AZ, broker, UUID): whichever is stored last,
-the object is the same, and nothing points to it before one PUT has succeeded (safety rule 1).
-The loser is cancelled, which closes its connection, so it cannot land much later (say after
-the WAL manager deleted the object); one that the server had already taken in full is stored
-within the same moment as the winner, with the same bytes.
+Why it is safe. A GET reads. Both PUTs carry the same bytes to the same key, and a WAL object's
+key is unique to its flush (``wal_format.wal_object_key``: time, AZ, broker, UUID): whichever is
+stored last, the object is the same, and nothing points to it before one PUT has succeeded
+(safety rule 1). The loser is cancelled, which closes its connection, so it cannot land much
+later (say after the WAL manager deleted the object); one that the server had already taken in
+full is stored within the same moment as the winner, with the same bytes.
 
-What it costs. Each hedge is one more PUT (billed, and counted in the PUTs per broker). Two
+What it costs. Each hedge is one more request (billed; a PUT counts in the PUTs per broker). Two
 bounds keep that small, also when the store is slow for everyone (then hedging only adds load):
-only PUTs slower than the ``quantile`` of the recent ones are hedged, which is a ``1 - quantile``
-share while latencies are steady, and a ``max_ratio`` budget caps the hedged share of the last
-``window`` PUTs whatever the latencies do.
+only requests slower than the ``quantile`` of the recent ones are hedged, which is a
+``1 - quantile`` share while latencies are steady, and a ``max_ratio`` budget caps the hedged
+share of the last ``window`` requests whatever the latencies do.
 
-Which latencies. A PUT's latency grows with its size (a 2 MiB WAL object at full speed takes ten
-times a 32 KiB one at a low rate), so latencies are kept per size class (sizes within a factor of
-4) and a PUT is measured against its own class: with one window for all, the large objects of a
-burst kept the quantile so high that no PUT of the quiet minutes after it was ever hedged. Each
-finished attempt reports its own duration. A primary cancelled because its
-hedge won reports how long it had been out: a lower bound, but one that keeps the slow PUTs in
-the window (dropping them would let the quantile fall and hedging grow until the budget stops it).
+Which latencies. A request's latency grows with its size (a 2 MiB WAL object at full speed takes
+ten times a 32 KiB one at a low rate), so latencies are kept per size class (sizes within a
+factor of 4) and a request is measured against its own class: with one window for all, the large
+objects of a burst kept the quantile so high that no PUT of the quiet minutes after it was ever
+hedged. A GET's size is known only from its answer, so it is measured against the class of the
+last answer (consecutive WAL objects are of a size). Each finished attempt reports its own
+duration. A primary cancelled because its hedge won reports how long it had been out: a lower
+bound, but one that keeps the slow requests in the window (dropping them would let the quantile
+fall and hedging grow until the budget stops it).
 
-The policy holds no clock and does no I/O: ``delay_ms`` before a PUT, ``started`` when a hedge
-goes out, ``finished`` with latencies (and sizes); ``ObjectStore.put`` runs it.
+The policy holds no clock and does no I/O: ``delay_ms`` before a request, ``started`` when a
+hedge goes out, ``finished`` with latencies and sizes; ``ObjectStore`` runs it.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ class HedgePolicy:
     _latencies: dict[int, deque[float]] = field(init=False, repr=False)  # size class -> recent latencies
     _hedged: deque[bool] = field(init=False, repr=False)  # per PUT started: was it hedged
     _hedges_in_window: int = field(default=0, init=False, repr=False)
+    _last_class: int = field(default=-1, init=False, repr=False)  # of the last latency filed
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.quantile < 1.0:
@@ -67,11 +73,12 @@ class HedgePolicy:
     def enabled(self) -> bool:
         return self.quantile > 0.0 and self.max_ratio > 0.0
 
-    def delay_ms(self, size: int) -> float | None:
-        """For a PUT of ``size`` bytes about to start: how long to wait for it before sending its
-        hedge, or None (no hedge: disabled, too few latencies of its size known, budget spent)."""
+    def delay_ms(self, size: int | None) -> float | None:
+        """For a request of ``size`` bytes about to start (None: not known before its answer, as
+        for a GET; then the size of the last one answered): how long to wait for it before sending
+        its hedge, or None (no hedge: disabled, too few latencies of its size known, budget spent)."""
         self._record_start(False)
-        known = self._latencies.get(size_class(size))
+        known = self._latencies.get(self._last_class if size is None else size_class(size))
         if not self.enabled or known is None or len(known) < max(self.min_samples, 1):
             return None
         if self._hedges_in_window + 1 > self.max_ratio * len(self._hedged):
@@ -90,9 +97,10 @@ class HedgePolicy:
         """An attempt of a PUT of ``size`` bytes ended after ``latency_ms`` (succeeded, or cancelled
         because the other won)."""
         if latency_ms >= 0 and math.isfinite(latency_ms):
-            known = self._latencies.get(size_class(size))
+            self._last_class = size_class(size)
+            known = self._latencies.get(self._last_class)
             if known is None:
-                known = self._latencies[size_class(size)] = deque(maxlen=self.window)
+                known = self._latencies[self._last_class] = deque(maxlen=self.window)
             known.append(latency_ms)
 
     @property

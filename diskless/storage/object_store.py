@@ -150,7 +150,7 @@ class ObjectStoreStats:
     get_bytes: int = 0
     retries: int = 0  # attempts that failed and were tried again
     failures: int = 0  # operations that raised after their last attempt (NoSuchKey/InvalidRange excluded)
-    hedges: int = 0  # second PUTs sent for one still unanswered (``put(..., hedge=)``)
+    hedges: int = 0  # second PUTs or GETs sent for one still unanswered (``hedge=``)
     hedge_wins: int = 0  # of them, those answered first
 
 
@@ -296,14 +296,21 @@ class ObjectStore:
         if hedge is None:
             await call()
         else:
-            await self._hedged(call, hedge, len(data))
+            await self._hedged("put", call, hedge, len(data), lambda _answer: len(data))
         self.stats.put_bytes += len(data)
         metrics.child(metrics.OBJECT_STORE_BYTES, "put").inc(len(data))
 
-    async def _hedged(self, call: Callable[[], Awaitable[None]], policy: HedgePolicy, size: int) -> None:
-        """Run ``call``; if it is still out after ``policy.delay_ms()``, run it again beside it. The
-        first success wins and the other is cancelled; only if both fail does this fail (with the
-        first call's error)."""
+    async def _hedged(
+        self,
+        operation: str,
+        call: Callable[[], Awaitable[T]],
+        policy: HedgePolicy,
+        size: int | None,
+        size_of: Callable[[T], int],
+    ) -> T:
+        """Run ``call``; if it is still out after ``policy.delay_ms(size)``, run it again beside it.
+        The first success wins and the other is cancelled; only if both fail does this fail (with
+        the first call's error). ``size_of`` gives the size an answer's latency is filed under."""
         delay_ms = policy.delay_ms(size)
         started = time.perf_counter()
 
@@ -311,9 +318,9 @@ class ObjectStore:
             return (time.perf_counter() - since) * 1000
 
         if delay_ms is None:  # no hedge for this one: no task either
-            await call()
-            policy.finished(elapsed_ms(started), size)
-            return
+            result = await call()
+            policy.finished(elapsed_ms(started), size_of(result))
+            return result
         primary = asyncio.ensure_future(call())
         calls = [(primary, started)]
         try:
@@ -321,7 +328,7 @@ class ObjectStore:
             if not primary.done():
                 policy.started()
                 self.stats.hedges += 1
-                metrics.OBJECT_STORE_HEDGES.inc()
+                metrics.child(metrics.OBJECT_STORE_HEDGES, operation).inc()
                 calls.append((asyncio.ensure_future(call()), time.perf_counter()))
             pending = {task for task, _ in calls}
             while pending:
@@ -329,20 +336,27 @@ class ObjectStore:
                 winner = next((t for t, _ in calls if t.done() and not t.cancelled() and t.exception() is None), None)
                 if winner is None:
                     continue
+                result = winner.result()
                 for task, since in calls:
                     if task is winner or not task.done():
-                        policy.finished(elapsed_ms(since), size)  # a loser's: how long it had been out
+                        policy.finished(elapsed_ms(since), size_of(result))  # a loser's: how long it was out
                 if winner is not primary:
                     self.stats.hedge_wins += 1
-                    metrics.OBJECT_STORE_HEDGE_WINS.inc()
-                return
-            primary.result()  # both failed: the first call's error
+                    metrics.child(metrics.OBJECT_STORE_HEDGE_WINS, operation).inc()
+                return result
+            return primary.result()  # both failed: raises the first call's error
         finally:
             await cancel_and_wait(*(task for task, _ in calls))
 
-    async def get(self, key: str) -> bytes:
-        """The whole object; ``NoSuchKey`` if it does not exist."""
-        data, _ranged = await self._call("get", functools.partial(self._get_once, key, None))
+    async def get(self, key: str, hedge: HedgePolicy | None = None) -> bytes:
+        """The whole object; ``NoSuchKey`` if it does not exist. With ``hedge``, a GET still
+        unanswered after the policy's delay gets a second one, and the first answer wins."""
+        call = functools.partial(self._call, "get", functools.partial(self._get_once, key, None))
+        if hedge is None:
+            data, _ranged = await call()
+        else:
+            # The size is known only from the answer: the delay is that of the last GET's size.
+            data, _ranged = await self._hedged("get", call, hedge, None, lambda answer: len(answer[0]))
         self._count_get_bytes(len(data))
         return data
 

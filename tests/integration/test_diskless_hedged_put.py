@@ -55,15 +55,15 @@ def test_a_stalled_wal_put_is_answered_by_its_hedge(cluster_factory: Any) -> Non
         values = [f"record-{i:03d}".encode() for i in range(WARM_UP + 1)]
         for value in values[:-1]:
             produce_one(producer, topic, value, 30)
-        assert metric(broker.metrics(), "diskless_object_store_hedges_total") == 0
+        assert metric(broker.metrics(), "diskless_object_store_hedges_total", operation="put") == 0
 
         proxy.delay_next(HELD_S, method="PUT")
         took = produce_one(producer, topic, values[-1], HELD_S - 10)
         assert took < HELD_S - 10
         samples = broker.metrics()
         assert proxy.stats["slow"] == 1
-        assert metric(samples, "diskless_object_store_hedges_total") == 1
-        assert metric(samples, "diskless_object_store_hedge_wins_total") == 1
+        assert metric(samples, "diskless_object_store_hedges_total", operation="put") == 1
+        assert metric(samples, "diskless_object_store_hedge_wins_total", operation="put") == 1
 
         consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "hedged", "enable.auto.commit": False})
         consumer.assign([TopicPartition(topic, 0, 0)])

@@ -487,7 +487,7 @@ async def test_faults_through_the_chaos_proxy_are_retried_and_bodies_stay_exact(
 
 
 async def test_a_stalled_put_is_hedged_and_the_hedge_answers(s3: S3Server, prefix: str) -> None:
-    """One PUT held 30 s by the chaos proxy among fast ones: once it has been out longer than the
+    """One PUT (then one GET) held 30 s by the chaos proxy among fast ones: once it has been out longer than the
     policy's quantile of the earlier PUTs, an identical PUT goes out, is answered, and ends the call
     long before the held one could have; the object is the body, and the held PUT is cancelled.
     Without hedging the same PUT takes the whole 30 s (the last assertion of the test)."""
@@ -511,11 +511,18 @@ async def test_a_stalled_put_is_hedged_and_the_hedge_answers(s3: S3Server, prefi
             assert proxy.stats["slow"] == 1
             assert await store.get(f"{prefix}h/held") == body
             assert store.stats.puts == 22  # 20 + the held one + its hedge
+            # A held GET likewise, with a policy of its own.
+            reads = HedgePolicy(quantile=0.9, max_ratio=0.1, min_samples=20)
+            for _ in range(20):
+                await store.get(f"{prefix}h/held", reads)
+            proxy.delay_next(30.0, method="GET")
+            assert await asyncio.wait_for(store.get(f"{prefix}h/held", reads), 20) == body
+            assert (store.stats.hedges, store.stats.hedge_wins) == (2, 2)
             # No policy, no hedge: the same held PUT takes the full delay (bounded here at 3 s).
             proxy.delay_next(30.0)
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(store.put(f"{prefix}h/unhedged", body), 3)
-            assert store.stats.hedges == 1
+            assert store.stats.hedges == 2
     finally:
         proxy.stop()
 

@@ -81,7 +81,7 @@ def test_unknown_key_raises(tmp_path: Path, source: str) -> None:
         ("log.segment.bytes", "1"),
         ("log.message.timestamp.type", "Now"),
         ("log.cleanup.policy", "compact"),
-        ("diskless.wal.put.hedge.quantile", "often"),
+        ("diskless.s3.hedge.quantile", "often"),
     ],
 )
 def test_bad_values_raise(name: str, value: str) -> None:
@@ -132,7 +132,7 @@ def test_advertised_listener_wins() -> None:
 
 def test_ratios_are_floats() -> None:
     config = load_config(
-        environ={"DISKLESS_DISKLESS_WAL_PUT_HEDGE_MAX_RATIO": "0.1"}, overrides={"diskless.wal.put.hedge.quantile": "0"}
+        environ={"DISKLESS_DISKLESS_S3_HEDGE_MAX_RATIO": "0.1"}, overrides={"diskless.s3.hedge.quantile": "0"}
     )
-    assert (config.diskless_wal_put_hedge_quantile, config.diskless_wal_put_hedge_max_ratio) == (0.0, 0.1)
-    assert BrokerConfig().diskless_wal_put_hedge_quantile == 0.95
+    assert (config.diskless_s3_hedge_quantile, config.diskless_s3_hedge_max_ratio) == (0.0, 0.1)
+    assert BrokerConfig().diskless_s3_hedge_quantile == 0.95

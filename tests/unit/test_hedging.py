@@ -66,6 +66,17 @@ def test_latencies_count_for_puts_of_their_size_only() -> None:
     assert size_class(32 * 1024) == size_class(127 * 1024) != size_class(128 * 1024)
 
 
+def test_a_request_of_unknown_size_is_measured_against_the_last_answer() -> None:
+    """A GET learns its size from its answer: its delay is that of the size class answered last."""
+    policy = warmed([8.0] * 30, quantile=0.9, max_ratio=1.0, min_samples=5)
+    assert policy.delay_ms(None) == 8.0
+    for _ in range(10):
+        policy.delay_ms(None)
+        policy.finished(300.0, 2 << 20)
+    assert policy.delay_ms(None) == 300.0
+    assert HedgePolicy(min_samples=0, max_ratio=1.0).delay_ms(None) is None  # nothing answered yet
+
+
 def test_hedging_off() -> None:
     assert warmed([1.0] * 50, quantile=0.0).delay_ms(SIZE) is None
     assert warmed([1.0] * 50, max_ratio=0.0).delay_ms(SIZE) is None
@@ -137,22 +148,37 @@ def fast_policy() -> HedgePolicy:
 async def test_the_hedge_wins_and_the_stalled_attempt_is_cancelled() -> None:
     s = store()
     call, log = attempts((30.0, None), (0.01, None))
-    await asyncio.wait_for(s._hedged(call, fast_policy(), SIZE), 5)
+    await asyncio.wait_for(s._hedged("put", call, fast_policy(), SIZE, lambda _answer: SIZE), 5)
     assert log == ["1 ok", "0 cancelled"]
     assert (s.stats.hedges, s.stats.hedge_wins) == (1, 1)
+
+
+async def test_a_hedged_get_returns_the_winner_answer() -> None:
+    s = store()
+    answers = iter([b"late", b"early"])
+
+    async def get() -> bytes:
+        answer = next(answers)
+        await asyncio.sleep(30.0 if answer == b"late" else 0.01)
+        return answer
+
+    policy = fast_policy()
+    assert await asyncio.wait_for(s._hedged("get", get, policy, None, len), 5) == b"early"
+    assert (s.stats.hedges, s.stats.hedge_wins) == (1, 1)
+    assert policy._last_class == size_class(len(b"early"))
 
 
 async def test_a_fast_put_gets_no_hedge() -> None:
     s = store()
     call, log = attempts((0.0, None))
-    await s._hedged(call, fast_policy(), SIZE)
+    await s._hedged("put", call, fast_policy(), SIZE, lambda _answer: SIZE)
     assert log == ["0 ok"] and s.stats.hedges == 0
 
 
 async def test_the_slow_primary_still_wins_if_the_hedge_fails() -> None:
     s = store()
     call, log = attempts((0.1, None), (0.01, OSError("hedge refused")))
-    await asyncio.wait_for(s._hedged(call, fast_policy(), SIZE), 5)
+    await asyncio.wait_for(s._hedged("put", call, fast_policy(), SIZE, lambda _answer: SIZE), 5)
     assert log == ["1 failed", "0 ok"]
     assert (s.stats.hedges, s.stats.hedge_wins) == (1, 0)
 
@@ -161,7 +187,7 @@ async def test_both_failing_raise_the_primary_error() -> None:
     s = store()
     call, log = attempts((0.05, ValueError("primary")), (0.01, OSError("hedge")))
     with pytest.raises(ValueError, match="primary"):
-        await asyncio.wait_for(s._hedged(call, fast_policy(), SIZE), 5)
+        await asyncio.wait_for(s._hedged("put", call, fast_policy(), SIZE, lambda _answer: SIZE), 5)
     assert sorted(log) == ["0 failed", "1 failed"]
 
 
@@ -170,7 +196,7 @@ async def test_a_cancelled_caller_cancels_both_attempts() -> None:
     s = store()
     call, log = attempts((30.0, None), (30.0, None))
     with pytest.raises(TimeoutError):
-        await asyncio.wait_for(s._hedged(call, fast_policy(), SIZE), 0.2)
+        await asyncio.wait_for(s._hedged("put", call, fast_policy(), SIZE, lambda _answer: SIZE), 0.2)
     assert sorted(log) == ["0 cancelled", "1 cancelled"]
 
 
@@ -179,6 +205,6 @@ async def test_the_loser_latency_keeps_slow_puts_in_the_window() -> None:
     hedges win instead of falling until every PUT is hedged."""
     policy = warmed([10.0] * 9, quantile=0.5, max_ratio=1.0, min_samples=1, window=10)
     call, _log = attempts((30.0, None), (0.05, None))
-    await asyncio.wait_for(store()._hedged(call, policy, SIZE), 5)
+    await asyncio.wait_for(store()._hedged("put", call, policy, SIZE, lambda _answer: SIZE), 5)
     recorded = sorted(policy._latencies[size_class(SIZE)])
     assert recorded[-1] >= 50.0  # the primary: out from its start until the hedge won (~60 ms)
