@@ -62,7 +62,7 @@ def test_an_unreadable_object_fails_only_the_partitions_pointing_into_it() -> No
 
 
 class PrefetchingStore(CountingStore):
-    async def get(self, key: str) -> bytes:
+    async def get(self, key: str, hedge: object = None) -> bytes:
         self.gets.append(key)
         return self.objects[key]
 
