@@ -12,6 +12,7 @@ are never decoded or re-encoded.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import OrderedDict
 from typing import Any
 
@@ -98,6 +99,14 @@ class WalCache:
         return list(self._lagging)
 
 
+def _report_failed_prefetch(key: str, task: asyncio.Future[bytes]) -> None:
+    """A failed prefetch only costs its readers ranged GETs, but it says something about the store
+    (and asyncio would otherwise report its exception as never retrieved, when collected)."""
+    if not task.cancelled() and task.exception() is not None:
+        error = repr(task.exception())
+        log.warning("WAL object prefetch failed; its readers fetch ranges instead", key=key, error=error)
+
+
 class WalReader:
     def __init__(
         self,
@@ -120,7 +129,8 @@ class WalReader:
         """Start fetching whole objects that are neither cached nor on their way."""
         for key in keys:
             if self.cache.get(key) is None and key not in self._inflight:
-                self._inflight[key] = asyncio.ensure_future(self._fetch_whole(key))
+                task = self._inflight[key] = asyncio.ensure_future(self._fetch_whole(key))
+                task.add_done_callback(functools.partial(_report_failed_prefetch, key))
 
     async def _fetch_whole(self, key: str) -> bytes:
         try:

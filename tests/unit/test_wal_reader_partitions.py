@@ -78,3 +78,25 @@ def test_cache_misses_use_their_own_lane_and_prefetches_the_tails() -> None:
 
     asyncio.run(scenario())
     assert (tail.gets, misses.gets) == (["wal/b"], ["wal/a"])
+
+
+def test_a_failed_prefetch_is_reported_and_its_object_read_as_a_miss() -> None:
+    import structlog
+
+    class BrokenStore(CountingStore):
+        async def get(self, key: str, hedge: object = None) -> bytes:
+            raise OSError("store unreachable")
+
+    misses = CountingStore(OBJECTS)
+    reader = WalReader(BrokenStore(OBJECTS), WalCache(1 << 20), misses)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        reader.prefetch({"wal/b"})
+        await asyncio.wait([reader._inflight["wal/b"]])  # the prefetch runs and fails
+        await reader.batches([Entry("wal/b", 0, 4)])
+
+    with structlog.testing.capture_logs() as logs:
+        asyncio.run(scenario())
+    assert misses.gets == ["wal/b"]
+    failed = [e for e in logs if e["event"].startswith("WAL object prefetch failed")]
+    assert failed and failed[0]["key"] == "wal/b" and "store unreachable" in failed[0]["error"]
