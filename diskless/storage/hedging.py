@@ -34,8 +34,8 @@ duration. A primary cancelled because its hedge won reports how long it had been
 bound, but one that keeps the slow requests in the window (dropping them would let the quantile
 fall and hedging grow until the budget stops it).
 
-The policy holds no clock and does no I/O: ``delay_ms`` before a request, ``started`` when a
-hedge goes out, ``finished`` with latencies and sizes; ``ObjectStore`` runs it.
+The policy holds no clock and does no I/O: ``delay_ms`` before a request, ``try_hedge`` when its
+delay has passed, ``finished`` with latencies and sizes; ``ObjectStore`` runs it.
 """
 
 from __future__ import annotations
@@ -47,16 +47,18 @@ from dataclasses import dataclass, field
 
 @dataclass
 class HedgePolicy:
-    """Hedging decisions for one stream of PUTs (one representative's WAL objects)."""
+    """Hedging decisions for one stream of requests (one representative's WAL PUTs, or one reader's
+    tail GETs). Requests may overlap: a hedge is counted when it is sent (``try_hedge``), not
+    attributed to the request that asked for a delay last."""
 
-    quantile: float = 0.95  # hedge a PUT out longer than this quantile of recent latencies; 0: never
-    max_ratio: float = 0.05  # at most this share of the last ``window`` PUTs get a hedge
-    window: int = 200  # recent PUTs considered, for the budget and for each size class's quantile
+    quantile: float = 0.95  # hedge a request out longer than this quantile of recent latencies; 0: never
+    max_ratio: float = 0.05  # at most this many hedges per request among the last ``window`` requests
+    window: int = 200  # recent requests considered, for the budget and for each size class's quantile
     min_samples: int = 20  # no hedging in a size class before this many of its latencies are known
     min_delay_ms: float = 0.0  # never hedge sooner than this
     _latencies: dict[int, deque[float]] = field(init=False, repr=False)  # size class -> recent latencies
-    _hedged: deque[bool] = field(init=False, repr=False)  # per PUT started: was it hedged
-    _hedges_in_window: int = field(default=0, init=False, repr=False)
+    _starts: int = field(default=0, init=False, repr=False)  # requests started (``delay_ms`` calls)
+    _hedges_at: deque[int] = field(init=False, repr=False)  # ``_starts`` when each recent hedge was sent
     _last_class: int = field(default=-1, init=False, repr=False)  # of the last latency filed
 
     def __post_init__(self) -> None:
@@ -67,7 +69,7 @@ class HedgePolicy:
         if self.window < 1 or self.min_samples < 0 or self.min_delay_ms < 0:
             raise ValueError("window must be >= 1, min_samples and min_delay_ms >= 0")
         self._latencies = {}
-        self._hedged = deque()
+        self._hedges_at = deque()
 
     @property
     def enabled(self) -> bool:
@@ -75,27 +77,30 @@ class HedgePolicy:
 
     def delay_ms(self, size: int | None) -> float | None:
         """For a request of ``size`` bytes about to start (None: not known before its answer, as
-        for a GET; then the size of the last one answered): how long to wait for it before sending
-        its hedge, or None (no hedge: disabled, too few latencies of its size known, budget spent)."""
-        self._record_start(False)
+        for a GET; then the size of the last one answered): how long to wait for it before trying
+        a hedge, or None (no hedge: disabled, too few latencies of its size known, budget spent)."""
+        self._starts += 1
+        self._forget_old_hedges()
         known = self._latencies.get(self._last_class if size is None else size_class(size))
-        if not self.enabled or known is None or len(known) < max(self.min_samples, 1):
-            return None
-        if self._hedges_in_window + 1 > self.max_ratio * len(self._hedged):
+        if not self.enabled or known is None or len(known) < max(self.min_samples, 1) or not self._room():
             return None
         ordered = sorted(known)
         rank = min(len(ordered) - 1, max(0, math.ceil(self.quantile * len(ordered)) - 1))
         return max(self.min_delay_ms, ordered[rank])
 
-    def started(self) -> None:
-        """The PUT that ``delay_ms`` was last asked for got its hedge."""
-        if self._hedged and not self._hedged[-1]:
-            self._hedged[-1] = True
-            self._hedges_in_window += 1
+    def try_hedge(self) -> bool:
+        """A request's delay has passed and it is still out: whether to send its hedge now (and
+        count it). Checked again here because overlapping requests may all have been given a delay
+        while the budget had room for one."""
+        self._forget_old_hedges()
+        if not self.enabled or not self._room():
+            return False
+        self._hedges_at.append(self._starts)
+        return True
 
     def finished(self, latency_ms: float, size: int) -> None:
-        """An attempt of a PUT of ``size`` bytes ended after ``latency_ms`` (succeeded, or cancelled
-        because the other won)."""
+        """An attempt of a request of ``size`` bytes ended after ``latency_ms`` (succeeded, or
+        cancelled because the other won)."""
         if latency_ms >= 0 and math.isfinite(latency_ms):
             self._last_class = size_class(size)
             known = self._latencies.get(self._last_class)
@@ -105,13 +110,16 @@ class HedgePolicy:
 
     @property
     def hedged_share(self) -> float:
-        """The share of the last ``window`` PUTs that got a hedge."""
-        return self._hedges_in_window / len(self._hedged) if self._hedged else 0.0
+        """Hedges sent per request started, over the last ``window`` requests."""
+        self._forget_old_hedges()
+        return len(self._hedges_at) / min(self._starts, self.window) if self._starts else 0.0
 
-    def _record_start(self, hedged: bool) -> None:
-        self._hedged.append(hedged)
-        if len(self._hedged) > self.window and self._hedged.popleft():
-            self._hedges_in_window -= 1
+    def _room(self) -> bool:
+        return len(self._hedges_at) + 1 <= self.max_ratio * min(self._starts, self.window)
+
+    def _forget_old_hedges(self) -> None:
+        while self._hedges_at and self._hedges_at[0] <= self._starts - self.window:
+            self._hedges_at.popleft()
 
 
 def size_class(size: int) -> int:

@@ -325,8 +325,7 @@ class ObjectStore:
         calls = [(primary, started)]
         try:
             await asyncio.wait([primary], timeout=delay_ms / 1000)
-            if not primary.done():
-                policy.started()
+            if not primary.done() and policy.try_hedge():
                 self.stats.hedges += 1
                 metrics.child(metrics.OBJECT_STORE_HEDGES, operation).inc()
                 calls.append((asyncio.ensure_future(call()), time.perf_counter()))
