@@ -22,7 +22,18 @@ from diskless.chaos.s3proxy import S3FaultProxy
 pytestmark = pytest.mark.integration
 
 HELD_S = 30.0
-WARM_UP = 30  # produces before the held one: the policy needs 20 latencies of the size class
+WARM_UP = 25  # produces before the held one: the policy needs 20 latencies of the size class
+# A warm-up PUT slower than the 0.95 quantile may be hedged too (a loaded CI machine): the budget
+# must leave room for the held one's hedge.
+OVERRIDES = {"diskless.wal.linger.ms": "20", "diskless.s3.hedge.max.ratio": "0.2"}
+
+
+def hedges(broker: Any) -> tuple[float, float]:
+    samples = broker.metrics()
+    return (
+        metric(samples, "diskless_object_store_hedges_total", operation="put"),
+        metric(samples, "diskless_object_store_hedge_wins_total", operation="put"),
+    )
 
 
 def produce_one(producer: Producer, topic: str, value: bytes, timeout: float) -> float:
@@ -43,9 +54,7 @@ def test_a_stalled_wal_put_is_answered_by_its_hedge(cluster_factory: Any) -> Non
         return proxies[-1].endpoint
 
     try:
-        cluster = cluster_factory(
-            brokers=1, azs=1, s3=True, s3_front=through_proxy, overrides={"diskless.wal.linger.ms": "20"}
-        )
+        cluster = cluster_factory(brokers=1, azs=1, s3=True, s3_front=through_proxy, overrides=OVERRIDES)
         (proxy,) = proxies
         (broker,) = cluster.brokers
         topic = "hedged"
@@ -55,15 +64,14 @@ def test_a_stalled_wal_put_is_answered_by_its_hedge(cluster_factory: Any) -> Non
         values = [f"record-{i:03d}".encode() for i in range(WARM_UP + 1)]
         for value in values[:-1]:
             produce_one(producer, topic, value, 30)
-        assert metric(broker.metrics(), "diskless_object_store_hedges_total", operation="put") == 0
+        sent, won = hedges(broker)
 
         proxy.delay_next(HELD_S, method="PUT")
         took = produce_one(producer, topic, values[-1], HELD_S - 10)
         assert took < HELD_S - 10
-        samples = broker.metrics()
         assert proxy.stats["slow"] == 1
-        assert metric(samples, "diskless_object_store_hedges_total", operation="put") == 1
-        assert metric(samples, "diskless_object_store_hedge_wins_total", operation="put") == 1
+        sent_now, won_now = hedges(broker)
+        assert sent_now >= sent + 1 and won_now >= won + 1  # the held PUT's hedge, and it answered
 
         consumer = Consumer({"bootstrap.servers": cluster.bootstrap, "group.id": "hedged", "enable.auto.commit": False})
         consumer.assign([TopicPartition(topic, 0, 0)])
