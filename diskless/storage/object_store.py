@@ -293,10 +293,7 @@ class ObjectStore:
         # Hashed once for all attempts.
         payload_hash = await asyncio.to_thread(_sha256, data) if len(data) > HASH_IN_THREAD_BYTES else _sha256(data)
         call = functools.partial(self._call, "put", functools.partial(self._put_once, key, data, payload_hash))
-        if hedge is None:
-            await call()
-        else:
-            await self._hedged("put", call, hedge, len(data), lambda _answer: len(data))
+        await self._hedged("put", call, hedge, len(data), lambda _answer: len(data))
         self.stats.put_bytes += len(data)
         metrics.child(metrics.OBJECT_STORE_BYTES, "put").inc(len(data))
 
@@ -304,13 +301,16 @@ class ObjectStore:
         self,
         operation: str,
         call: Callable[[], Awaitable[T]],
-        policy: HedgePolicy,
+        policy: HedgePolicy | None,
         size: int | None,
         size_of: Callable[[T], int],
     ) -> T:
         """Run ``call``; if it is still out after ``policy.delay_ms(size)``, run it again beside it.
         The first success wins and the other is cancelled; only if both fail does this fail (with
-        the first call's error). ``size_of`` gives the size an answer's latency is filed under."""
+        the first call's error). ``size_of`` gives the size an answer's latency is filed under.
+        Without a policy, just ``call``."""
+        if policy is None:
+            return await call()
         delay_ms = policy.delay_ms(size)
         started = time.perf_counter()
 
@@ -351,11 +351,8 @@ class ObjectStore:
         """The whole object; ``NoSuchKey`` if it does not exist. With ``hedge``, a GET still
         unanswered after the policy's delay gets a second one, and the first answer wins."""
         call = functools.partial(self._call, "get", functools.partial(self._get_once, key, None))
-        if hedge is None:
-            data, _ranged = await call()
-        else:
-            # The size is known only from the answer: the delay is that of the last GET's size.
-            data, _ranged = await self._hedged("get", call, hedge, None, lambda answer: len(answer[0]))
+        # The size is known only from the answer: the delay is that of the last GET's size.
+        data, _ranged = await self._hedged("get", call, hedge, None, lambda answer: len(answer[0]))
         self._count_get_bytes(len(data))
         return data
 
