@@ -231,6 +231,18 @@ class BrokerConfig:
             " (capped by diskless.wal.linger.ms).",
         ),
     )
+    diskless_wal_linger_aligned: bool = field(
+        default=False,
+        metadata=_prop(
+            "diskless.wal.linger.aligned",
+            "Time-driven WAL flushes start on the wall clock's multiples of diskless.wal.linger.ms"
+            " (one per such slot), so every broker's flushes, and their commits to each leader, come"
+            " together and share replication rounds. Off by default: diskless bench at 900 records/s"
+            " (3 brokers on 2 cores) measured 30% fewer replica fetches and 13-45% fewer bytes"
+            " crossing AZs, but a p50 20-25 ms higher, since every broker then works at once on"
+            " shared cores.",
+        ),
+    )
     diskless_wal_max_bytes: int = field(default=8 * 1024 * 1024, metadata=_prop("diskless.wal.max.bytes"))
     diskless_s3_hedge_quantile: float = field(
         default=0.95,

@@ -142,7 +142,10 @@ class Representative:
         self.store = store
         self.on_uploaded = on_uploaded  # lets the broker cache what it just wrote
         self.buffer = WalBuffer(
-            config.diskless_wal_linger_ms, config.diskless_wal_max_bytes, config.diskless_wal_gather_ms
+            config.diskless_wal_linger_ms,
+            config.diskless_wal_max_bytes,
+            config.diskless_wal_gather_ms,
+            aligned=config.diskless_wal_linger_aligned,
         )
         self.admission = Admission(config.diskless_produce_buffer_max_bytes)
         self.pipeline = CommitPipeline(

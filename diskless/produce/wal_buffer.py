@@ -55,6 +55,7 @@ class WalBuffer:
     linger_ms: int
     max_bytes: int
     gather_ms: int = DEFAULT_GATHER_MS
+    aligned: bool = False
     _batches: list[BufferedBatch] = field(default_factory=list)
     _size: int = 0
     _first_ms: int | None = None
@@ -80,7 +81,13 @@ class WalBuffer:
             return None
         deadline = self._first_ms + self.gather_ms
         if self._last_flush_ms is not None:
-            deadline = max(deadline, self._last_flush_ms + self.linger_ms)
+            if self.aligned:
+                # The start of the linger slot after the previous flush's: one flush per slot.
+                next_slot = (self._last_flush_ms // self.linger_ms + 1) * self.linger_ms
+                # A clock stepped back must not hold a batch past its linger.
+                deadline = min(max(deadline, next_slot), self._first_ms + self.linger_ms)
+            else:
+                deadline = max(deadline, self._last_flush_ms + self.linger_ms)
         return deadline
 
     def due(self, now_ms: int) -> bool:

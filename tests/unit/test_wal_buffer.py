@@ -141,6 +141,62 @@ def test_flushes_are_a_linger_apart_and_no_batch_waits_longer(gaps: list[int], l
     assert all(b - a >= linger for a, b in itertools.pairwise(flushes))
 
 
+@given(
+    st.lists(st.integers(0, 250), min_size=1, max_size=80),
+    st.integers(1, 300),
+    st.integers(0, 20),
+    st.integers(0, 10_000),
+)
+def test_aligned_flushes_are_one_per_slot_and_no_batch_waits_longer(
+    gaps: list[int], linger: int, gather: int, start: int
+) -> None:
+    """With ``aligned``: time-driven flushes fall in distinct linger slots of the clock (PUTs per
+    second <= 1000 / linger, as without it), and no batch waits longer than ``linger_ms``."""
+    buffer = WalBuffer(linger_ms=linger, max_bytes=1 << 30, gather_ms=gather, aligned=True)
+    now = start
+    added: list[int] = []
+    flushes: list[int] = []
+    for gap in gaps:
+        arrival = now + gap
+        while (deadline := buffer.deadline_ms()) is not None and deadline <= arrival:
+            assert buffer.drain(deadline) is not None
+            assert all(deadline - a <= linger for a in added)
+            added = []
+            flushes.append(deadline)
+        now = arrival
+        buffer.add(batch(0, 1), now)
+        added.append(now)
+    slots = [f // linger for f in flushes]
+    assert slots == sorted(set(slots))
+
+
+def test_aligned_brokers_flush_together_whatever_their_phase() -> None:
+    """Two representatives whose producers send at the same steady rate but out of phase flush at
+    the same instants, the starts of the linger slots (unaligned, each keeps its own phase)."""
+
+    def flush_times(aligned: bool, phase: int) -> list[int]:
+        buffer = WalBuffer(linger_ms=100, max_bytes=1 << 30, gather_ms=10, aligned=aligned)
+        flushes: list[int] = []
+        for arrival in range(phase, 2_000, 7):  # a batch every 7 ms
+            while (deadline := buffer.deadline_ms()) is not None and deadline <= arrival:
+                buffer.drain(deadline)
+                flushes.append(deadline)
+            buffer.add(batch(0, 1), arrival)
+        return flushes[2:]  # past the first, gather-driven flush
+
+    assert flush_times(True, 3) == flush_times(True, 58)
+    assert all(t % 100 == 0 for t in flush_times(True, 58))
+    assert not set(flush_times(False, 3)) & set(flush_times(False, 58))
+
+
+def test_aligned_flush_after_a_clock_stepped_back_waits_no_longer_than_a_linger() -> None:
+    buffer = WalBuffer(linger_ms=100, max_bytes=1 << 30, gather_ms=10, aligned=True)
+    buffer.add(batch(0, 1), now_ms=3_600_050)
+    buffer.drain(3_600_060)
+    buffer.add(batch(0, 1), now_ms=50)  # an hour back
+    assert buffer.deadline_ms() == 150
+
+
 def test_the_gather_is_a_broker_setting() -> None:
     from diskless.config import load_config
     from diskless.produce.host import RepresentativeHost
@@ -150,6 +206,10 @@ def test_the_gather_is_a_broker_setting() -> None:
     host = RepresentativeHost(config, None, None, None, None)  # type: ignore[arg-type]
     representative = Representative(host, store=None, on_uploaded=lambda key, data: None)  # type: ignore[arg-type]
     assert (representative.buffer.gather_ms, representative.buffer.linger_ms) == (3, 250)
+    assert not representative.buffer.aligned
+    aligned = load_config(environ={}, overrides={"diskless.wal.linger.aligned": "true"})
+    host = RepresentativeHost(aligned, None, None, None, None)  # type: ignore[arg-type]
+    assert Representative(host, store=None, on_uploaded=lambda key, data: None).buffer.aligned  # type: ignore[arg-type]
     assert load_config(environ={}).diskless_wal_gather_ms == DEFAULT_GATHER_MS
 
 
