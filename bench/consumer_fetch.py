@@ -10,7 +10,7 @@ one classic topic; each round appends one batch to the next partition, then a co
 kio), handled, answer encoded.
 
     .venv/bin/python bench/consumer_fetch.py [--partitions 1000] [--rounds 200] [--version 12]
-        [--diskless [--followers]]
+        [--diskless [--followers]] [--no-memo]
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from batches import values_batch
 from fetch_requests import consumer_fetch
 from test_topic_identity import CONFIG, FetchingBroker, now_ms
 
+from diskless.broker.idle_fetches import CURRENT_IDLE_FETCHES, IdleFetchMemo
 from diskless.cluster.metadata import PartitionState, TopicMetadata
 from diskless.logs import configure_logging
 from diskless.protocol import messages as m
@@ -44,13 +45,17 @@ class ClassicBroker(FetchingBroker):
 
 
 async def measure(
-    partitions: int, rounds: int, version: int, diskless: bool, followers: bool = False
+    partitions: int, rounds: int, version: int, diskless: bool, followers: bool = False, memo: bool = True
 ) -> tuple[float, float, float, int]:
     """Broker CPU ms per fetch (decode, handler, encode), and the answer's size in bytes.
 
     ``diskless``: the topic is diskless and nothing is appended (every partition idle; the stand-in
     has no object storage to serve pointers from). ``followers``: this broker follows every
-    partition (a diskless topic's consumers read from their AZ's replica, a follower for most)."""
+    partition (a diskless topic's consumers read from their AZ's replica, a follower for most).
+    ``memo``: the fetches come over one connection, which keeps its idle partitions' answers
+    (broker/idle_fetches.py), as a broker's connections do."""
+    if memo:
+        CURRENT_IDLE_FETCHES.set(IdleFetchMemo())
     with tempfile.TemporaryDirectory() as tmp:
         broker = (FetchingBroker if diskless else ClassicBroker)(Path(tmp) / "broker", 0)
         topic_id = uuid.uuid4()
@@ -112,13 +117,22 @@ def main() -> None:
     parser.add_argument("--version", type=int, default=12)
     parser.add_argument("--diskless", action="store_true", help="a diskless topic, every partition idle")
     parser.add_argument("--followers", action="store_true", help="with --diskless: this broker follows them all")
+    parser.add_argument("--no-memo", action="store_true", help="decide every partition afresh (no connection memo)")
     args = parser.parse_args()
     configure_logging("WARNING")
     decode, handle, encode, size = asyncio.run(
-        measure(args.partitions, args.rounds, args.version, args.diskless, args.diskless and args.followers)
+        measure(
+            args.partitions,
+            args.rounds,
+            args.version,
+            args.diskless,
+            args.diskless and args.followers,
+            memo=not args.no_memo,
+        )
     )
     shape = "diskless, all idle" if args.diskless else "classic, one with a new batch"
     shape += ", followed here" if args.diskless and args.followers else ""
+    shape += ", no connection memo" if args.no_memo else ""
     print(
         f"Fetch v{args.version}, {args.partitions} partitions ({shape}): broker CPU per fetch"
         f" {decode + handle + encode:.2f} ms (decode {decode:.2f}, handler {handle:.2f}, encode {encode:.2f}),"

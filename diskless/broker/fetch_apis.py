@@ -53,6 +53,7 @@ from diskless.storage import pointer, segment_object
 
 from .api_base import EARLIEST, LATEST, MAX_TIMESTAMP, READ_COMMITTED, ApiFamily, _find_partition, _ms
 from .client_zone import current_client_az
+from .idle_fetches import CURRENT_IDLE_FETCHES, IdleFetchMemo
 from .quiet_fetches import QuietReplicaFetches
 
 log = structlog.get_logger(__name__)
@@ -489,6 +490,8 @@ class FetchApis(ApiFamily):
         fenced = self._leader_fenced()
         routes: collections.Counter[str] = collections.Counter()
         staleness_ms = self._max_staleness_ms
+        memo = self._idle_memo(request, committed, fenced) if follower < 0 else None
+        hosted_replicas = self.broker.replicas.partitions
         for topic in request.topics:
             parts = []
             meta = self._meta.topics.get(topic.topic)
@@ -501,6 +504,14 @@ class FetchApis(ApiFamily):
             for p in topic.partitions:
                 index = p.partition
                 state = states[index] if 0 <= index < len(states) else None
+                asked_epoch = getattr(p, "current_leader_epoch", -1)
+                if memo is not None and meta is not None and state is not None:
+                    idle = memo.reuse(
+                        (topic.topic, index), p.fetch_offset, asked_epoch, hosted_replicas, now_ms, staleness_ms
+                    )
+                    if idle is not None:
+                        parts.append(idle)
+                        continue
                 if meta is None or state is None:
                     code, plog, replica = ErrorCode.unknown_topic_or_partition, None, None
                 else:
@@ -509,7 +520,7 @@ class FetchApis(ApiFamily):
                         index,
                         meta.topic_id,
                         state,
-                        getattr(p, "current_leader_epoch", -1),
+                        asked_epoch,
                         any_replica,
                         fenced,
                     )
@@ -553,6 +564,8 @@ class FetchApis(ApiFamily):
                     entry["high_watermark"] = plog.high_watermark
                     entry["last_stable_offset"] = plog.last_stable_offset
                     entry["log_start_offset"] = plog.log_start_offset if view is None else earliest_offset(view)
+                    if memo is not None and replica is not None:
+                        memo.keep((topic.topic, index), p.fetch_offset, asked_epoch, replica, entry)
                 elif plog is not None and replica is not None:
                     limit = min(p.partition_max_bytes, max(max_bytes - total, 0))
                     # read_committed stops at the last stable offset (open transactions).
@@ -617,6 +630,24 @@ class FetchApis(ApiFamily):
         for action, count in routes.items():
             DISKLESS_FOLLOWER_READS.labels(action).inc(count)
         return responses, total, has_error, remote, forwards
+
+    def _idle_memo(self, request: Any, committed: bool, fenced: bool) -> IdleFetchMemo | None:
+        """The connection's memo of idle partitions (idle_fetches.py), begun for this pass with
+        the request-wide inputs of the serving decision; None: decide every partition afresh."""
+        memo = CURRENT_IDLE_FETCHES.get()
+        if memo is None or fenced:
+            return None
+        metadata = self._meta
+        memo.begin(
+            (
+                metadata.generation,
+                metadata.topology_generation,
+                committed,
+                self._consumer_az(request),
+                self._redirect_az(request),
+            )
+        )
+        return memo
 
     @property
     def _max_staleness_ms(self) -> int:

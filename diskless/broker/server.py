@@ -60,6 +60,7 @@ from diskless.security.tls import principal_of, server_context
 
 from .apis import CloseConnection, KafkaApis, api_version_entries
 from .client_zone import CURRENT_ZONE
+from .idle_fetches import CURRENT_IDLE_FETCHES, IdleFetchMemo
 from .metadata_cache import MetadataAnswerCache
 from .request_budget import RequestBudget
 
@@ -188,6 +189,7 @@ class Connection:
         # Every handler task started from here inherits this connection's zone (client_zone.py).
         CURRENT_ZONE.set(self.zone)
         CURRENT_SESSION.set(self.session)
+        CURRENT_IDLE_FETCHES.set(IdleFetchMemo())
         writer_task = asyncio.create_task(self._write_loop())
         try:
             await self._read_loop()

@@ -50,7 +50,56 @@ def _topic(entry: Mapping[str, Any], version: int, flexible: bool) -> bytes:
     return string(str(entry.get("topic", "")), flexible)
 
 
+def _quiet_format(version: int, flexible: bool, aborted_null: bool) -> struct.Struct:
+    """A partition with nothing to say beyond its offsets, in one ``struct``: the fixed head, an
+    empty or null aborted-transactions list, no preferred replica (v11+), empty records, no tags."""
+    fmt = ">ihqqq" if version >= 5 else ">ihqq"
+    fmt += "B" if flexible else "i"  # aborted transactions: null (-1) or empty (0)
+    fmt += "i" if version >= 11 else ""  # preferred read replica -1
+    fmt += "BB" if flexible else "i"  # empty records (length 0), then (flexible) no tagged fields
+    return struct.Struct(fmt)
+
+
+_QUIET = {
+    (version, aborted_null): _quiet_format(version, version >= FLEXIBLE_FROM, aborted_null)
+    for version in range(FIRST_VERSION, LAST_VERSION + 1)
+    for aborted_null in (False, True)
+}
+
+
+def _quiet_values(version: int, flexible: bool, aborted_null: bool) -> tuple[int, ...]:
+    """What follows the offsets in a ``_QUIET`` struct."""
+    if flexible:
+        aborted = 0 if aborted_null else 1  # compact lengths are length + 1
+        return (aborted, -1, 1, 0) if version >= 11 else (aborted, 1, 0)
+    aborted = -1 if aborted_null else 0
+    return (aborted, -1, 0) if version >= 11 else (aborted, 0)
+
+
+_QUIET_TAIL = {key: _quiet_values(key[0], key[0] >= FLEXIBLE_FROM, key[1]) for key in _QUIET}
+
+
 def _partition(p: Mapping[str, Any], version: int, flexible: bool, out: list[bytes | memoryview]) -> None:
+    records = p.get("records", b"")
+    aborted = p.get("aborted_transactions", ())
+    if (
+        records == b""
+        and not aborted
+        and p.get("preferred_read_replica", -1) == -1
+        and p.get("diverging_epoch") is None
+    ):
+        # A tail consumer's usual partition (most of a sessionless Fetch's): one pack.
+        key = (version, aborted is None)
+        offsets = (
+            p["partition_index"],
+            p.get("error_code", 0),
+            p.get("high_watermark", 0),
+            p.get("last_stable_offset", -1),
+        )
+        if version >= 5:
+            offsets += (p.get("log_start_offset", -1),)
+        out.append(_QUIET[key].pack(*offsets, *_QUIET_TAIL[key]))
+        return
     head = _HEAD_V5 if version >= 5 else _HEAD_V4
     fixed = (
         p["partition_index"],

@@ -111,3 +111,34 @@ def test_records_memoryviews_and_bytes_are_written_once_each(version: int) -> No
 def test_versions_outside_the_range_are_refused() -> None:
     with pytest.raises(ValueError):
         fetch_response.encode_fetch_response(3, 1, {"responses": []})
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("aborted_transactions", [None, []])
+def test_quiet_partitions_written_in_one_pack_are_kios_bytes(version: int, aborted_transactions: Any) -> None:
+    """A partition with nothing but its offsets takes a one-``struct`` path; every variant of it
+    (versions, null or empty aborted list, preferred replica given as -1 or left out, a diverging
+    epoch of -1/-1) is still kio's bytes, beside partitions that take the general path."""
+    quiet = {
+        "partition_index": 7,
+        "error_code": 0,
+        "high_watermark": 1234,
+        "last_stable_offset": 1200,
+        "log_start_offset": 5,
+        "aborted_transactions": aborted_transactions,
+        "preferred_read_replica": -1,
+        "records": b"",
+    }
+    left_out = {k: v for k, v in quiet.items() if k != "preferred_read_replica"}
+    diverging_default = {**quiet, "partition_index": 8, "diverging_epoch": {"epoch": -1, "end_offset": -1}}
+    general = {**quiet, "partition_index": 9, "records": b"x" * 5, "preferred_read_replica": 2}
+    body = {
+        "throttle_time": 0,
+        "error_code": 0,
+        "session_id": 0,
+        "responses": [
+            {"topic": "t", "topic_id": uuid.uuid4(), "partitions": [quiet, left_out, diverging_default, general]}
+        ],
+    }
+    header = m.RequestHeader(m.API_FETCH, version, 3, "c")
+    assert fetch_response.encode_fetch_response(version, 3, body) == m.encode_response_with_kio(header, body, version)

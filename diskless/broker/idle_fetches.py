@@ -1,0 +1,147 @@
+"""A connection's memo of its consumer's idle partitions: cheap sessionless Fetches at the tail.
+
+librdkafka's consumers open no KIP-227 fetch sessions, so every Fetch names every partition the
+consumer reads, and a tail consumer's Fetch finds nothing new in almost all of them. Working out
+"nothing to read here" afresh is the full serving decision per partition (leadership and epoch,
+zone redirect, KIP-392 preferred replica, a follower's freshness and log bounds): at 1,000
+partitions ~5 ms of broker CPU per pass, and a long poll makes two passes per wake-up (one when
+the request arrives, one when something moves). This memo keeps, per partition, the answer of the
+last pass that found the partition idle at the end of its log, together with every input that
+answer depended on; the next pass reuses it when those inputs are unchanged and recomputes it
+otherwise. It is an optimisation only: no answer differs from what the full decision would give.
+
+Why a reused answer is the full decision's answer. The full decision (``FetchApis._fetch_once``)
+reaches the "idle at the end" branch from these inputs only:
+
+- the request: the partition's fetch offset and current leader epoch, the isolation level, and
+  the client's AZ and rack (redirects, preferred replicas). Offset and epoch are kept per entry;
+  the rest is the memo's *context*, and a different context empties the memo;
+- the cluster metadata (partition states, ISR, brokers, topic configs such as diskless.enabled,
+  topic ids): ``MetadataCache.generation`` moves on every applied change; it is in the context;
+- whether this broker is fenced as leader: checked once per pass, and a fenced pass reuses nothing;
+- the replica: which object serves (a re-created topic or a dropped replica is another object, or
+  none), its role, leader epoch and whether it leads; its log's high watermark, log end and log
+  start; as a follower, the leader's log start it last heard of, and its freshness
+  (``heard_from_leader_ms`` within the staleness bound, recomputed at every reuse with the time
+  passed in). The last stable offset is a function of the high watermark and the transaction
+  index, which changes only by appends, truncation and retention: the log end and start.
+
+Each entry is checked against all of them at reuse, so nothing needs to tell the memo that
+something changed; an entry whose inputs moved is simply recomputed and replaced. Concurrent
+fetches of one connection share the memo safely for the same reason.
+
+Memory: one small entry per partition a connection's consumer reads, dropped with the connection;
+``MAX_ENTRIES`` bounds a connection whose client asks for ever new partitions.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from diskless.replication.partition import Partition
+
+MAX_ENTRIES = 100_000
+
+# The memo of the connection a handler is answering (set by ``server.Connection``, inherited by its
+# handler tasks as ``client_zone.CURRENT_ZONE`` is); None outside a connection: no reuse.
+CURRENT_IDLE_FETCHES: contextvars.ContextVar[IdleFetchMemo | None] = contextvars.ContextVar(
+    "idle_fetches", default=None
+)
+
+
+@dataclass(slots=True)
+class _Idle:
+    """One partition's idle answer and the inputs it was decided from."""
+
+    fetch_offset: int
+    asked_epoch: int
+    replica: Partition
+    role: str
+    leader_epoch: int
+    leads: bool
+    high_watermark: int
+    log_end_offset: int
+    log_start_offset: int
+    leader_log_start_offset: int
+    answer: dict[str, Any]  # the partition's Fetch answer
+
+
+class IdleFetchMemo:
+    def __init__(self) -> None:
+        self._context: tuple[Any, ...] | None = None
+        self._entries: dict[tuple[str, int], _Idle] = {}
+        self.reused = 0  # partition answers taken from the memo
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def begin(self, context: tuple[Any, ...]) -> None:
+        """Start a pass whose request-wide inputs are ``context``: entries decided under another are dropped."""
+        if context != self._context:
+            self._entries.clear()
+            self._context = context
+
+    def reuse(
+        self,
+        key: tuple[str, int],
+        fetch_offset: int,
+        asked_epoch: int,
+        replicas: Mapping[tuple[str, int], Partition],
+        now_ms: int,
+        staleness_ms: int,
+    ) -> dict[str, Any] | None:
+        """A copy of the idle answer kept for ``key`` if every input it depends on is unchanged,
+        else None. ``replicas``: the replicas hosted now, by key. The replica must be the very
+        object that answered: a dropped or re-created replica is another object, and a topic
+        re-created under its name also moves the metadata generation in the context."""
+        idle = self._entries.get(key)
+        if idle is None or fetch_offset != idle.fetch_offset or asked_epoch != idle.asked_epoch:
+            return None
+        replica = replicas.get(key)
+        if (
+            replica is not idle.replica
+            or replica.role != idle.role
+            or replica.leader_epoch != idle.leader_epoch
+            or (replica.leader_state is not None) != idle.leads
+        ):
+            return None
+        log = replica.log
+        if (
+            log.high_watermark != idle.high_watermark
+            or log.log_start_offset != idle.log_start_offset
+            or log.log_end_offset != idle.log_end_offset
+        ):
+            return None
+        if not idle.leads:
+            heard = replica.heard_from_leader_ms
+            if heard < 0 or now_ms - heard > staleness_ms:
+                return None
+            if replica.leader_log_start_offset != idle.leader_log_start_offset:
+                return None
+        self.reused += 1
+        return idle.answer.copy()
+
+    def keep(
+        self, key: tuple[str, int], fetch_offset: int, asked_epoch: int, replica: Partition, answer: dict[str, Any]
+    ) -> None:
+        """Remember that the full decision found ``key`` idle at ``fetch_offset``, answering ``answer``
+        (a partition's Fetch answer with no records; kept as a copy)."""
+        if len(self._entries) >= MAX_ENTRIES and key not in self._entries:
+            self._entries.clear()
+        log = replica.log
+        self._entries[key] = _Idle(
+            fetch_offset,
+            asked_epoch,
+            replica,
+            replica.role,
+            replica.leader_epoch,
+            replica.leader_state is not None,
+            log.high_watermark,
+            log.log_end_offset,
+            log.log_start_offset,
+            replica.leader_log_start_offset,
+            answer.copy(),
+        )

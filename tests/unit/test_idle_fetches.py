@@ -1,0 +1,272 @@
+"""A connection's memo of idle partitions (broker/idle_fetches.py) never changes a Fetch answer.
+
+The property: after any sequence of changes to the replicas, the metadata, the clock and the
+consumer's positions, a sessionless consumer Fetch answered through the connection's memo is the
+answer the full serving decision gives with no memo at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from batches import values_batch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from kio.schema.errors import ErrorCode
+from test_topic_identity import CONFIG, FetchingBroker
+
+from diskless.broker.idle_fetches import CURRENT_IDLE_FETCHES, IdleFetchMemo
+from diskless.cluster.metadata import PartitionState, TopicMetadata
+from diskless.protocol import messages as m
+
+VERSION = 12
+PARTITIONS = 2
+HERE, OTHER = 0, 1
+START_MS = 1_800_000_000_000
+
+
+class NoPeers:
+    async def get(self, node: int) -> Any:
+        raise OSError("no peers in this test")
+
+
+class ClockedBroker(FetchingBroker):
+    """The Fetch handler's broker, with a clock the test moves."""
+
+    def __init__(self, log_dir: Path, diskless: bool) -> None:
+        super().__init__(log_dir, HERE)
+        self.clock = START_MS
+        self.diskless = diskless
+        self.peers = NoPeers()
+
+    def now_ms(self) -> int:
+        return self.clock
+
+    def is_diskless(self, meta: TopicMetadata) -> bool:
+        return self.diskless
+
+
+class Scenario:
+    def __init__(self, broker: ClockedBroker) -> None:
+        self.broker = broker
+        self.topic_id = uuid.uuid4()
+        # Even partitions led here, odd ones followed here.
+        self.states = [
+            PartitionState(
+                replicas=[HERE, OTHER], leader=HERE if i % 2 == 0 else OTHER, leader_epoch=5, isr=[HERE, OTHER]
+            )
+            for i in range(PARTITIONS)
+        ]
+        self.asked_epochs = [5] * PARTITIONS
+        self.apply_metadata()
+        # Each partition starts with records, all committed, and a consumer at its end.
+        for i, replica in enumerate(self.replicas):
+            replica.heard_from_leader_ms = broker.clock
+            for _ in range(3):
+                self.step("append" if replica.leader_state is not None else "follower_append", i, 0)
+            replica.log.high_watermark = replica.log.log_end_offset
+        self.offsets = [replica.log.high_watermark for replica in self.replicas]
+
+    @property
+    def replicas(self) -> list[Any]:
+        return [self.broker.replicas.partitions[("t", i)] for i in range(PARTITIONS)]
+
+    def apply_metadata(self) -> None:
+        meta = TopicMetadata("t", str(self.topic_id), list(self.states), {})
+        self.broker.metadata.topics["t"] = meta
+        self.broker.metadata.generation += 1  # as every applied change does
+        for i in range(PARTITIONS):
+            self.broker.replicas.apply(meta, i, CONFIG, self.broker.clock)
+
+    def request(self) -> Any:
+        cls = m._request_type(m.API_FETCH, VERSION)
+        module = sys.modules[cls.__module__]
+        partitions = tuple(
+            module.FetchPartition(
+                partition=i,
+                current_leader_epoch=self.asked_epochs[i],
+                fetch_offset=self.offsets[i],
+                log_start_offset=-1,
+                partition_max_bytes=1 << 20,
+            )
+            for i in range(PARTITIONS)
+        )
+        return cls(
+            replica_id=-1,
+            max_wait=0,
+            min_bytes=1,
+            max_bytes=50 << 20,
+            isolation_level=0,
+            session_id=0,
+            session_epoch=-1,
+            topics=(module.FetchTopic(topic="t", partitions=partitions),),
+            forgotten_topics_data=(),
+            rack_id="",
+        )
+
+    async def fetch(self, memo: IdleFetchMemo | None) -> Any:
+        header = m.RequestHeader(m.API_FETCH, VERSION, 1, "consumer")
+        token = CURRENT_IDLE_FETCHES.set(memo)
+        try:
+            return await self.broker.fetch_apis.fetch(header, self.request())
+        finally:
+            CURRENT_IDLE_FETCHES.reset(token)
+
+    def step(self, op: str, i: int, value: int) -> None:
+        replica = self.replicas[i]
+        log = replica.log
+        if op == "append" and replica.leader_state is not None:
+            log.append_as_leader([memoryview(values_batch(1 + value % 3))], replica.leader_epoch, self.broker.clock)
+        elif op == "commit":
+            log.high_watermark = max(log.high_watermark, min(log.log_end_offset, log.high_watermark + value))
+        elif op == "follower_append" and replica.leader_state is None:
+            batch = bytearray(values_batch(1))
+            batch[0:8] = log.log_end_offset.to_bytes(8, "big")
+            log.append_as_follower(bytes(batch), self.broker.clock)
+        elif op == "tick":
+            self.broker.clock += value * 250
+        elif op == "heard":
+            replica.heard_from_leader_ms = self.broker.clock - value * 500
+        elif op == "leader_start":
+            replica.leader_log_start_offset = min(value, log.high_watermark)
+        elif op == "read":
+            self.offsets[i] = log.high_watermark
+        elif op == "seek":
+            self.offsets[i] = value % (log.log_end_offset + 2)
+        elif op == "ask_epoch":
+            epoch = self.states[i].leader_epoch
+            self.asked_epochs[i] = (-1, epoch, epoch - 1, epoch + 1)[value % 4]
+        elif op == "move_leader":
+            state = self.states[i]
+            leader = OTHER if state.leader == HERE else HERE
+            self.states[i] = dataclasses.replace(state, leader=leader, leader_epoch=state.leader_epoch + 1)
+            self.apply_metadata()
+        elif op == "isr":
+            state = self.states[i]
+            isr = [OTHER] if HERE in state.isr and state.leader == OTHER else [HERE, OTHER]
+            self.states[i] = dataclasses.replace(state, isr=isr)
+            self.apply_metadata()
+        elif op == "delete_records":
+            log.delete_records_before(log.high_watermark)
+
+
+OPS = st.sampled_from(
+    [
+        "append",
+        "commit",
+        "follower_append",
+        "tick",
+        "heard",
+        "leader_start",
+        "read",
+        "seek",
+        "ask_epoch",
+        "move_leader",
+        "isr",
+        "delete_records",
+    ]
+)
+
+
+def answers(response: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{**p, "records": bytes(p["records"] or b"")} for t in response["responses"] for p in t["partitions"]]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    diskless=st.booleans(),
+    steps=st.lists(st.tuples(OPS, st.integers(0, PARTITIONS - 1), st.integers(0, 12)), min_size=4, max_size=30),
+)
+def test_an_answer_through_the_memo_is_the_full_decisions_answer(diskless: bool, steps: list[Any]) -> None:
+    async def run() -> None:
+        with tempfile.TemporaryDirectory() as tmp:
+            scenario = Scenario(ClockedBroker(Path(tmp), diskless))
+            memo = IdleFetchMemo()
+            try:
+                assert answers(await scenario.fetch(memo)) == answers(await scenario.fetch(None))
+                for op, i, value in steps:
+                    scenario.step(op, i, value)
+                    # Twice through the memo: the second pass reuses what the first kept.
+                    for _ in range(2):
+                        assert answers(await scenario.fetch(memo)) == answers(await scenario.fetch(None)), (op, i)
+            finally:
+                await scenario.broker.replicas.close()
+
+    asyncio.run(run())
+
+
+async def test_idle_partitions_are_answered_from_the_memo_and_a_moved_one_afresh(tmp_path: Path) -> None:
+    """Not a no-op: a tail consumer's second Fetch takes every idle partition from the memo, and
+    after one partition's high watermark moves, that one is decided afresh (and has data)."""
+    scenario = Scenario(ClockedBroker(tmp_path, diskless=False))
+    memo = IdleFetchMemo()
+    try:
+        first = answers(await scenario.fetch(memo))
+        assert len(memo) == PARTITIONS and all(p["error_code"] == ErrorCode.none for p in first)
+        assert memo.reused == 0
+        await scenario.fetch(memo)
+        assert memo.reused == PARTITIONS
+        led = scenario.replicas[0]
+        led.log.append_as_leader([memoryview(values_batch(2))], led.leader_epoch, scenario.broker.clock)
+        led.log.high_watermark = led.log.log_end_offset
+        moved = answers(await scenario.fetch(memo))
+        assert memo.reused == 2 * PARTITIONS - 1
+        assert moved[0]["records"] and moved[0]["high_watermark"] == led.log.log_end_offset
+    finally:
+        await scenario.broker.replicas.close()
+
+
+def _replica(leads: bool) -> Any:
+    from types import SimpleNamespace
+
+    log = SimpleNamespace(high_watermark=10, log_end_offset=12, log_start_offset=2)
+    return SimpleNamespace(
+        role="leader" if leads else "follower",
+        leader_epoch=5,
+        leader_state=object() if leads else None,
+        log=log,
+        heard_from_leader_ms=START_MS,
+        leader_log_start_offset=1,
+    )
+
+
+CHANGES = {
+    "high watermark": lambda r: setattr(r.log, "high_watermark", 11),
+    "log end (a transaction marker moves the last stable offset)": lambda r: setattr(r.log, "log_end_offset", 13),
+    "log start": lambda r: setattr(r.log, "log_start_offset", 3),
+    "role": lambda r: setattr(r, "role", "offline"),
+    "leader epoch": lambda r: setattr(r, "leader_epoch", 6),
+    "leadership": lambda r: setattr(r, "leader_state", None if r.leader_state is not None else object()),
+    "heard from the leader too long ago": lambda r: setattr(r, "heard_from_leader_ms", START_MS - 60_000),
+    "leader's log start": lambda r: setattr(r, "leader_log_start_offset", 4),
+}
+
+
+@pytest.mark.parametrize("leads", [True, False])
+@pytest.mark.parametrize("change", list(CHANGES))
+def test_every_input_of_an_idle_answer_is_checked_at_reuse(change: str, leads: bool) -> None:
+    """Each input the memo keeps, changed alone (even by a path that left the metadata generation
+    where it was), makes the partition decided afresh; unchanged, the answer is reused."""
+    key, answer = ("t", 0), {"partition_index": 0, "high_watermark": 10}
+    replica = _replica(leads)
+    replicas = {key: replica}
+    memo = IdleFetchMemo()
+    memo.begin(("context",))
+    memo.keep(key, 10, 5, replica, answer)
+    assert memo.reuse(key, 10, 5, replicas, START_MS + 100, 2_000) == answer
+    assert memo.reuse(key, 11, 5, replicas, START_MS + 100, 2_000) is None  # another offset
+    assert memo.reuse(key, 10, 4, replicas, START_MS + 100, 2_000) is None  # another asked epoch
+    assert memo.reuse(key, 10, 5, {key: _replica(leads)}, START_MS + 100, 2_000) is None  # another replica
+    CHANGES[change](replica)
+    leader_only_input = change in ("heard from the leader too long ago", "leader's log start")
+    expected = answer if leads and leader_only_input else None  # a leader's reads need no word from a leader
+    assert memo.reuse(key, 10, 5, replicas, START_MS + 100, 2_000) == expected
+    memo.begin(("another context",))
+    assert len(memo) == 0
