@@ -270,3 +270,64 @@ def test_every_input_of_an_idle_answer_is_checked_at_reuse(change: str, leads: b
     assert memo.reuse(key, 10, 5, replicas, START_MS + 100, 2_000) == expected
     memo.begin(("another context",))
     assert len(memo) == 0
+
+
+def test_each_connection_has_its_own_memo_shared_by_its_requests() -> None:
+    """The glue in ``server.Connection``: every handler of one connection sees that connection's
+    memo (a consumer's next Fetch reuses its previous one's answers), and no two connections share
+    one (their consumers read different partitions at different offsets)."""
+    import socket
+    import struct
+
+    from integration.rawclient import build_batch, encode_request, produce_request
+
+    from diskless.broker.server import KafkaServer
+    from diskless.cluster.client_az import AzSource
+    from diskless.config import BrokerConfig
+
+    seen: list[tuple[int, IdleFetchMemo | None]] = []
+
+    class RecordingApis:
+        def __init__(self) -> None:
+            config = BrokerConfig()
+            self.broker = type("B", (), {"config": config})()
+            self.zone_policy = config.zone_policy()
+            self.local_az = "none"
+
+        def decide_zone(self, zone: Any, client_id: str | None) -> tuple[str, AzSource]:
+            return "none", AzSource.RECEIVING_BROKER
+
+        async def handle(self, header: Any, request: Any) -> dict[str, Any]:
+            seen.append((header.correlation_id, CURRENT_IDLE_FETCHES.get()))
+            partition = {"index": 0, "error_code": 0, "base_offset": 0}
+            return {"responses": [{"name": "t", "partition_responses": [partition]}], "throttle_time": 0}
+
+    async def run() -> None:
+        server = KafkaServer(RecordingApis(), max_frame_bytes=1 << 20)  # type: ignore[arg-type]
+        port = await server.start("127.0.0.1", 0)
+        loop = asyncio.get_running_loop()
+        clients = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+        try:
+            batch = build_batch([(None, b"v")])
+            for n, client in enumerate(clients):
+                client.setblocking(False)
+                frames = [encode_request(produce_request("t", 0, batch, acks=1, version=8), 10 * n + i) for i in (0, 1)]
+                await loop.sock_sendall(client, b"".join(frames))
+                answered, frames_read = b"", 0
+                while frames_read < 2:  # both answers, whole
+                    chunk = await asyncio.wait_for(loop.sock_recv(client, 1 << 16), 30)
+                    assert chunk, "connection closed"
+                    answered += chunk
+                    while len(answered) >= 4 and len(answered) >= 4 + struct.unpack_from(">i", answered)[0]:
+                        answered = answered[4 + struct.unpack_from(">i", answered)[0] :]
+                        frames_read += 1
+        finally:
+            for client in clients:
+                client.close()
+            await server.stop()
+
+    asyncio.run(run())
+    memos = dict(seen)
+    assert sorted(memos) == [0, 1, 10, 11]
+    assert all(isinstance(memo, IdleFetchMemo) for memo in memos.values())
+    assert memos[0] is memos[1] and memos[10] is memos[11] and memos[0] is not memos[10]
