@@ -17,7 +17,7 @@ reaches the "idle at the end" branch from these inputs only:
   the client's AZ and rack (redirects, preferred replicas). Offset and epoch are kept per entry;
   the rest is the memo's *context*, and a different context empties the memo;
 - the cluster metadata (partition states, ISR, brokers, topic configs such as diskless.enabled,
-  topic ids): ``MetadataCache.generation`` moves on every applied change; it is in the context;
+  topic ids): ``ClusterMetadata.generation`` moves on every applied change; it is in the context;
 - whether this broker is fenced as leader: checked once per pass, and a fenced pass reuses nothing;
 - the replica: which object serves (a re-created topic or a dropped replica is another object, or
   none), its role, leader epoch and whether it leads; its log's high watermark, log end and log
@@ -70,6 +70,8 @@ class _Idle:
 
 
 class IdleFetchMemo:
+    """One connection's idle answers, by (topic, partition), valid under one context."""
+
     def __init__(self) -> None:
         self._context: tuple[Any, ...] | None = None
         self._entries: dict[tuple[str, int], _Idle] = {}
