@@ -491,6 +491,7 @@ class FetchApis(ApiFamily):
         routes: collections.Counter[str] = collections.Counter()
         staleness_ms = self._max_staleness_ms
         memo = self._idle_memo(request, committed, fenced) if follower < 0 else None
+        reused_follower_reads = 0 if memo is None else memo.reused_follower_reads
         hosted_replicas = self.broker.replicas.partitions
         for topic in request.topics:
             parts = []
@@ -565,7 +566,7 @@ class FetchApis(ApiFamily):
                     entry["last_stable_offset"] = plog.last_stable_offset
                     entry["log_start_offset"] = plog.log_start_offset if view is None else earliest_offset(view)
                     if memo is not None and replica is not None:
-                        memo.keep((topic.topic, index), p.fetch_offset, asked_epoch, replica, entry)
+                        memo.keep((topic.topic, index), p.fetch_offset, asked_epoch, replica, entry, view is not None)
                 elif plog is not None and replica is not None:
                     limit = min(p.partition_max_bytes, max(max_bytes - total, 0))
                     # read_committed stops at the last stable offset (open transactions).
@@ -627,6 +628,9 @@ class FetchApis(ApiFamily):
                 has_error = has_error or entry["error_code"] != ErrorCode.none
                 parts.append(entry)
             responses.append({"topic": topic.topic, "partitions": parts})
+        if memo is not None and memo.reused_follower_reads > reused_follower_reads:
+            # A reused answer is the same decision again (idle_fetches.py): a follower serving.
+            routes[SERVE] += memo.reused_follower_reads - reused_follower_reads
         for action, count in routes.items():
             DISKLESS_FOLLOWER_READS.labels(action).inc(count)
         return responses, total, has_error, remote, forwards

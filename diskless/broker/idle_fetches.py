@@ -66,6 +66,7 @@ class _Idle:
     log_end_offset: int
     log_start_offset: int
     leader_log_start_offset: int
+    follower_read: bool  # a diskless follower's read (counted in diskless_follower_reads_total)
     answer: dict[str, Any]  # the partition's Fetch answer
 
 
@@ -76,6 +77,7 @@ class IdleFetchMemo:
         self._context: tuple[Any, ...] | None = None
         self._entries: dict[tuple[str, int], _Idle] = {}
         self.reused = 0  # partition answers taken from the memo
+        self.reused_follower_reads = 0  # of which diskless follower reads (decided: serve)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -124,13 +126,21 @@ class IdleFetchMemo:
             if replica.leader_log_start_offset != idle.leader_log_start_offset:
                 return None
         self.reused += 1
+        self.reused_follower_reads += idle.follower_read
         return idle.answer.copy()
 
     def keep(
-        self, key: tuple[str, int], fetch_offset: int, asked_epoch: int, replica: Partition, answer: dict[str, Any]
+        self,
+        key: tuple[str, int],
+        fetch_offset: int,
+        asked_epoch: int,
+        replica: Partition,
+        answer: dict[str, Any],
+        follower_read: bool = False,
     ) -> None:
         """Remember that the full decision found ``key`` idle at ``fetch_offset``, answering ``answer``
-        (a partition's Fetch answer with no records; kept as a copy)."""
+        (a partition's Fetch answer with no records; kept as a copy). ``follower_read``: it was a
+        diskless follower's decision to serve, which a reuse counts again."""
         if len(self._entries) >= MAX_ENTRIES and key not in self._entries:
             self._entries.clear()
         log = replica.log
@@ -145,5 +155,6 @@ class IdleFetchMemo:
             log.log_end_offset,
             log.log_start_offset,
             replica.leader_log_start_offset,
+            follower_read,
             answer.copy(),
         )
