@@ -160,6 +160,15 @@ DISKLESS_FOLLOWER_READS = Counter(
     ["outcome"],
 )
 
+# Sessionless consumer fetches (diskless/broker/idle_fetches.py): partition answers taken from the
+# connection's memo of idle partitions instead of the full serving decision, and those decided afresh.
+FETCH_IDLE_PARTITIONS = Counter(
+    "diskless_fetch_idle_partitions_total",
+    "Partitions of consumer fetch passes on a connection with a memo, by whether the idle answer was"
+    " reused or the partition decided afresh",
+    ["answer"],
+)
+
 # Tiering (issue 12): brokers count accepted TierCommits; the job reports its own figures.
 TIER_COMMITS = Counter("diskless_tier_commits_total", "TierCommits appended as leader")
 TIERED_BYTES = Counter("diskless_tiered_bytes_total", "Bytes of segment objects tiered as leader")

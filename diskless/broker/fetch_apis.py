@@ -28,6 +28,7 @@ from diskless.metrics import (
     DISKLESS_FOLLOWER_READS,
     DISKLESS_LAGGING_BYTES,
     DISKLESS_LAGGING_DEFERRED,
+    FETCH_IDLE_PARTITIONS,
     FETCH_SESSIONS,
     REPLICA_FETCH_PARTITIONS,
     REPLICA_FETCHES,
@@ -492,6 +493,8 @@ class FetchApis(ApiFamily):
         staleness_ms = self._max_staleness_ms
         memo = self._idle_memo(request, committed, fenced) if follower < 0 else None
         reused_follower_reads = 0 if memo is None else memo.reused_follower_reads
+        reused = 0 if memo is None else memo.reused
+        asked = 0
         hosted_replicas = self.broker.replicas.partitions
         for topic in request.topics:
             parts = []
@@ -502,6 +505,7 @@ class FetchApis(ApiFamily):
             any_replica = follower < 0
             rack = self._consumer_az(request) if follower < 0 and not diskless else ""
             redirect_az = self._redirect_az(request) if diskless and follower < 0 else None
+            asked += len(topic.partitions)
             for p in topic.partitions:
                 index = p.partition
                 state = states[index] if 0 <= index < len(states) else None
@@ -628,9 +632,13 @@ class FetchApis(ApiFamily):
                 has_error = has_error or entry["error_code"] != ErrorCode.none
                 parts.append(entry)
             responses.append({"topic": topic.topic, "partitions": parts})
-        if memo is not None and memo.reused_follower_reads > reused_follower_reads:
-            # A reused answer is the same decision again (idle_fetches.py): a follower serving.
-            routes[SERVE] += memo.reused_follower_reads - reused_follower_reads
+        if memo is not None:
+            reused = memo.reused - reused
+            child(FETCH_IDLE_PARTITIONS, "reused").inc(reused)
+            child(FETCH_IDLE_PARTITIONS, "decided").inc(asked - reused)
+            if memo.reused_follower_reads > reused_follower_reads:
+                # A reused answer is the same decision again (idle_fetches.py): a follower serving.
+                routes[SERVE] += memo.reused_follower_reads - reused_follower_reads
         for action, count in routes.items():
             DISKLESS_FOLLOWER_READS.labels(action).inc(count)
         return responses, total, has_error, remote, forwards

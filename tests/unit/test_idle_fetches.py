@@ -187,6 +187,13 @@ def follower_reads() -> dict[str, float]:
     return {o: DISKLESS_FOLLOWER_READS.labels(o)._value.get() for o in (SERVE, FORWARD, OUT_OF_RANGE)}
 
 
+def idle_partitions() -> dict[str, float]:
+    """``diskless_fetch_idle_partitions_total`` by answer, as it stands."""
+    from diskless.metrics import FETCH_IDLE_PARTITIONS
+
+    return {a: FETCH_IDLE_PARTITIONS.labels(a)._value.get() for a in ("reused", "decided")}
+
+
 async def answered_and_counted(scenario: Scenario, memo: IdleFetchMemo | None) -> tuple[Any, dict[str, float]]:
     """A Fetch's partition answers, and what it added to the follower-read decisions counted."""
     before = follower_reads()
@@ -228,13 +235,17 @@ async def test_idle_partitions_are_answered_from_the_memo_and_a_moved_one_afresh
         first = answers(await scenario.fetch(memo))
         assert len(memo) == PARTITIONS and all(p["error_code"] == ErrorCode.none for p in first)
         assert memo.reused == 0
+        counted = idle_partitions()
         await scenario.fetch(memo)
         assert memo.reused == PARTITIONS
+        assert idle_partitions() == {"reused": counted["reused"] + PARTITIONS, "decided": counted["decided"]}
         led = scenario.replicas[0]
         led.log.append_as_leader([memoryview(values_batch(2))], led.leader_epoch, scenario.broker.clock)
         led.log.high_watermark = led.log.log_end_offset
+        counted = idle_partitions()
         moved = answers(await scenario.fetch(memo))
         assert memo.reused == 2 * PARTITIONS - 1
+        assert idle_partitions() == {"reused": counted["reused"] + PARTITIONS - 1, "decided": counted["decided"] + 1}
         assert moved[0]["records"] and moved[0]["high_watermark"] == led.log.log_end_offset
     finally:
         await scenario.broker.replicas.close()
