@@ -492,9 +492,7 @@ class FetchApis(ApiFamily):
         routes: collections.Counter[str] = collections.Counter()
         staleness_ms = self._max_staleness_ms
         memo = self._idle_memo(request, committed, fenced) if follower < 0 else None
-        reused_follower_reads = 0 if memo is None else memo.reused_follower_reads
-        reused = 0 if memo is None else memo.reused
-        asked = 0
+        asked = reused = reused_follower_reads = 0
         hosted_replicas = self.broker.replicas.partitions
         for topic in request.topics:
             parts = []
@@ -515,7 +513,10 @@ class FetchApis(ApiFamily):
                         (topic.topic, index), p.fetch_offset, asked_epoch, hosted_replicas, now_ms, staleness_ms
                     )
                     if idle is not None:
-                        parts.append(idle)
+                        answer, served_as_follower = idle
+                        parts.append(answer)
+                        reused += 1
+                        reused_follower_reads += served_as_follower
                         continue
                 if meta is None or state is None:
                     code, plog, replica = ErrorCode.unknown_topic_or_partition, None, None
@@ -633,12 +634,11 @@ class FetchApis(ApiFamily):
                 parts.append(entry)
             responses.append({"topic": topic.topic, "partitions": parts})
         if memo is not None:
-            reused = memo.reused - reused
             child(FETCH_IDLE_PARTITIONS, "reused").inc(reused)
             child(FETCH_IDLE_PARTITIONS, "decided").inc(asked - reused)
-            if memo.reused_follower_reads > reused_follower_reads:
-                # A reused answer is the same decision again (idle_fetches.py): a follower serving.
-                routes[SERVE] += memo.reused_follower_reads - reused_follower_reads
+        if reused_follower_reads:
+            # A reused answer is the same decision again (idle_fetches.py): a follower serving.
+            routes[SERVE] += reused_follower_reads
         for action, count in routes.items():
             DISKLESS_FOLLOWER_READS.labels(action).inc(count)
         return responses, total, has_error, remote, forwards

@@ -76,8 +76,6 @@ class IdleFetchMemo:
     def __init__(self) -> None:
         self._context: tuple[Any, ...] | None = None
         self._entries: dict[tuple[str, int], _Idle] = {}
-        self.reused = 0  # partition answers taken from the memo
-        self.reused_follower_reads = 0  # of which diskless follower reads (decided: serve)
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -96,9 +94,10 @@ class IdleFetchMemo:
         replicas: Mapping[tuple[str, int], Partition],
         now_ms: int,
         staleness_ms: int,
-    ) -> dict[str, Any] | None:
-        """A copy of the idle answer kept for ``key`` if every input it depends on is unchanged,
-        else None. ``replicas``: the replicas hosted now, by key. The replica must be the very
+    ) -> tuple[dict[str, Any], bool] | None:
+        """A copy of the idle answer kept for ``key``, and whether it was a diskless follower's
+        read (which metrics count as that decision again), if every input it depends on is
+        unchanged; else None. ``replicas``: the replicas hosted now, by key. The replica must be the very
         object that answered: a dropped or re-created replica is another object, and a topic
         re-created under its name also moves the metadata generation in the context."""
         idle = self._entries.get(key)
@@ -125,9 +124,7 @@ class IdleFetchMemo:
                 return None
             if replica.leader_log_start_offset != idle.leader_log_start_offset:
                 return None
-        self.reused += 1
-        self.reused_follower_reads += idle.follower_read
-        return idle.answer.copy()
+        return idle.answer.copy(), idle.follower_read
 
     def keep(
         self,
