@@ -295,15 +295,19 @@ def markdown(result: dict[str, Any]) -> str:
         lines += [
             "",
             "## Diskless produce stages (ms per batch, mean / p99, representatives' view),"
-            " S3 PUT and event-loop lag (mean / p99)",
+            " S3 PUT, event-loop lag (mean / p99) and garbage collection",
             "",
             "upload = WAL object encoding + PUT as the representative waits for it; PUT in client = the same"
             " PUT timed inside the object-store client (signing, HTTP); hedged = PUTs and tail GETs that got"
-            " a second, identical request (won: answered first); loop lag = how late a timer fires."
+            " a second, identical request (won: answered first); loop lag = how late a timer fires;"
+            " GC = the cyclic garbage collector's pauses in ms per broker per second, and its full"
+            " collections (count, mean pause)."
             " p99 from the brokers' histogram buckets (linear within a bucket).",
             "",
-            "| phase | " + " | ".join(names) + " | PUT in client | hedged (won): PUTs, GETs | loop lag |",
-            "|---|" + "---|" * (len(names) + 3),
+            "| phase | "
+            + " | ".join(names)
+            + " | PUT in client | hedged (won): PUTs, GETs | loop lag | GC ms/s; full (n, mean ms) |",
+            "|---|" + "---|" * (len(names) + 4),
         ]
         for phase, f in diskless_phases.items():
             t = f["broker_timings"]
@@ -319,7 +323,11 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{_fmt(t.get('s3_put_hedges'))} ({_fmt(t.get('s3_put_hedge_wins'))}),"
                 f" {_fmt(t.get('s3_get_hedges'))} ({_fmt(t.get('s3_get_hedge_wins'))})"
             )
-            lines.append(f"| {phase} | {cells} | {put} | {hedged} | {lag} |")
+            gc = (
+                f"{_fmt(t.get('gc_pause_ms_per_s'))}; {_fmt(t.get('gc_full_collections'))},"
+                f" {_fmt(t.get('gc_full_mean_ms'))}"
+            )
+            lines.append(f"| {phase} | {cells} | {put} | {hedged} | {lag} | {gc} |")
     lines += producer_client_view(result)
     lines += requests_by_api(result)
     lines += [

@@ -384,6 +384,15 @@ def kind_figures(
         timings["loop_lag_mean_ms"] = round(lag / count * 1000, 1) if count else None
         p99 = histogram_quantile(delta, "diskless_event_loop_lag_seconds", 0.99)
         timings["loop_lag_p99_ms"] = round(p99 * 1000, 1) if p99 is not None else None
+        # Python's cyclic GC holds the whole broker while it runs: its share of the brokers' time,
+        # and the full (generation 2) collections apart, whose pause grows with the live heap.
+        pause_s = delta.total("diskless_gc_pause_seconds_sum")
+        broker_seconds = delta.seconds * max(1, len(delta.metrics))
+        timings["gc_pause_ms_per_s"] = round(pause_s / broker_seconds * 1000, 1) if broker_seconds else None
+        full = delta.total("diskless_gc_pause_seconds_count", generation="2")
+        full_s = delta.total("diskless_gc_pause_seconds_sum", generation="2")
+        timings["gc_full_collections"] = int(full)
+        timings["gc_full_mean_ms"] = round(full_s / full * 1000, 1) if full else None
         cross["per_payload_byte"] = round(cross["cross_az_bytes"] / payload, 5) if payload else None
         in_window = [o.size for o in wal if window.start * 1000 <= o.created_ms < window.end * 1000]
         s3_cpu = b.s3.get("cpu_s", 0.0) - a.s3.get("cpu_s", 0.0)

@@ -26,8 +26,9 @@ import sysconfig
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 # Ports handed out lately, machine-wide: a file per port, its mtime when it was handed out.
@@ -482,9 +483,14 @@ class BrokerServer(ManagedProcess):
         self.metrics_port = int(fields[1]) if len(fields) > 1 else -1
         return self
 
-    def metrics(self) -> dict[str, float]:
-        """This broker's Prometheus samples, ``name{labels}`` -> value (needs metrics.port >= 0)."""
-        with urllib.request.urlopen(f"http://{self.host}:{self.metrics_port}/metrics", timeout=5) as response:
+    def metrics(self, names: Iterable[str] = ()) -> dict[str, float]:
+        """This broker's Prometheus samples, ``name{labels}`` -> value (needs metrics.port >= 0).
+
+        ``names``: only these samples (Prometheus's ``name[]`` selection, which also skips the
+        collectors that cannot produce them); every sample when empty."""
+        query = urllib.parse.urlencode([("name[]", name) for name in names])
+        url = f"http://{self.host}:{self.metrics_port}/metrics" + (f"?{query}" if query else "")
+        with urllib.request.urlopen(url, timeout=5) as response:
             text = response.read().decode()
         out: dict[str, float] = {}
         for line in text.splitlines():

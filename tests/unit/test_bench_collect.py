@@ -68,3 +68,46 @@ def test_a_phase_is_measured_between_snapshots_inside_its_window() -> None:
     # Fewer than two snapshots inside: the nearest ones around it.
     a, b = sampler.bracket(19.0, 20.0)
     assert (a.at, b.at) == (10.1, 20.2)
+
+
+def test_every_metric_the_bench_reads_is_scraped() -> None:
+    """A snapshot asks the brokers for ``SCRAPED`` alone: a name read anywhere in the bench but
+    left out of it would read as zero, silently. Every ``diskless_*`` metric named in the bench's
+    sources must be scraped (a histogram by its bucket, sum and count samples)."""
+    import re
+    from pathlib import Path
+
+    import diskless.bench
+    from diskless.bench.collect import HISTOGRAMS, SCRAPED
+
+    named: set[str] = set()
+    for source in Path(diskless.bench.__file__).parent.glob("*.py"):
+        named |= set(re.findall(r"""["'](diskless_[a-z_]+)["']""", source.read_text()))
+    assert named, "the pattern finds the bench's metric names"
+    missing = {name for name in named if name not in SCRAPED and name not in HISTOGRAMS}
+    assert not missing
+    for histogram in HISTOGRAMS:
+        assert {f"{histogram}_bucket", f"{histogram}_sum", f"{histogram}_count"} <= set(SCRAPED)
+
+
+def test_a_restricted_scrape_skips_the_per_partition_collector(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bench's scrape (Prometheus ``name[]``) must not run the per-partition tiering gauges'
+    collector, whose cost at 1,000 partitions was the point of restricting it; a full scrape does."""
+    from prometheus_client import REGISTRY, generate_latest
+
+    from diskless.bench.collect import SCRAPED
+    from diskless.broker import tier_rpcs
+
+    calls = []
+    original = tier_rpcs._COLLECTOR.collect
+
+    def counting() -> object:
+        calls.append(1)
+        return original()
+
+    monkeypatch.setattr(tier_rpcs._COLLECTOR, "collect", counting)
+    restricted = generate_latest(REGISTRY.restricted_registry(SCRAPED)).decode()
+    assert calls == []
+    assert "diskless_requests_total" in restricted or "diskless_flush_seconds_count" in restricted
+    generate_latest(REGISTRY)
+    assert calls == [1]
