@@ -358,3 +358,20 @@ def test_each_connection_has_its_own_memo_shared_by_its_requests() -> None:
     assert sorted(memos) == [0, 1, 10, 11]
     assert all(isinstance(memo, IdleFetchMemo) for memo in memos.values())
     assert memos[0] is memos[1] and memos[10] is memos[11] and memos[0] is not memos[10]
+
+
+def test_a_kept_answer_is_read_only_and_independent_of_the_decisions_dict() -> None:
+    """Reused answers are shared by every pass that reuses them, not copied: a change to one would
+    change every later answer, so the memo hands out a read-only view (a change raises), and what
+    it keeps does not follow later changes to the dict the full decision built."""
+    key, answer = ("t", 0), {"partition_index": 0, "high_watermark": 10}
+    replica = _replica(True)
+    memo = IdleFetchMemo()
+    memo.begin(("context",))
+    memo.keep(key, 10, 5, replica, answer)
+    answer["high_watermark"] = 99
+    reused = memo.reuse(key, 10, 5, {key: replica}, START_MS, 2_000)
+    assert reused is not None
+    assert reused[0]["high_watermark"] == 10
+    with pytest.raises(TypeError):
+        reused[0]["high_watermark"] = 11  # type: ignore[index]
