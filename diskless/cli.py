@@ -35,9 +35,10 @@ def _overrides(items: list[str]) -> dict[str, str]:
 
 async def _run_broker(args: argparse.Namespace) -> int:
     from diskless.broker.broker import Broker
-    from diskless.broker.process_memory import freeze_startup_heap, observe_gc_pauses, tune_malloc
+    from diskless.broker.process_memory import freeze_startup_heap, observe_gc_pauses, tune_gc, tune_malloc
 
     tune_malloc()  # before the broker allocates its buffers and starts threads
+    tune_gc()
     observe_gc_pauses()
     overrides = _overrides(args.override)
     for flag, prop in (

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from diskless.broker import process_memory
 from diskless.config import load_config
 from diskless.fetch.wal_reader import WalCache
 
@@ -154,3 +155,38 @@ def test_start_up_objects_are_frozen_out_of_full_collections_and_pauses_are_meas
     assert walked_before > 20_000 and frozen >= walked_before * 0.9
     assert walked_after < 1_000, f"a full collection still walks {walked_after:.0f} objects"
     assert full_collections == 2  # freeze_startup_heap's own and the one after, each timed once
+
+
+# A broker's shape in miniature: a large long-lived heap (replicas, logs, sessions at 1,000
+# partitions, not frozen), and a stream of objects that live a little while (requests in flight)
+# and leave cyclic garbage behind (asyncio futures, exceptions with frames).
+GC_PROMOTIONS = """
+import collections, gc, sys
+from diskless import cli
+if sys.argv[1] == "broker":  # the broker's entry point, stopping at its invalid configuration
+    assert cli.main(['broker', '--config', '/nonexistent/broker.properties']) == 2
+heap = [[i] for i in range(300_000)]
+gc.collect()
+full = []
+gc.callbacks.append(lambda phase, info: phase == "stop" and info["generation"] == 2 and full.append(1))
+in_flight = collections.deque(maxlen=3_000)
+for i in range(1_000_000):
+    item = [i]
+    item.append(item)
+    in_flight.append(item)
+print(gc.get_threshold()[0], len(full))
+"""
+
+
+def test_short_lived_objects_and_cyclic_garbage_no_longer_drive_full_collections() -> None:
+    """With CPython's youngest-generation threshold, objects alive for a few thousand allocations
+    are promoted and pile up until a full collection walks the whole long-lived heap (~100 ms at
+    1,000 partitions); with the broker's they die young, and no full collection runs."""
+    runs = {}
+    for mode in ("default", "broker"):
+        done = subprocess.run(
+            [sys.executable, "-c", GC_PROMOTIONS, mode], capture_output=True, text=True, timeout=120, check=True
+        )
+        runs[mode] = tuple(map(int, done.stdout.split()[-2:]))
+    assert runs["default"][0] == 700 and runs["default"][1] >= 2, runs
+    assert runs["broker"] == (process_memory.GC_GEN0_THRESHOLD, 0), runs
