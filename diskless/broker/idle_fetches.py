@@ -39,9 +39,9 @@ from __future__ import annotations
 import contextvars
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
 
+from diskless.protocol.fetch_response import KeptPartitionAnswer
 from diskless.replication.partition import Partition
 
 MAX_ENTRIES = 100_000
@@ -69,9 +69,9 @@ class _Idle:
     leader_log_start_offset: int
     follower_read: bool  # a diskless follower's read (counted in diskless_follower_reads_total)
     # The partition's Fetch answer: read-only, shared by every pass that reuses it (a copy per
-    # partition per pass was the memo's largest cost at 1,000 partitions); nothing downstream of
-    # the fetch pass changes a partition's answer, and a change would raise instead of leaking.
-    answer: Mapping[str, Any]
+    # partition per pass was the memo's largest cost at 1,000 partitions; a change would raise
+    # instead of leaking into later answers), and written to the wire once per Fetch version.
+    answer: KeptPartitionAnswer
 
 
 class IdleFetchMemo:
@@ -157,5 +157,5 @@ class IdleFetchMemo:
             log.log_start_offset,
             replica.leader_log_start_offset,
             follower_read,
-            MappingProxyType(answer.copy()),
+            KeptPartitionAnswer(answer),
         )

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import struct
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from .response_wire import I32, frame, frame_start, length, milliseconds, string
 
-__all__ = ["FIRST_VERSION", "LAST_VERSION", "encode_fetch_response"]
+__all__ = ["FIRST_VERSION", "LAST_VERSION", "KeptPartitionAnswer", "encode_fetch_response"]
 
 FIRST_VERSION = 4
 LAST_VERSION = 13
@@ -79,7 +79,42 @@ def _quiet_values(version: int, flexible: bool, aborted_null: bool) -> tuple[int
 _QUIET_TAIL = {key: _quiet_values(key[0], key[0] >= FLEXIBLE_FROM, key[1]) for key in _QUIET}
 
 
+class KeptPartitionAnswer(Mapping[str, Any]):
+    """A partition's answer kept to be sent again and again (broker/idle_fetches.py): read-only,
+    so its bytes, written once per Fetch version, stay right for as long as it is reused. At 1,000
+    idle partitions a reused answer is then one lookup instead of a partition's encoding."""
+
+    __slots__ = ("_fields", "_wire")
+
+    def __init__(self, fields: Mapping[str, Any]) -> None:
+        self._fields = dict(fields)
+        self._wire: dict[int, bytes] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        return self._fields[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._fields)
+
+    def __len__(self) -> int:
+        return len(self._fields)
+
+    def __repr__(self) -> str:
+        return f"KeptPartitionAnswer({self._fields!r})"
+
+    def wire(self, version: int, flexible: bool) -> bytes:
+        wire = self._wire.get(version)
+        if wire is None:
+            parts: list[bytes | memoryview] = []
+            _partition(self._fields, version, flexible, parts)
+            wire = self._wire[version] = b"".join(parts)
+        return wire
+
+
 def _partition(p: Mapping[str, Any], version: int, flexible: bool, out: list[bytes | memoryview]) -> None:
+    if type(p) is KeptPartitionAnswer:
+        out.append(p.wire(version, flexible))
+        return
     records = p.get("records", b"")
     aborted = p.get("aborted_transactions", ())
     if (

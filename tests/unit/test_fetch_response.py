@@ -142,3 +142,27 @@ def test_quiet_partitions_written_in_one_pack_are_kios_bytes(version: int, abort
     }
     header = m.RequestHeader(m.API_FETCH, version, 3, "c")
     assert fetch_response.encode_fetch_response(version, 3, body) == m.encode_response_with_kio(header, body, version)
+
+
+@settings(max_examples=200, deadline=None)
+@given(entry=partitions(), versions=st.lists(st.sampled_from(VERSIONS), min_size=1, max_size=4))
+def test_a_kept_answer_writes_kios_bytes_for_each_version_and_writes_them_once(
+    entry: dict[str, Any], versions: list[int]
+) -> None:
+    """A partition's answer kept for reuse (broker/idle_fetches.py) keeps its bytes per version: the
+    frame is still kio's, whatever versions the answer is written in and in what order, and a
+    second writing in one version reuses the first one's bytes."""
+    kept = fetch_response.KeptPartitionAnswer(entry)
+    assert kept == entry
+    for version in versions:
+        body = {"throttle_time": 0, "error_code": 0, "session_id": 0}
+        body["responses"] = [{"topic": "t", "topic_id": uuid.UUID(int=1), "partitions": [kept]}]
+        header = m.RequestHeader(m.API_FETCH, version, 3, "c")
+        expected = m.encode_response_with_kio(
+            header, {**body, "responses": [{**body["responses"][0], "partitions": [entry]}]}, version
+        )
+        assert fetch_response.encode_fetch_response(version, 3, body) == expected
+        flexible = version >= 12
+        assert kept.wire(version, flexible) is kept.wire(version, flexible)
+    with pytest.raises(TypeError):
+        kept["high_watermark"] = 1  # type: ignore[index]
