@@ -79,6 +79,7 @@ class ReplicaFetcher:
         # same name gets a new replica whose log must not receive the old incarnation's batches).
         self._asked: dict[tuple[str, int], Partition] = {}
         self._asked_by_id: dict[tuple[str, int], Partition] = {}  # the same, by (topic id, index)
+        self._active: list[Partition] = []  # the partitions _asked was built from
         # Each partition's request entry with the fetch position it was built for (_request).
         self._built: dict[tuple[str, int], tuple[tuple[int, ...], Any]] = {}
         # Our KIP-227 session with the leader: after a full fetch, requests name only the
@@ -177,14 +178,19 @@ class ReplicaFetcher:
         stays the same: at 1,000 partitions building all of them anew for every fetch cost more
         than encoding them, and between two fetches only the partitions that got data move."""
         topics: dict[str, list[Any]] = {}
-        self._asked = {(p.topic, p.index): p for p in active}
-        self._asked_by_id = {(p.topic_id, p.index): p for p in active}
-        built: dict[tuple[str, int], tuple[tuple[int, ...], Any]] = {}
-        for p in active:
+        same_partitions = active == self._active  # the same replica objects, in the same order
+        if not same_partitions:
+            self._active = list(active)  # a copy: a caller's list changed in place is another set
+            self._asked = {(p.topic, p.index): p for p in active}
+            self._asked_by_id = {(p.topic_id, p.index): p for p in active}
+        # The same partitions: their entries are updated in place; else built into a new dict, so
+        # partitions no longer fetched are forgotten.
+        built = self._built if same_partitions else {}
+        previous = self._built
+        for key, p in self._asked_by_id.items():
             log = p.log
             position = (p.leader_epoch, log.log_end_offset, log.epochs.latest_epoch, log.log_start_offset)
-            key = (p.topic_id, p.index)
-            entry = self._built.get(key)
+            entry = previous.get(key)
             if entry is None or entry[0] != position:
                 partition = {
                     "partition": p.index,
@@ -194,9 +200,10 @@ class ReplicaFetcher:
                     "log_start_offset": position[3],
                     "partition_max_bytes": self.fetch_max_bytes,
                 }
-                entry = (position, m.build(_FETCH_PARTITION, partition))
-            built[key] = entry
-        self._built = built  # partitions no longer fetched are forgotten
+                built[key] = (position, m.build(_FETCH_PARTITION, partition))
+            elif not same_partitions:
+                built[key] = entry
+        self._built = built
         plan = self.session.build(built)
         for (topic_id, _index), partition_entry in plan.send:
             topics.setdefault(topic_id, []).append(partition_entry)

@@ -83,3 +83,27 @@ def test_a_round_with_no_position_moved_builds_nothing_generically(tmp_path: Pat
     monkeypatch.setattr(m, "build", real_build)
     monkeypatch.setattr(uuid, "UUID", real_uuid)
     assert _wire(second) == _wire(fresh._request(replicas))
+
+
+def test_the_partitions_asked_follow_the_replicas_passed_each_round(tmp_path: Path) -> None:
+    """The fetcher keeps what it asked for between rounds while the replicas are the same objects.
+    A replica replaced under the same name and id (dropped and added again, a re-created replica
+    whose leader has not moved) is another object: the round asks for it, and an answer is applied
+    to it, never to the replica it replaced; one list changed in place is another set too."""
+    replicas = _replicas(tmp_path, 5)
+    fetcher = ReplicaFetcher(2, 1, lambda _: None, 500, 1 << 20, lambda: None)
+    fetcher._request(replicas)
+    assert fetcher._asked[("t", 2)] is replicas[2]
+
+    replaced = Partition("t", 2, PartitionLog(str(tmp_path / "t-2-new"), LogConfig(), 0), 2, TOPIC_ID)
+    replaced.leader_epoch = 4
+    replicas[2] = replaced  # in place: the same list object
+    request = fetcher._request(replicas)
+    assert fetcher._asked[("t", 2)] is replaced
+    assert fetcher._asked_by_id[(TOPIC_ID, 2)] is replaced
+    parts = {p.partition: p for t in request.topics for p in t.partitions}  # type: ignore[attr-defined]
+    assert parts[2].current_leader_epoch == 4
+
+    fetcher._request(replicas[:3])
+    assert set(fetcher._asked) == {("t", 0), ("t", 1), ("t", 2)}
+    assert set(fetcher._built) == {(TOPIC_ID, 0), (TOPIC_ID, 1), (TOPIC_ID, 2)}
