@@ -123,7 +123,7 @@ class FetchApis(ApiFamily):
         return QuietReplicaFetches(
             lambda topic, partition, epoch: self._leader_log(topic, partition, epoch),
             self.broker.on_follower_fetch,
-            lambda topic, index: self.broker.replicas.partitions.get((topic, index)),
+            lambda: self.broker.replicas.partitions,
         )
 
     def handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
