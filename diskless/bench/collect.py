@@ -26,7 +26,6 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -106,38 +105,6 @@ def machine_jiffies() -> tuple[int, int]:
         return 0, 0
     idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
     return sum(ticks) - idle, sum(ticks)
-
-
-def busy_share(before: tuple[int, int], after: tuple[int, int]) -> float | None:
-    """The machine's busy share between two ``machine_jiffies`` readings (None: no time passed)."""
-    total = after[1] - before[1]
-    return (after[0] - before[0]) / total if total > 0 else None
-
-
-def wait_until_quiet(
-    read: Callable[[], tuple[int, int]],
-    sleep: Callable[[float], None],
-    max_busy: float = 0.25,
-    interval_s: float = 1.0,
-    timeout_s: float = 30.0,
-) -> float:
-    """Wait until one ``interval_s`` passes with the machine busy at most ``max_busy`` of its
-    time (``read``: machine_jiffies), or ``timeout_s`` passes; returns the seconds waited.
-
-    Between phases the S3 server may still be working off the writes of the phase before (after
-    the 80% phase its PUT p99 was 148 ms where the low phase's was 18), and a phase started then
-    measures that server, not the cluster's steady state."""
-    waited = 0.0
-    before = read()
-    while waited < timeout_s:
-        sleep(interval_s)
-        waited += interval_s
-        after = read()
-        share = busy_share(before, after)
-        if share is not None and share <= max_busy:
-            break
-        before = after
-    return waited
 
 
 @dataclass

@@ -7,8 +7,7 @@ Each topic kind runs the same sequence, so the figures of the two kinds compare 
 - ``after-burst``: the fixed ``rate`` again, for ``after`` seconds, starting the instant the burst ends
   (issue 10: "within 10 s after a burst at maximum throughput ends");
 - ``80pct``: 80 % of the throughput the ``max`` phase reached, for ``duration`` seconds;
-- ``control`` (diskless only): the fixed ``rate`` again for ``duration`` seconds, nothing else,
-  once the machine has quietened after ``80pct`` (``collect.wait_until_quiet``, at most 30 s);
+- ``control`` (diskless only): the fixed ``rate`` again for ``duration`` seconds, nothing else;
 - ``lagging`` (diskless only): the fixed ``rate`` again while one more consumer reads the topic from
   its start (everything the phases before wrote), for ``duration`` seconds; the tail consumers'
   end-to-end p99 is compared with the ``control`` phase's, run just before it on the same cluster
@@ -71,8 +70,6 @@ class BenchOptions:
     # lagging reader catches up as fast as it is let; on a machine the whole cluster shares, an
     # unbounded reader takes the tail's CPU (issue 10: it may cost the tail at most +20% e2e p99).
     lagging_read_quota: int = 8 * 1024 * KIB
-    # At most this long, waiting for the machine to quieten before ``control`` (0: no wait).
-    settle_timeout_s: float = 30.0
     profile: tuple[str, ...] = ()  # topic kinds during whose phases py-spy samples the brokers
     # (fraction, seconds): brokers and the raw baseline reach S3 through the chaos proxy, which holds
     # that fraction of requests that long, a tail like a remote store's (hedged PUTs are for it).
@@ -90,7 +87,6 @@ class BenchOptions:
             s3_sizes=(64 * KIB, 512 * KIB),
             s3_latency_samples=5,
             s3_throughput_seconds=0.5,
-            settle_timeout_s=2.0,
             quick=True,
         )
         for name, value in changes.items():
@@ -113,8 +109,6 @@ class BenchOptions:
             raise ValueError("--producers-per-az must be >= 1")
         if self.lagging_read_quota < 0:
             raise ValueError("--lagging-quota must be >= 0")
-        if self.settle_timeout_s < 0:
-            raise ValueError("--settle must be >= 0")
         if self.s3_slow is not None and not (0.0 <= self.s3_slow[0] <= 1.0 and self.s3_slow[1] >= 0.0):
             raise ValueError("--s3-slow takes FRACTION:SECONDS, a fraction in [0, 1] and seconds >= 0")
 
@@ -175,13 +169,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"brokers' diskless.fetch.lagging.max.bytes.per.second, 0 for none (default {d.lagging_read_quota})",
     )
     parser.add_argument(
-        "--settle",
-        type=float,
-        dest="settle_timeout_s",
-        help="at most this many seconds waiting for the machine to quieten before the control phase,"
-        f" 0 for none (default {d.settle_timeout_s:g})",
-    )
-    parser.add_argument(
         "--keep-data", action="store_true", help="keep the cluster's data (S3 objects, broker logs) after the run"
     )
     parser.add_argument(
@@ -221,7 +208,6 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
         "linger_ms",
         "producer_linger_ms",
         "lagging_read_quota",
-        "settle_timeout_s",
     ):
         value = getattr(args, flag)
         if value is not None:

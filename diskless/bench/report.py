@@ -166,9 +166,6 @@ def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             + f"; the reader got {read} records ({mb_s:.1f} MB/s),"
             + (f" quota {quota / 2**20:g} MiB/s per broker" if quota else " no quota")
         )
-        settle = diskless.get("settle_before_control_s")
-        if settle is not None and reference == "control":
-            note += f"; {settle:.0f} s for the machine to quieten before control"
         ok = None if rise is None else rise <= 0.2
         rows.append(_row("lagging reader raises tail e2e p99 <= 20%", "lagging", rise, 0.2, "ratio", ok, note))
     return rows

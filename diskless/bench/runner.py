@@ -32,9 +32,7 @@ from diskless.bench.collect import (
     cross_az_bytes,
     histogram_quantile,
     list_wal_objects,
-    machine_jiffies,
     requests_per_broker_per_s,
-    wait_until_quiet,
     window_delta,
 )
 from diskless.bench.options import BenchOptions
@@ -95,7 +93,6 @@ class KindRun:
     started_at: float = 0.0
     profiles: list[Path] = field(default_factory=list)  # py-spy collapsed stacks, one per broker
     lagging_read: int | None = None  # records the lagging reader got during the ``lagging`` phase
-    settle_s: float | None = None  # how long the machine took to quieten before the ``control`` phase
 
 
 class LoadGenerators:
@@ -292,9 +289,7 @@ def run_kind(
         second = fixed_rate_round(2, "80pct", per_producer)
         if options.lagging and kind == "diskless":
             # The control: the fixed rate again without the reader, right before it, so the
-            # reader's effect is measured against the same cluster state (data written, caches),
-            # once the machine has worked off the 80% phase (wait_until_quiet).
-            run.settle_s = wait_until_quiet(machine_jiffies, time.sleep, timeout_s=options.settle_timeout_s)
+            # reader's effect is measured against the same cluster state (data written, caches).
             second += fixed_rate_round(3, "control", options.producer_rate)
             # A reader of the whole topic from its start in the first AZ, beside that AZ's tail reader.
             az = azs[0]
@@ -451,7 +446,6 @@ def kind_figures(
         "cross_az_per_payload_byte": round(whole["cross_az_bytes"] / payload, 5) if payload else None,
         "cross_az_counted_by": whole["counted_by"],
         "lagging_reader_records": run.lagging_read,
-        "settle_before_control_s": run.settle_s,
         "throughput_series": throughput_series(run.produced, run.started_at, last + 5, options.record_size),
     }
     return figures, samples

@@ -55,7 +55,6 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
             assert all(f["s3_puts_per_mb"] > 0 and f["wal_objects"]["objects"] > 0 for f in data["phases"].values())
             assert all(f["broker_timings"]["flush_mean_ms"] > 0 for f in data["phases"].values())
             assert data["lagging_reader_records"] > 0
-            assert 0 <= data["settle_before_control_s"] <= 2.0  # the quick run's bound
         else:
             assert all(f["wal_objects"]["objects"] == 0 for f in data["phases"].values())
     assert result["wal_objects"]["objects"] > 0 and result["wal_objects"]["p50"] > 0

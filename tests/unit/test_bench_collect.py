@@ -3,8 +3,6 @@ of histograms."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from diskless.bench.collect import WindowDelta, combined, histogram_quantile, requests_per_broker_per_s
@@ -113,34 +111,3 @@ def test_a_restricted_scrape_skips_the_per_partition_collector(monkeypatch: pyte
     assert "diskless_requests_total" in restricted or "diskless_flush_seconds_count" in restricted
     generate_latest(REGISTRY)
     assert calls == [1]
-
-
-def test_the_wait_for_a_quiet_machine_ends_at_the_first_quiet_interval_or_the_timeout() -> None:
-    """Before the control phase the bench waits for the machine to work off the 80% phase. It
-    returns after the first interval whose busy share is at most the bound, and gives up at the
-    timeout on a machine that never quietens. The busy share is (busy, total) jiffies apart."""
-    from diskless.bench.collect import busy_share, wait_until_quiet
-
-    assert busy_share((100, 200), (150, 400)) == 0.25
-    assert busy_share((100, 200), (100, 200)) is None
-
-    def machine(shares: list[float]) -> tuple[Any, Any]:
-        state = {"busy": 0, "total": 0, "slept": 0.0}
-
-        def read() -> tuple[int, int]:
-            return state["busy"], state["total"]
-
-        def sleep(seconds: float) -> None:
-            share = shares[min(int(state["slept"]), len(shares) - 1)]
-            state["slept"] += seconds
-            state["busy"] += int(share * 200 * seconds)
-            state["total"] += int(200 * seconds)
-
-        return read, sleep
-
-    read, sleep = machine([0.9, 0.8, 0.6, 0.1, 0.9])
-    assert wait_until_quiet(read, sleep, max_busy=0.25, interval_s=1.0, timeout_s=30.0) == 4.0
-    read, sleep = machine([0.95])
-    assert wait_until_quiet(read, sleep, max_busy=0.25, interval_s=1.0, timeout_s=5.0) == 5.0
-    read, sleep = machine([0.0])
-    assert wait_until_quiet(read, sleep, max_busy=0.25, interval_s=1.0, timeout_s=30.0) == 1.0
