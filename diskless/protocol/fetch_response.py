@@ -102,18 +102,19 @@ class KeptPartitionAnswer(Mapping[str, Any]):
     def __repr__(self) -> str:
         return f"KeptPartitionAnswer({self._fields!r})"
 
-    def wire(self, version: int, flexible: bool) -> bytes:
+    def wire(self, version: int) -> bytes:
+        """The partition's bytes in a Fetch ``version`` answer (written on the first call)."""
         wire = self._wire.get(version)
         if wire is None:
             parts: list[bytes | memoryview] = []
-            _partition(self._fields, version, flexible, parts)
+            _partition(self._fields, version, version >= FLEXIBLE_FROM, parts)
             wire = self._wire[version] = b"".join(parts)
         return wire
 
 
 def _partition(p: Mapping[str, Any], version: int, flexible: bool, out: list[bytes | memoryview]) -> None:
     if type(p) is KeptPartitionAnswer:
-        out.append(p.wire(version, flexible))
+        out.append(p.wire(version))
         return
     records = p.get("records", b"")
     aborted = p.get("aborted_transactions", ())

@@ -162,7 +162,6 @@ def test_a_kept_answer_writes_kios_bytes_for_each_version_and_writes_them_once(
             header, {**body, "responses": [{**body["responses"][0], "partitions": [entry]}]}, version
         )
         assert fetch_response.encode_fetch_response(version, 3, body) == expected
-        flexible = version >= 12
-        assert kept.wire(version, flexible) is kept.wire(version, flexible)
+        assert kept.wire(version) is kept.wire(version)
     with pytest.raises(TypeError):
         kept["high_watermark"] = 1  # type: ignore[index]
