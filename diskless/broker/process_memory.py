@@ -22,19 +22,18 @@ they are frozen (``gc.freeze``): later collections never walk them. Each collect
 metric (``diskless_gc_pause_seconds``).
 
 What the broker builds after start-up (topics' replicas, logs, sessions, memos) is not frozen,
-and at 1,000 partitions a full collection of it held the loop ~100 ms. Full collections are
+and at 1,000 partitions a full collection of it held the loop ~70-110 ms. Full collections are
 driven by promotions: CPython collects the youngest generation after every 700 net container
 allocations, and whatever is alive then is promoted, however briefly it would have lived. A
 broker's cyclic garbage (asyncio futures and tasks, exceptions with their frames) and its objects
 in flight for a few milliseconds (requests, answers) were promoted that way, and once pending
-promotions reach a quarter of the long-lived heap, the next collection is a full one. After the
-freeze that quarter is of the whole start-up heap, so whether a run reaches its first full
-collection depends on timing; after it, the long-lived heap is the unfrozen part only and full
-collections recur, every ~10 s per broker at 1,000 partitions (67.6 ms of pauses per broker
-per second in such a ``diskless bench`` run). A youngest-generation threshold of
-``GC_GEN0_THRESHOLD`` lets those objects die young: no full collection in any of six runs since
-(2-4 ms of pauses per second). The older generations keep CPython's thresholds; a young
-collection walks at most that many objects (~1-2 ms).
+promotions reach a quarter of the long-lived heap, the next collection is a full one: 3-10 of
+them per broker in each 20 s phase, 60-75 ms of pauses per broker per second (``diskless bench
+--partitions 1000``, all three runs measured with CPython's threshold). A youngest-generation
+threshold of ``GC_GEN0_THRESHOLD`` lets those objects die young: no full collection in any run
+since, 2-5 ms of pauses per second. The older generations keep CPython's thresholds; a young
+collection walks at most that many objects (~1-2 ms). The cost: garbage in cycles lives longer,
+~15 MB more peak RSS per broker at 12 partitions.
 
 Server processes also never load hypothesis, which kio imports whenever it is installed (to
 register test strategies): in development and benchmark environments that was 17 MB of RSS and
