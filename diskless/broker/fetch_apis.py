@@ -76,6 +76,11 @@ def _batch_bytes(entry: pointer.PointerEntry | pointer.InlineEntry) -> int:
     return entry.size if isinstance(entry, pointer.PointerEntry) else len(entry.batch)
 
 
+def _reads_to_end(answer: dict[str, Any], entries: list[Any]) -> bool:
+    """Whether a partition's read reaches its end (the tail's read, however its objects are held)."""
+    return bool(entries) and entries[-1].last_offset + 1 >= answer["last_stable_offset"]
+
+
 def _prefix_within(entries: list[Any], room: int) -> list[Any]:
     """The first entries whose batches fit in ``room`` bytes, at least one (a fetch always moves on)."""
     used = 0
@@ -381,7 +386,8 @@ class FetchApis(ApiFamily):
             if reader is None or not any(groups):
                 results: list[list[bytes] | Exception] = [[] for _ in groups]
             else:
-                results = await reader.batches_of_partitions(groups)
+                at_tail = [_reads_to_end(entry, entries) for entry, entries in parsed]
+                results = await reader.batches_of_partitions(groups, at_tail)
             for (entry, entries), served in zip(parsed, results, strict=True):
                 if isinstance(served, Exception):
                     log.warning("serving diskless batches failed", error=str(served))
@@ -417,7 +423,7 @@ class FetchApis(ApiFamily):
         for i, (answer, entries) in enumerate(parts):
             if isinstance(entries, TieredRead):
                 cold_served += _tiered_size(entries)
-            elif entries and entries[-1].last_offset + 1 >= answer["last_stable_offset"]:
+            elif _reads_to_end(answer, entries):
                 # A read up to the end is the tail's, even when its object is not cached yet
                 # (a prefetch not started): the tail is never held for a lagging reader's quota.
                 continue

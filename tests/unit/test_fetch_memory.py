@@ -51,7 +51,7 @@ class FakeReader:
     def __init__(self) -> None:
         self.fetched = 0  # bytes brought from object storage into memory
 
-    async def batches_of_partitions(self, groups: list[list[Any]]) -> list[list[bytes]]:
+    async def batches_of_partitions(self, groups: list[list[Any]], at_tail: Any = ()) -> list[list[bytes]]:
         self.fetched += sum(e.size for entries in groups for e in entries)
         return [[b"x" * e.size for e in entries] for entries in groups]
 

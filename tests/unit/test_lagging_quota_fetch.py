@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from types import SimpleNamespace
 from typing import Any
@@ -138,3 +139,37 @@ def test_a_partition_always_gets_at_least_one_batch() -> None:
     remote = [(answer(end=1000), pointers(COLD, batches=3))]
     chosen = asyncio.run(FetchApis._within_lagging_quota(fake, parts(remote), 0, time.monotonic() + 5))
     assert [len(entries) for _, entries in chosen] == [1]
+
+
+class Lane:
+    """One lane to object storage, recording what was asked of it."""
+
+    def __init__(self, objects: dict[str, bytes]) -> None:
+        self.objects = objects
+        self.whole: list[str] = []
+        self.ranged: list[str] = []
+
+    async def get(self, key: str, hedge: object = None) -> bytes:
+        self.whole.append(key)
+        return self.objects[key]
+
+    async def get_ranges(self, key: str, ranges: list[tuple[int, int]]) -> list[bytes]:
+        self.ranged.append(key)
+        return [self.objects[key][start:end] for start, end in ranges]
+
+
+def test_a_tail_read_missing_the_cache_takes_the_tail_lane_and_a_lagging_one_the_miss_lane() -> None:
+    """``_serve_pointers`` tells the reader which partitions read up to their end: those objects
+    are fetched whole beside the prefetches, never queued behind a lagging reader's ranged GETs."""
+    batch = make_batch([b"v" * 500] * 4)
+    objects = {"wal/tail": batch, "wal/old": batch}
+    tail_lane, miss_lane = Lane(objects), Lane(objects)
+    reader = WalReader(tail_lane, WalCache(1 << 20), miss_lane)  # type: ignore[arg-type]
+    fake = SimpleNamespace(broker=SimpleNamespace(lagging_read_quota=ReadQuota(UNLIMITED, 0), wal_reader=reader))
+    fake._within_lagging_quota = functools.partial(FetchApis._within_lagging_quota, fake)
+    at_end, behind = answer(end=4), answer(end=100)
+    remote = [(at_end, pointers("wal/tail")), (behind, pointers("wal/old"))]
+    asyncio.run(FetchApis._serve_pointers(fake, remote, 0, time.monotonic() + 5))  # type: ignore[arg-type]
+    assert at_end["records"] == behind["records"] == batch
+    assert (tail_lane.whole, tail_lane.ranged) == (["wal/tail"], [])
+    assert (miss_lane.whole, miss_lane.ranged) == ([], ["wal/old"])
