@@ -14,7 +14,7 @@ import bisect
 import os
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -291,7 +291,7 @@ class PartitionLog:
             last = next_offset + header.last_offset_delta
             self._append(owned, next_offset, last, max_ts, now_ms)
             self.producer_state.record(header, next_offset, max_ts)
-            self.txns.on_batch(replace(header, base_offset=next_offset))
+            self.txns.on_batch(header._replace(base_offset=next_offset))
             next_offset = last + 1
         return AppendResult(base_offset, next_offset - 1, now_ms if log_append else -1, self.log_start_offset)
 
@@ -333,7 +333,7 @@ class PartitionLog:
         self._append(entry, base_offset, last, parsed.max_timestamp, now_ms, POINTERS)
         self._note_pointer(entry)
         self.producer_state.record(parsed, base_offset, parsed.max_timestamp)
-        self.txns.on_batch(replace(parsed, base_offset=base_offset))
+        self.txns.on_batch(parsed._replace(base_offset=base_offset))
         log_append_time = parsed.max_timestamp if parsed.is_log_append_time else -1
         return AppendResult(base_offset, last, log_append_time, self.log_start_offset)
 

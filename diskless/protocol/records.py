@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import crc32c
 
@@ -60,8 +60,11 @@ class InvalidBatch(Exception):
         self.error = error
 
 
-@dataclass(frozen=True, slots=True)
-class BatchHeader:
+class BatchHeader(NamedTuple):
+    """A v2 batch header's fields. A named tuple, not a frozen dataclass: one is built per batch
+    on every produce, commit, replica append and pointer decode, and a frozen dataclass sets its
+    13 fields one ``object.__setattr__`` at a time (1.8 against 0.3 µs per header)."""
+
     base_offset: int
     batch_length: int
     partition_leader_epoch: int
@@ -101,10 +104,13 @@ class BatchHeader:
         return bool(self.attributes & CONTROL_FLAG)
 
 
+_new_header = tuple.__new__  # the tuple as unpacked, without NamedTuple.__new__'s argument binding
+
+
 def parse_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
     if len(buf) - pos < HEADER_SIZE:
         raise InvalidBatch("corrupt_message", "record batch shorter than its header")
-    return BatchHeader(*_HEADER.unpack_from(buf, pos))
+    return _new_header(BatchHeader, _HEADER.unpack_from(buf, pos))
 
 
 def peek_offset_and_size(buf: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
