@@ -165,10 +165,22 @@ def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             + (f" ({low} ms in low)" if reference != "low" else "")
             + f"; the reader got {read} records ({mb_s:.1f} MB/s),"
             + (f" quota {quota / 2**20:g} MiB/s per broker" if quota else " no quota")
+            + _by_az_note(lagging, diskless["phases"][reference], reference, diskless.get("lagging_reader_az"))
         )
         ok = None if rise is None else rise <= 0.2
         rows.append(_row("lagging reader raises tail e2e p99 <= 20%", "lagging", rise, 0.2, "ratio", ok, note))
     return rows
+
+
+def _by_az_note(during: dict[str, Any], before: dict[str, Any], reference: str, reader_az: str | None) -> str:
+    """The tail consumers' e2e p99 per AZ, with the reader and without: an effect confined to the
+    reader's AZ (its broker) shows here, not in the pooled p99 (results before the split: none)."""
+    lagging, control = during.get("end_to_end_p99_ms_by_az"), before.get("end_to_end_p99_ms_by_az")
+    if not lagging or not control:
+        return ""
+    per_az = ", ".join(f"{az} {_fmt(p99, 0)} ({_fmt(control.get(az), 0)})" for az, p99 in lagging.items())
+    where = f", the reader in {reader_az}" if reader_az else ""
+    return f"; tail e2e p99 by consumer AZ, ms ({reference} in brackets): {per_az}{where}"
 
 
 def _fmt(value: Any, digits: int = 1) -> str:

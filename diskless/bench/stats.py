@@ -99,6 +99,12 @@ class ConsumerSamples:
         return cls(np.concatenate([p.sent_at for p in parts]), np.concatenate([p.received_at for p in parts]))
 
 
+def e2e_ms(window: Window, consumed: ConsumerSamples) -> np.ndarray:
+    """End-to-end latencies (ms) of the records sent within ``window`` that ``consumed`` saw."""
+    seen = (consumed.sent_at >= window.start) & (consumed.sent_at < window.end)
+    return (consumed.received_at[seen] - consumed.sent_at[seen]) * 1000
+
+
 def phase_figures(
     window: Window, produced: ProducerSamples, consumed: ConsumerSamples, record_size: int, consumers: int
 ) -> dict[str, Any]:
@@ -107,8 +113,7 @@ def phase_figures(
     acked_at = produced.sent_at + produced.latency
     acked_in = (acked_at >= window.start) & (acked_at < window.end)
     records_per_s = float(acked_in.sum()) / window.seconds
-    in_phase = (consumed.sent_at >= window.start) & (consumed.sent_at < window.end)
-    e2e = (consumed.received_at[in_phase] - consumed.sent_at[in_phase]) * 1000
+    e2e = e2e_ms(window, consumed)
     sent_count = int(sent.sum())
     return {
         "window_s": round(window.seconds, 3),
@@ -119,7 +124,7 @@ def phase_figures(
         "produce_latency_ms": percentiles(produced.latency[sent] * 1000),
         "end_to_end_latency_ms": percentiles(e2e),
         # Each consumer reads every record: below 1.0 some were not seen before the consumers stopped.
-        "consumed_fraction": round(float(in_phase.sum()) / (sent_count * consumers), 4) if sent_count else None,
+        "consumed_fraction": round(e2e.size / (sent_count * consumers), 4) if sent_count else None,
     }
 
 

@@ -44,6 +44,9 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
             assert all(f["produce_latency_ms"][q] is not None for q in ("p50", "p99", "p99.9")), where
             assert all(f["end_to_end_latency_ms"][q] is not None for q in ("p50", "p99")), where
             assert f["consumed_fraction"] is not None and f["consumed_fraction"] > 0.9, where
+            # Per tail consumer's AZ too: an effect confined to one AZ's broker hides in the pooled p99.
+            by_az = f["end_to_end_p99_ms_by_az"]
+            assert set(by_az) == {"az-1", "az-2", "az-3"} and all(v is not None and v > 0 for v in by_az.values())
             assert f["broker_cpu_s_per_gb"] is not None and f["broker_cpu_s_per_gb"] > 0, where
             assert f["s3_puts_per_mb"] is not None and f["s3_gets_per_mb"] is not None, where
             assert f["cross_az"]["per_payload_byte"] is not None, where
@@ -72,6 +75,7 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
     # Compared with the control phase run just before the reader, the low phase also named.
     control = result["kinds"]["diskless"]["phases"]["control"]["end_to_end_latency_ms"]["p99"]
     assert f"vs {control} ms in control" in lagging["note"] and "in low" in lagging["note"]
+    assert "by consumer AZ" in lagging["note"] and "the reader in az-1" in lagging["note"]
     table = (run / "result.md").read_text()
     assert "| target | phase | measured | limit | result | note |" in table
     assert "## Requests per broker per second, by API" in table

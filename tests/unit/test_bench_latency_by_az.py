@@ -1,0 +1,36 @@
+"""The bench's end-to-end latency per tail consumer's AZ (bench/stats.py, bench/report.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from diskless.bench.report import _by_az_note
+from diskless.bench.stats import ConsumerSamples, Window, e2e_ms, percentiles
+
+
+def test_e2e_takes_the_records_sent_within_the_window_wherever_they_were_received() -> None:
+    consumed = ConsumerSamples(np.array([9.9, 10.0, 10.5, 11.0]), np.array([10.0, 10.1, 12.0, 11.2]))
+    assert e2e_ms(Window("low", 10.0, 11.0), consumed).round(3).tolist() == [100.0, 1500.0]
+
+
+def test_one_slow_az_shows_per_az_though_the_pooled_p99_hides_it() -> None:
+    """The lagging reader's broker once held its AZ's tail consumer for up to 1.8 s while the other
+    two AZs saw ~340 ms: 1-2% of that AZ's records, under 1% of all three AZs' records."""
+    window = Window("lagging", 0.0, 100.0)
+    sent = np.arange(0.0, 100.0, 0.1)
+    fast = ConsumerSamples(sent, sent + 0.3)
+    slow = ConsumerSamples(sent, sent + np.where(np.arange(sent.size) % 60 == 0, 1.8, 0.3))  # 1 in 60 slow
+    tails = {"az-1": slow, "az-2": fast, "az-3": fast}
+    by_az = {az: percentiles(e2e_ms(window, c))["p99"] for az, c in tails.items()}
+    pooled = percentiles(e2e_ms(window, ConsumerSamples.join(list(tails.values()))))["p99"]
+    assert by_az == {"az-1": 1800.0, "az-2": 300.0, "az-3": 300.0} and pooled == 300.0
+    control = {"end_to_end_p99_ms_by_az": {"az-1": 310.0, "az-2": 305.0, "az-3": 301.0}}
+    note = _by_az_note({"end_to_end_p99_ms_by_az": by_az}, control, "control", "az-1")
+    assert note == (
+        "; tail e2e p99 by consumer AZ, ms (control in brackets):"
+        " az-1 1800 (310), az-2 300 (305), az-3 300 (301), the reader in az-1"
+    )
+
+
+def test_results_without_the_split_get_no_per_az_note() -> None:
+    assert _by_az_note({}, {"end_to_end_p99_ms_by_az": {"az-1": 1.0}}, "control", "az-1") == ""
