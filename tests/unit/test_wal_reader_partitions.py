@@ -160,3 +160,22 @@ def test_a_read_at_the_tail_missing_the_cache_fetches_the_whole_object_in_the_ta
     assert served == [[OBJECTS["wal/a"][0:4]], [OBJECTS["wal/a"][4:8]]]  # one whole GET for both groups
     assert (tail.gets, misses.gets) == (["wal/a"], ["wal/b"])
     assert reader.cache.get("wal/a") == OBJECTS["wal/a"]  # kept for the tail's other readers
+
+
+def test_two_tail_reads_of_one_uncached_object_share_its_whole_get() -> None:
+    """Two consumers' Fetches (two calls, concurrent) at the end of partitions in one object that
+    is neither cached nor prefetched: the first read starts the whole GET, the second waits for it."""
+    tail, misses = HeldStore(OBJECTS), HeldStore(OBJECTS)
+    reader = WalReader(tail, WalCache(1 << 20), misses)  # type: ignore[arg-type]
+
+    async def scenario() -> list[list[list[bytes] | Exception]]:
+        tail.release = asyncio.get_running_loop().create_future()
+        first = asyncio.ensure_future(reader.batches_of_partitions([[Entry("wal/a", 0, 4)]], [True]))
+        second = asyncio.ensure_future(reader.batches_of_partitions([[Entry("wal/a", 4, 4)]], [True]))
+        await asyncio.sleep(0)  # both have looked: one GET under way
+        tail.release.set_result(None)
+        return list(await asyncio.gather(first, second))
+
+    served = asyncio.run(asyncio.wait_for(scenario(), timeout=10))
+    assert served == [[[OBJECTS["wal/a"][0:4]]], [[OBJECTS["wal/a"][4:8]]]]
+    assert (tail.gets, misses.gets) == (["wal/a"], [])
