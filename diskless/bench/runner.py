@@ -182,12 +182,21 @@ def _load_producers(controls: list[Path], round_: int) -> ProducerSamples:
     return ProducerSamples.join(parts)
 
 
-def _load_consumers(controls: list[Path]) -> ConsumerSamples:
+def _load_consumers_by_az(controls: dict[str, Path]) -> tuple[ConsumerSamples, dict[str, ConsumerSamples]]:
+    """All tail consumers' samples, and each AZ's as a view into them (no second copy: at the
+    maximum rate they are millions of records per consumer)."""
     parts = []
-    for control in controls:
+    for control in controls.values():
         with np.load(control / "out.npz") as data:
             parts.append(ConsumerSamples(data["sent_at"].copy(), data["received_at"].copy()))
-    return ConsumerSamples.join(parts)
+    joined = ConsumerSamples.join(parts)
+    by_az: dict[str, ConsumerSamples] = {}
+    start = 0
+    for az, part in zip(controls, parts, strict=True):
+        end = start + part.sent_at.size
+        by_az[az] = ConsumerSamples(joined.sent_at[start:end], joined.received_at[start:end])
+        start = end
+    return joined, by_az
 
 
 def run_kind(
@@ -322,8 +331,7 @@ def run_kind(
             gens.check(consumers)
             time.sleep(0.25)
         gens.stop(producers + consumers)
-        run.consumed_by_az = {az: _load_consumers([control]) for az, control in zip(azs, consumers, strict=True)}
-        run.consumed = ConsumerSamples.join(list(run.consumed_by_az.values()))
+        run.consumed, run.consumed_by_az = _load_consumers_by_az(dict(zip(azs, consumers, strict=True)))
         progress.line(
             f"  {kind}: done ({run.produced.sent_at.size:,} records acknowledged, {run.produced.errors} failed)"
         )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 from diskless.bench.report import _by_az_note
@@ -34,3 +36,20 @@ def test_one_slow_az_shows_per_az_though_the_pooled_p99_hides_it() -> None:
 
 def test_results_without_the_split_get_no_per_az_note() -> None:
     assert _by_az_note({}, {"end_to_end_p99_ms_by_az": {"az-1": 1.0}}, "control", "az-1") == ""
+
+
+def test_each_azs_samples_are_its_consumers_as_views_of_the_pooled_ones(tmp_path: Path) -> None:
+    from diskless.bench.runner import _load_consumers_by_az
+
+    controls = {}
+    for n, az in enumerate(("az-1", "az-2", "az-3")):
+        control = tmp_path / f"consumer-{az}"
+        control.mkdir()
+        sent = np.arange(n * 10, n * 10 + 3 + n, dtype=np.float64)
+        np.savez(control / "out.npz", sent_at=sent, received_at=sent + 0.1 * (n + 1))
+        controls[az] = control
+    pooled, by_az = _load_consumers_by_az(controls)
+    assert pooled.sent_at.size == 3 + 4 + 5
+    assert by_az["az-2"].sent_at.tolist() == [10.0, 11.0, 12.0, 13.0]
+    assert np.allclose(by_az["az-3"].received_at - by_az["az-3"].sent_at, 0.3)
+    assert all(np.shares_memory(part.sent_at, pooled.sent_at) for part in by_az.values())  # no second copy
