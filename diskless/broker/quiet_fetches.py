@@ -93,13 +93,12 @@ class QuietMark:
             return False
         state = self.state
         plog = replica.log
-        # The log end offset without the two properties it goes through (1,000 partitions a fetch).
         return (
             replica.leader_state is state
             and state.isr is self.isr
             and state.maximal_isr is None
             and replica.leader_epoch == self.leader_epoch
-            and plog.segments[-1].next_offset == self.log_end_offset
+            and plog.log_end_offset == self.log_end_offset
             and plog.high_watermark == self.high_watermark
             and plog.log_start_offset == self.log_start_offset
         )

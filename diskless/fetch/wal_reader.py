@@ -137,12 +137,15 @@ class WalReader:
         self.cache = cache
         self._inflight: dict[str, asyncio.Future[bytes]] = {}
 
-    def prefetch(self, keys: set[str]) -> None:
-        """Start fetching whole objects that are neither cached nor on their way."""
+    def prefetch(self, keys: set[str]) -> set[str]:
+        """Start fetching whole objects that are neither cached nor on their way; returns those started."""
+        started: set[str] = set()
         for key in keys:
             if self.cache.get(key) is None and key not in self._inflight:
                 task = self._inflight[key] = asyncio.ensure_future(self._fetch_whole(key))
                 task.add_done_callback(functools.partial(_report_failed_prefetch, key))
+                started.add(key)
+        return started
 
     async def _fetch_whole(self, key: str) -> bytes:
         try:
@@ -195,8 +198,7 @@ class WalReader:
             start += len(group)
         # Each missing object's prefetch is taken now, in this step: one that finishes before the
         # loads below start has left the cache check behind and would otherwise not be found.
-        started = {key for key in tail_keys if key not in self._inflight}
-        self.prefetch(tail_keys)
+        started = self.prefetch(tail_keys)
         pending = {key: self._inflight.get(key) for key in missing}
         failed: dict[str, Exception] = {}
 
