@@ -478,8 +478,7 @@ class Broker:
             state.adding, state.removing = list(current.adding), list(current.removing)
 
         leader_state = partition.leader_state
-        if leader_state is not None:
-            leader_state.propose_isr(isr)  # the HW waits for a joining replica from now on (KIP-497)
+        partition.propose_isr(isr)  # the HW waits for a joining replica from now on (KIP-497)
 
         async def propose() -> None:
             ok = False
@@ -490,8 +489,8 @@ class Broker:
                     log.info("ISR changed", topic=partition.topic, partition=partition.index, isr=isr)
             finally:
                 self._isr_updates.discard(key)
-                if not ok and leader_state is not None and partition.leader_state is leader_state:
-                    leader_state.proposal_failed()
+                if not ok and leader_state is not None:
+                    partition.isr_proposal_failed(leader_state)
 
         task = asyncio.create_task(propose())
         task.add_done_callback(lambda t: t.exception() if not t.cancelled() else None)

@@ -169,10 +169,6 @@ class FetchApis(ApiFamily):
             session = context.session
             if session is not None:
                 answer_session = session.session_id
-                topics = session.topics()
-                request = dataclasses.replace(
-                    request, topics=tuple(_FETCH_TOPIC(topic_id=t, partitions=parts) for t, parts in topics)
-                )
         elif session_id != 0:
             return {
                 "throttle_time": 0,
@@ -194,6 +190,13 @@ class FetchApis(ApiFamily):
         max_wait_ms = _ms(request.max_wait)
         deadline = time.monotonic() + max_wait_ms / 1000
         while True:
+            if session is not None:
+                # The session's partitions without a quiet mark, afresh each round: a change while
+                # the fetch was parked dropped the mark of the partition it concerned.
+                self._quiet.verify_if_due(session, self.broker.now_ms())
+                request = dataclasses.replace(
+                    request, topics=tuple(_FETCH_TOPIC(topic_id=t, partitions=parts) for t, parts in session.topics())
+                )
             # Ids are resolved afresh each round: a topic re-created during a long poll is another topic.
             named, unknown = self._topics_by_name(request) if by_id else (request, [])
             # A follower is answered only for partitions with news (see quiet_fetches).

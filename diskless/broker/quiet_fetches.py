@@ -13,14 +13,19 @@ as of when the request was sent, nothing changed for those partitions.
 Every partition is answered in full at least every ``REFRESH_MS`` anyway, so a follower whose
 previous answer was lost on a broken connection learns the high watermark it missed.
 
-In a KIP-227 fetch session (replication/fetch_session.py) a partition found quiet leaves a
-``QuietMark`` in the session: the objects and offsets that made it quiet. While none of them
-changes (same replica, leader state, ISR list, log end, high watermark, log start; the follower's
-position is in the session and drops the mark when it moves), the next incremental fetch knows it
-quiet from a few identity and integer comparisons instead of the full check (metadata lookups,
-divergence, follower progress), and only keeps the follower's caught-up time fresh, which is all
-a quiet fetch changes. No refresh is needed inside a session: a lost answer breaks its epoch and
-the follower starts over with a full fetch.
+In a KIP-227 fetch session (replication/fetch_session.py) a partition found quiet gets a
+``QuietMark`` in the session and a watch on the replica (replication/partition.py). The session's
+next fetches leave it out unchecked until the watch fires (any change to its log end, high
+watermark, log start, leader epoch, ISR or role) or the follower's position moves, which drop the
+mark: each fetch checks only the partitions without one. A quiet fetch changes nothing for a
+marked partition but the follower's caught-up time, which the session's clock stands for
+(``FollowerProgress.quiet_clock``). No refresh is needed inside a session: a lost answer breaks
+its epoch and the follower starts over with a full fetch.
+
+Every ``VERIFY_MS`` a session's marks are checked against their partitions anyway (``holds``):
+a mark that no longer holds is a change that fired no watch. It is counted
+(``diskless_quiet_mark_misses_total``, which stays 0), logged and dropped, so such a bug costs
+the follower at most that long a delay, never a partition left unreplicated.
 """
 
 from __future__ import annotations
@@ -30,14 +35,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.log.partition_log import PartitionLog
-from diskless.replication.fetch_session import FetchSession
+from diskless.metrics import QUIET_MARK_MISSES
+from diskless.replication.fetch_session import FetchSession, SessionClock
 from diskless.replication.leader_state import FollowerProgress, LeaderState
 from diskless.replication.partition import Partition
 
+log = structlog.get_logger(__name__)
+
 REFRESH_MS = 5_000
+VERIFY_MS = 1_000
 
 
 @dataclass(slots=True)
@@ -74,9 +84,10 @@ def is_quiet(p: FetchedPartition, now_ms: int) -> bool:
 LeaderLog = Callable[[str, int, int], tuple[ErrorCode, PartitionLog | None, Partition | None]]
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class QuietMark:
-    """What a partition looked like to the leader when it was last found quiet for a follower."""
+    """What a partition looked like to the leader when it was found quiet for a follower's session
+    (``clock``), whose watch on ``replica`` it is."""
 
     replica: Partition
     state: LeaderState
@@ -86,6 +97,7 @@ class QuietMark:
     log_end_offset: int
     high_watermark: int
     log_start_offset: int
+    clock: SessionClock
 
     def holds(self, replica: Partition | None) -> bool:
         """Whether the partition is still exactly as it was (``replica``: the one hosted now)."""
@@ -102,6 +114,15 @@ class QuietMark:
             and plog.high_watermark == self.high_watermark
             and plog.log_start_offset == self.log_start_offset
         )
+
+    def release(self, clock: SessionClock) -> None:
+        """The mark is dropped: stop watching, and write the caught-up time the clock stood for."""
+        self.replica.unwatch(self.clock)
+        progress = self.progress
+        if progress.quiet_clock is clock:
+            progress.last_caught_up_ms = max(progress.last_caught_up_ms, clock.ms)
+            progress.last_fetch_ms = max(progress.last_fetch_ms, clock.ms)
+            progress.quiet_clock = None
 
 
 class QuietReplicaFetches:
@@ -128,46 +149,48 @@ class QuietReplicaFetches:
         return dataclasses.replace(request, topics=tuple(topics))
 
     def needing_answer_in_session(self, request: Any, session: FetchSession, follower: int, now_ms: int) -> Any:
-        """``needing_answer`` for a fetch served from ``session``, whose topics name their ids:
-        partitions still as their quiet mark recorded them are left out without a full check."""
+        """``needing_answer`` for a fetch served from ``session``: ``request`` names the session's
+        partitions without a quiet mark (``FetchSession.topics``, read after ``verify_if_due``).
+        Those found quiet get one."""
         topics = []
-        marks = session.quiet
-        hosted = self.hosted()  # once per pass: a call per partition cost 3% of a busy broker
         for topic in request.topics:
             keep = []
-            name, topic_id = topic.topic, topic.topic_id
             for p in topic.partitions:
-                key = (topic_id, p.partition)
-                mark = marks.get(key)
-                if mark is not None:
-                    if mark.holds(hosted.get((name, p.partition))):
-                        # What on_follower_fetch would do for an unchanged, caught-up, in-sync follower.
-                        mark.progress.last_fetch_ms = now_ms
-                        mark.progress.last_caught_up_ms = now_ms
-                        continue
-                    del marks[key]
                 if not self._quiet(topic.topic, p, follower, now_ms):
                     keep.append(p)
-                    continue
-                new_mark = self._mark(topic.topic, p.partition, follower)
-                if new_mark is not None:
-                    marks[key] = new_mark
+                elif not session.closed:
+                    self._mark(topic.topic, topic.topic_id, p.partition, follower, session)
             if keep:
                 topics.append(dataclasses.replace(topic, partitions=tuple(keep)))
         return dataclasses.replace(request, topics=tuple(topics))
 
-    def _mark(self, topic: str, index: int, follower: int) -> QuietMark | None:
-        """The quiet mark of a partition just found quiet, for a follower in its ISR only (one out
-        of it may rejoin on this very fetch, which the full check proposes)."""
+    def verify_if_due(self, session: FetchSession, now_ms: int) -> None:
+        """The safety net, every ``VERIFY_MS``: drop (and count) each mark of ``session`` whose
+        partition changed without its watch firing."""
+        if 0 <= now_ms - session.verified_ms < VERIFY_MS:
+            return
+        session.verified_ms = now_ms
+        hosted = self.hosted()
+        for key, mark in list(session.quiet.items()):
+            if not isinstance(mark, QuietMark) or mark.holds(hosted.get((mark.replica.topic, mark.replica.index))):
+                continue
+            QUIET_MARK_MISSES.inc()
+            log.warning("a quiet partition changed unwatched", topic=mark.replica.topic, partition=mark.replica.index)
+            session.unmark(key)
+
+    def _mark(self, topic: str, topic_id: Any, index: int, follower: int, session: FetchSession) -> None:
+        """Mark a partition just found quiet, for a follower in its ISR only (one out of it may
+        rejoin on this very fetch, which the full check proposes)."""
         replica = self.hosted().get((topic, index))
         state = replica.leader_state if replica is not None else None
         if replica is None or state is None or follower not in state.isr or state.maximal_isr is not None:
-            return None
+            return
         progress = state.followers.get(follower)
         plog = replica.log
         if progress is None or progress.log_end_offset != plog.log_end_offset:
-            return None
-        return QuietMark(
+            return
+        clock = session.clock
+        mark = QuietMark(
             replica,
             state,
             state.isr,
@@ -176,7 +199,12 @@ class QuietReplicaFetches:
             plog.log_end_offset,
             plog.high_watermark,
             plog.log_start_offset,
+            clock,
         )
+        key = (topic_id, index)
+        replica.watch(clock, lambda: session.unmark(key))
+        progress.quiet_clock = clock
+        session.mark(key, mark)
 
     def answered(self, request: Any, follower: int, now_ms: int) -> None:
         """The answer to ``request`` (as filtered) is going out: remember when, per partition."""

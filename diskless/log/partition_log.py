@@ -6,6 +6,11 @@ respect to other requests. Responsibilities: leader appends (validated batches i
 assigned), follower appends (offsets already assigned), reads bounded by a max offset (the high
 watermark), segment rolling, retention and DeleteRecords moving the log start offset, lookups by
 timestamp, truncation, and recovery after a crash.
+
+Every change to the log end, the high watermark or the log start calls ``on_change`` (one hook,
+set by the replica owning the log): what replica fetches and their sessions know of a partition
+is exactly those three, and they learn of changes this way instead of re-reading every partition
+on every fetch (replication/partition.py's watches).
 """
 
 from __future__ import annotations
@@ -44,6 +49,10 @@ HW_FILE = "high-watermark-checkpoint"
 TIER_FILE = "tier-manifest"
 TIERED = "tiered"  # a ReadResult whose ``records`` describe a read of a tiered segment object
 _OFFSET_INDEX_ENTRY = 8
+
+
+def _unchanged() -> None:
+    pass
 
 
 def timestamp_allowed(header: records.BatchHeader, config: LogConfig, now_ms: int) -> bool:
@@ -90,8 +99,11 @@ class PartitionLog:
         self._hw_file = hw_file
         os.makedirs(directory, exist_ok=True)
         self.epochs = LeaderEpochCache(os.path.join(directory, EPOCH_FILE))
+        # Called after every change to the log end, the high watermark or the log start (see
+        # ``on_change``); set before anything below can change them.
+        self.on_change: Callable[[], None] = _unchanged
         self.segments: list[LogSegment] = []
-        self.log_start_offset = 0
+        self._log_start_offset = 0
         self._high_watermark = 0
         # Tier entries (diskless/tiering/entry.py) by offset; those below the high watermark are in
         # effect up to ``_tier_floor`` (the end of the last of them).
@@ -208,6 +220,16 @@ class PartitionLog:
         self._high_watermark = value
         if self.tiers and self.tiers[-1].last_offset >= self._tier_floor:
             self._activate_tiers()
+        self.on_change()
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @log_start_offset.setter
+    def log_start_offset(self, value: int) -> None:
+        self._log_start_offset = value
+        self.on_change()
 
     @property
     def last_stable_offset(self) -> int:
@@ -471,6 +493,7 @@ class PartitionLog:
         elif self._should_roll(len(entry), last, max_ts, now_ms):
             self.roll(now_ms)
         self.active_segment.append(entry, base, last, max_ts)
+        self.on_change()
 
     def _should_roll(self, size: int, last_offset: int, max_ts: int, now_ms: int) -> bool:
         seg = self.active_segment
@@ -701,6 +724,7 @@ class PartitionLog:
             old.delete()
             self.segments.append(LogSegment(self.directory, self.log_start_offset, self.config.index_interval_bytes, 0))
             deleted += 1
+            self.on_change()  # the log end moved up to the start
         return deleted
 
     # --- WAL object references (diskless) ------------------------------------------------------
@@ -996,6 +1020,7 @@ class PartitionLog:
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
         self._rebuild_producer_state()
         self._rebuild_txn_index()
+        self.on_change()  # the log end moved even where the high watermark did not
 
     def truncate_fully_and_start_at(self, offset: int, now_ms: int) -> None:
         """Drop the whole log and continue at ``offset`` (a follower behind the leader's log start)."""
@@ -1012,6 +1037,7 @@ class PartitionLog:
         self.high_watermark = offset
         self._rebuild_producer_state()
         self._rebuild_txn_index()
+        self.on_change()
 
     # --- lifecycle ------------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from kio.schema.errors import ErrorCode
 
@@ -49,48 +49,113 @@ def next_epoch(epoch: int) -> int:
 # --- leader side -------------------------------------------------------------------------------
 
 
+@dataclass(slots=True, eq=False)  # by identity: it is the session's key among a partition's watches
+class SessionClock:
+    """When a session's follower last fetched: what its quiet partitions' ISR upkeep reads."""
+
+    ms: int
+
+
+class QuietMarkLike(Protocol):
+    def release(self, clock: SessionClock) -> None:
+        """The mark is dropped: stop watching its partition, and hand back its ISR upkeep."""
+
+
 @dataclass(slots=True)
 class FetchSession:
-    """One follower's session: the request entry of every partition it fetches, by topic id."""
+    """One follower's session: the request entry of every partition it fetches, by topic id, and
+    which of them are quiet (``broker/quiet_fetches.py``).
+
+    A quiet partition is one the follower would learn nothing from; it stays quiet, unchecked,
+    until its mark is dropped: by a change to the partition (its watch calls ``unmark``) or to the
+    follower's position (``update``). Each fetch then checks only the partitions with no mark
+    (``topics``), which in a steady cluster are the few that moved since the last fetch."""
 
     session_id: int
     follower: int
     epoch: int  # the epoch the next incremental fetch must carry
-    last_used_ms: int
+    clock: SessionClock
     partitions: dict[Any, dict[int, Any]] = field(default_factory=dict)  # topic id -> index -> entry
-    _topics: list[tuple[Any, tuple[Any, ...]]] | None = None  # the partitions as request topics
-    # (topic id, index) -> what made a partition quiet when it last was (broker/quiet_fetches.py):
-    # while nothing in it changes, the partition is known quiet without being checked again.
-    quiet: dict[Any, Any] = field(default_factory=dict)
+    # (topic id, index) -> the mark of a partition found quiet; its watch drops it on any change.
+    quiet: dict[Any, QuietMarkLike] = field(default_factory=dict)
+    # The partitions without a mark, as ``partitions``: what the next fetch must check.
+    _unmarked: dict[Any, dict[int, Any]] = field(default_factory=dict)
+    _topics: list[tuple[Any, tuple[Any, ...]]] | None = None  # _unmarked as request topics
+    closed: bool = False  # out of the cache: marks no more partitions
+    verified_ms: int = -1  # when every mark was last checked against the partition (the safety net)
+
+    @property
+    def last_used_ms(self) -> int:
+        return self.clock.ms
 
     def update(
         self, topics: Iterable[tuple[Any, Iterable[Any]]], forgotten: Iterable[tuple[Any, Iterable[int]]]
     ) -> None:
         """Apply an incremental fetch: entries added or changed (each has ``.partition``), and
         (topic id, indexes) to drop."""
-        changed = False
         for topic_id, entries in topics:
             for entry in entries:
-                self.partitions.setdefault(topic_id, {})[entry.partition] = entry
-                self.quiet.pop((topic_id, entry.partition), None)  # the follower's position moved
-                changed = True
+                index = entry.partition
+                self.partitions.setdefault(topic_id, {})[index] = entry
+                self._release((topic_id, index))  # the follower's position moved
+                self._unmarked.setdefault(topic_id, {})[index] = entry
+                self._topics = None
         for topic_id, indexes in forgotten:
             parts = self.partitions.get(topic_id)
             if parts is None:
                 continue
+            unmarked = self._unmarked.get(topic_id, {})
             for index in indexes:
-                self.quiet.pop((topic_id, index), None)
-                changed = parts.pop(index, None) is not None or changed
+                self._release((topic_id, index))
+                parts.pop(index, None)
+                unmarked.pop(index, None)
+                self._topics = None
             if not parts:
                 del self.partitions[topic_id]
-        if changed:
-            self._topics = None
+            if not unmarked:
+                self._unmarked.pop(topic_id, None)
+
+    def mark(self, key: tuple[Any, int], mark: QuietMarkLike) -> None:
+        """The partition ``key`` was found quiet: leave it out of ``topics`` until ``unmark``."""
+        topic_id, index = key
+        unmarked = self._unmarked.get(topic_id)
+        if unmarked is None or index not in unmarked:
+            mark.release(self.clock)  # forgotten meanwhile
+            return
+        self._release(key)
+        self.quiet[key] = mark
+        del unmarked[index]
+        if not unmarked:
+            del self._unmarked[topic_id]
+        self._topics = None
+
+    def unmark(self, key: tuple[Any, int]) -> None:
+        """The partition ``key`` changed (its watch fired): check it again at the next fetch."""
+        if self._release(key):
+            topic_id, index = key
+            entry = self.partitions.get(topic_id, {}).get(index)
+            if entry is not None:
+                self._unmarked.setdefault(topic_id, {})[index] = entry
+                self._topics = None
+
+    def _release(self, key: tuple[Any, int]) -> bool:
+        mark = self.quiet.pop(key, None)
+        if mark is None:
+            return False
+        mark.release(self.clock)
+        return True
+
+    def close(self) -> None:
+        """The session left the cache: release every mark (their watches, their ISR upkeep)."""
+        self.closed = True
+        for key in list(self.quiet):
+            self.unmark(key)
 
     def topics(self) -> list[tuple[Any, tuple[Any, ...]]]:
-        """Every partition of the session as (topic id, entries): what a sessionless fetch would
-        have named. Kept between fetches that change nothing (most of them)."""
+        """The partitions to check at this fetch, as (topic id, entries): every partition of the
+        session but the quiet ones. Kept between fetches that change nothing."""
         if self._topics is None:
-            self._topics = [(topic_id, tuple(parts.values())) for topic_id, parts in self.partitions.items()]
+            self._topics = [(topic_id, tuple(parts.values())) for topic_id, parts in self._unmarked.items()]
         return self._topics
 
     def size(self) -> int:
@@ -147,7 +212,7 @@ class FetchSessionCache:
             new_id = self._new_id()
             while new_id == INVALID_SESSION_ID or new_id in self._sessions:
                 new_id = self._new_id()
-            session = FetchSession(new_id, follower, next_epoch(INITIAL_EPOCH), now_ms)
+            session = FetchSession(new_id, follower, next_epoch(INITIAL_EPOCH), SessionClock(now_ms))
             session.update(topics, ())
             self._sessions[new_id] = session
             self._by_follower[follower] = new_id
@@ -160,13 +225,18 @@ class FetchSessionCache:
             return SessionContext(error=ErrorCode.invalid_fetch_session_epoch)
         session.update(topics, forgotten)
         session.epoch = next_epoch(epoch)
-        session.last_used_ms = now_ms
+        session.clock.ms = now_ms
         self._sessions.move_to_end(session_id)
         return SessionContext(session=session)
 
     def remove(self, session_id: int) -> None:
         session = self._sessions.pop(session_id, None)
-        if session is not None and self._by_follower.get(session.follower) == session_id:
+        if session is None:
+            return
+        # A fetch of this session may still be parked on the leader: closed, it marks nothing, so
+        # it cannot take over partitions the follower's next session watches.
+        session.close()
+        if self._by_follower.get(session.follower) == session_id:
             del self._by_follower[session.follower]
 
 

@@ -13,8 +13,13 @@ the stored ISR (complete a reassignment, elect that follower) before the leader 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 UNKNOWN = -1
+
+
+class Clock(Protocol):
+    ms: int
 
 
 @dataclass
@@ -23,6 +28,14 @@ class FollowerProgress:
     last_caught_up_ms: int = 0
     last_fetch_ms: int = 0
     last_sent_hw: int = UNKNOWN  # the high watermark this follower was last told
+    # While the follower's fetch session holds this partition quiet (broker/quiet_fetches.py), it
+    # is caught up at each fetch of that session without being looked at: the session's clock (when
+    # it last fetched) stands in for both times above, which take its value when the mark goes.
+    quiet_clock: Clock | None = None
+
+    def caught_up_ms(self) -> int:
+        clock = self.quiet_clock
+        return self.last_caught_up_ms if clock is None else max(self.last_caught_up_ms, clock.ms)
 
 
 @dataclass
@@ -75,7 +88,7 @@ class LeaderState:
             if replica == self.leader_id:
                 continue
             progress = self.followers.get(replica)
-            if progress is None or now_ms - progress.last_caught_up_ms > lag_ms:
+            if progress is None or now_ms - progress.caught_up_ms() > lag_ms:
                 out.append(replica)
         return out
 

@@ -4,6 +4,13 @@ A leader tracks followers through ``LeaderState`` and completes produce waiters 
 watermark passes their last offset. A follower's log is written only by the replica fetcher and
 its high watermark is the leader's, capped at its own log end. The leader answers replica
 fetches, including the diverging-epoch check that tells a follower where to truncate (KIP-320).
+
+Watches: what a replica fetch needs to know of a partition (its log end, high watermark, log
+start, leader epoch, role, ISR) changes only through its log's ``on_change`` hook and the state
+changes here. Each change fires the partition's watches, one-shot callbacks under a key (one per
+party watching: a follower's fetch session on the leader, the replica fetcher on a follower).
+Those parties then check only the partitions whose watch fired, not every partition on every
+fetch; at 1,000 partitions those per-fetch passes were a fifth of a broker's CPU.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
 import structlog
@@ -127,11 +134,36 @@ class Partition:
         # start offset it reported. Reads served here depend on both (follower_reads).
         self.heard_from_leader_ms = -1
         self.leader_log_start_offset = -1
+        self._watches: dict[Hashable, Callable[[], None]] = {}
+        log.on_change = self.changed
+
+    # --- watches ---------------------------------------------------------------------------------
+
+    def watch(self, key: Hashable, callback: Callable[[], None]) -> None:
+        """Call ``callback`` once, at the next change of this partition's replication state; a
+        later watch under the same ``key`` replaces this one."""
+        self._watches[key] = callback
+
+    def unwatch(self, key: Hashable) -> None:
+        self._watches.pop(key, None)
+
+    def changed(self) -> None:
+        """The partition's replication state changed: fire (and drop) every watch."""
+        if self._watches:
+            watches, self._watches = self._watches, {}
+            for callback in watches.values():
+                callback()
 
     # --- role changes ---------------------------------------------------------------------------
 
     def apply_state(self, state: PartitionState, now_ms: int) -> str | None:
         """Follow the metadata store; returns "leader"/"follower"/"offline" when the role changed."""
+        try:
+            return self._apply_state(state, now_ms)
+        finally:
+            self.changed()  # rare, so any state applied counts as a change (ISR, replicas, epoch)
+
+    def _apply_state(self, state: PartitionState, now_ms: int) -> str | None:
         epoch_changed = state.leader_epoch != self.leader_epoch
         self.replicas = list(state.replicas)
         self.isr = list(state.isr)
@@ -173,6 +205,18 @@ class Partition:
             self._on_hw_advanced()
 
     # --- leader side -----------------------------------------------------------------------------
+
+    def propose_isr(self, isr: list[int]) -> None:
+        """An ISR change is on its way to the store (the HW waits for a joining replica now)."""
+        if self.leader_state is not None:
+            self.leader_state.propose_isr(isr)
+            self.changed()
+
+    def isr_proposal_failed(self, state: LeaderState) -> None:
+        """The proposal made under ``state`` failed; nothing to undo if leadership moved since."""
+        if self.leader_state is state:
+            state.proposal_failed()
+            self.changed()
 
     def on_local_append(self) -> None:
         """After a leader append: a partition whose ISR is only us commits immediately."""

@@ -5,21 +5,29 @@ incremental fetch are left out without being checked one by one, and any change 
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import datetime
 import io
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from test_topic_identity import CONFIG, FetchingBroker, now_ms, produce_pointer
 
+from diskless.broker.fetch_apis import NamedFetchTopic
+from diskless.broker.quiet_fetches import VERIFY_MS
 from diskless.cluster.metadata import PartitionState, TopicMetadata
+from diskless.metrics import QUIET_MARK_MISSES
 from diskless.protocol import internal
 from diskless.protocol import messages as m
+from diskless.replication.fetch_session import FetchSession
 from diskless.replication.fetcher import FETCH_VERSION, ReplicaFetcher
 from diskless.replication.partition import Partition
 
@@ -50,6 +58,19 @@ class Pair:
         self.fetcher._handle(response)
         return {p.partition_index: p for t in response.responses for p in t.partitions}
 
+    def set_state(self, index: int, **changes: Any) -> None:
+        """A new stored state of one partition, applied by both brokers."""
+        state = dataclasses.replace(self.meta.partitions[index], **changes)
+        self.meta = dataclasses.replace(
+            self.meta, partitions=[*self.meta.partitions[:index], state, *self.meta.partitions[index + 1 :]]
+        )
+        for broker in (self.leader, self.follower):
+            broker.metadata.topics["t"] = self.meta
+            broker.replicas.apply(self.meta, index, CONFIG, now_ms())
+
+    def sessions(self) -> list[FetchSession]:
+        return list(self.leader.fetch_apis._sessions._sessions.values())
+
     async def until_quiet(self) -> None:
         for _ in range(5):
             if not await self.round():
@@ -57,8 +78,7 @@ class Pair:
         raise AssertionError("fetches never became quiet")
 
 
-@pytest.fixture
-async def pair(tmp_path: Path) -> Iterator[Pair]:
+def make_pair(tmp_path: Path) -> Pair:
     leader, follower = FetchingBroker(tmp_path / "leader", 0), FetchingBroker(tmp_path / "follower", 1)
     states = [PartitionState(replicas=[0, 1], leader=0, leader_epoch=0, isr=[0, 1]) for _ in range(PARTITIONS)]
     meta = TopicMetadata("t", str(uuid.uuid4()), states, {"diskless.enabled": "true"})
@@ -80,9 +100,15 @@ async def pair(tmp_path: Path) -> Iterator[Pair]:
         return leader_log(*args)
 
     quiet.leader_log = counting
+    return result
+
+
+@pytest.fixture
+async def pair(tmp_path: Path) -> Iterator[Pair]:
+    result = make_pair(tmp_path)
     yield result
-    await leader.replicas.close()
-    await follower.replicas.close()
+    await result.leader.replicas.close()
+    await result.follower.replicas.close()
 
 
 def leader_replica(pair: Pair, index: int) -> Partition:
@@ -93,13 +119,15 @@ def leader_replica(pair: Pair, index: int) -> Partition:
 
 async def test_quiet_incremental_fetch_checks_no_partition_and_keeps_the_follower_in_sync(pair: Pair) -> None:
     await pair.until_quiet()
-    progress = [leader_replica(pair, i).leader_state.followers[1] for i in range(PARTITIONS)]  # type: ignore[union-attr]
-    for p in progress:
-        p.last_caught_up_ms = 0
+    states = [leader_replica(pair, i).leader_state for i in range(PARTITIONS)]
+    for state in states:
+        assert state is not None
+        state.followers[1].last_caught_up_ms = 0
     pair.checks = 0
     assert await pair.round() == {}
     assert pair.checks == 0  # sessionless (or without quiet marks): one full check per partition
-    assert all(p.last_caught_up_ms > 0 for p in progress)  # replica.lag.time.max.ms sees it caught up
+    # replica.lag.time.max.ms sees the follower caught up at this fetch
+    assert all(state.isr_to_shrink(now_ms(), 10_000) == [] for state in states)  # type: ignore[union-attr]
 
 
 async def test_an_append_on_a_quiet_partition_is_answered_and_replicated(pair: Pair) -> None:
@@ -126,8 +154,123 @@ async def test_a_leadership_change_on_a_quiet_partition_is_answered(pair: Pair) 
 async def test_an_isr_change_on_a_quiet_partition_is_checked_again(pair: Pair) -> None:
     await pair.until_quiet()
     replica = leader_replica(pair, 7)
-    assert replica.leader_state is not None
-    replica.leader_state.apply_isr([0], replica.log.log_end_offset)  # the follower dropped out
+    shrunk = dataclasses.replace(pair.meta.partitions[7], isr=[0])  # the follower dropped out
+    replica.apply_state(shrunk, now_ms())
     pair.checks = 0
     await pair.round()
     assert pair.checks >= 1  # the full check ran (and may propose the follower back)
+
+
+async def test_a_fetch_parked_in_its_session_answers_a_partition_that_changes_meanwhile(pair: Pair) -> None:
+    await pair.until_quiet()
+    header = m.RequestHeader(m.API_FETCH, FETCH_VERSION, 8, internal.broker_client_id(1, "replica-fetcher"))
+    body = dataclasses.replace(pair.fetcher._request(pair.replicas), max_wait=datetime.timedelta(seconds=5))
+    parked = asyncio.create_task(pair.leader.fetch_apis.fetch(header, body))
+    await asyncio.sleep(0)  # the fetch found nothing to answer and parked
+    assert not parked.done()
+    produce_pointer(leader_replica(pair, 3), "wal/a.wal")  # its quiet mark goes
+    pair.leader.replicas.notify_append()
+    answer = await asyncio.wait_for(parked, 5)
+    assert [p["partition_index"] for t in answer["responses"] for p in t["partitions"]] == [3]
+
+
+@dataclasses.dataclass
+class _Request:
+    topics: tuple[Any, ...]
+
+
+async def test_a_late_pass_of_a_replaced_session_marks_nothing(pair: Pair) -> None:
+    """A follower's fetch can still be parked in its old session when its next, full fetch opens a
+    new one (a connection lost mid-poll). The old session's pass must not take the partitions over:
+    their ISR upkeep would then follow a session that no longer fetches, and the follower, fetching
+    on, would be dropped from the ISR at replica.lag.time.max.ms."""
+    await pair.until_quiet()
+    [old] = pair.sessions()
+    pair.fetcher.session.handle_error()  # the follower starts over: full fetch, new session
+    await pair.until_quiet()
+    [new] = pair.sessions()
+    assert new is not old and old.closed
+    request = _Request(tuple(NamedFetchTopic("t", t, parts) for t, parts in old.topics()))
+    assert request.topics  # closed, the old session holds no marks: all its partitions are checked
+    pair.leader.fetch_apis._quiet.needing_answer_in_session(request, old, 1, now_ms())
+    assert not old.quiet
+    for i in range(PARTITIONS):
+        progress = leader_replica(pair, i).leader_state.followers[1]  # type: ignore[union-attr]
+        assert progress.quiet_clock is new.clock
+
+
+async def test_a_change_that_fires_no_watch_is_caught_by_the_next_verification(pair: Pair) -> None:
+    await pair.until_quiet()
+    replica = leader_replica(pair, 4)
+    hook, replica.log.on_change = replica.log.on_change, lambda: None  # a change made behind the watches
+    produce_pointer(replica, "wal/b.wal")
+    replica.log.on_change = hook
+    assert await pair.round() == {}  # its mark stands until verified
+    misses = QUIET_MARK_MISSES._value.get()
+    [session] = pair.sessions()
+    session.verified_ms = now_ms() - VERIFY_MS
+    assert list(await pair.round()) == [4]
+    assert QUIET_MARK_MISSES._value.get() == misses + 1
+
+
+# Operations on the leader's partitions between replica fetch rounds: every one must drop the quiet
+# mark of the partition it changes (or leave it true), which the safety net's check tells.
+_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["round", "append", "shrink", "expand", "propose", "bump_epoch", "delete_records"]),
+        st.integers(0, 3),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=_OPS)
+def test_every_change_drops_the_quiet_mark_it_concerns(tmp_path: Path, ops: list[tuple[str, int]]) -> None:
+    async def scenario(directory: Path) -> None:
+        pair = make_pair(directory)
+        try:
+            for index in range(PARTITIONS):  # data in every partition, so each change has a mark to drop
+                produce_pointer(leader_replica(pair, index), "wal/first.wal")
+            for _ in range(3):
+                await pair.round()
+            await pair.until_quiet()
+            assert len(pair.sessions()[0].quiet) == PARTITIONS
+            for op, index in ops:
+                replica = leader_replica(pair, index)
+                state = pair.meta.partitions[index]
+                if op == "round":
+                    await pair.round()
+                elif op == "append":
+                    produce_pointer(replica, f"wal/{index}.wal")
+                elif op == "shrink":
+                    pair.set_state(index, isr=[0])
+                elif op == "expand":
+                    pair.set_state(index, isr=[0, 1])
+                elif op == "propose" and state.isr == [0]:
+                    replica.propose_isr([0, 1])
+                elif op == "bump_epoch":
+                    pair.set_state(index, leader_epoch=state.leader_epoch + 1)
+                elif op == "delete_records" and replica.log.high_watermark > replica.log.log_start_offset:
+                    replica.log.delete_records_before(replica.log.log_start_offset + 1)  # mid-batch
+                hosted = pair.leader.replicas.partitions
+                for session in pair.sessions():
+                    for mark in session.quiet.values():
+                        assert mark.holds(hosted.get((mark.replica.topic, mark.replica.index))), (op, index)
+            for index in range(PARTITIONS):
+                pair.set_state(index, isr=[0, 1])
+            for _ in range(6):
+                await pair.round()
+            for index in range(PARTITIONS):  # and the follower got everything
+                leader, follower = leader_replica(pair, index).log, pair.replicas[index].log
+                assert (follower.log_end_offset, follower.log_start_offset) == (
+                    leader.log_end_offset,
+                    leader.log_start_offset,
+                )
+                assert follower.high_watermark == leader.high_watermark == leader.log_end_offset
+        finally:
+            await pair.leader.replicas.close()
+            await pair.follower.replicas.close()
+
+    with tempfile.TemporaryDirectory(dir=tmp_path) as directory:
+        asyncio.run(scenario(Path(directory)))
