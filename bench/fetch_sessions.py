@@ -7,9 +7,10 @@ through the real codec (request encoded, decoded by the leader, answered, answer
 and applied by the fetcher), as ``ReplicaFetcher._run`` does, and the leader's share (decode,
 handler, encode) and the follower's share are timed in CPU seconds.
 ``max.incremental.fetch.session.cache.slots=0`` is the sessionless fetch every round names every
-partition (the behaviour before fetch sessions).
+partition (the behaviour before fetch sessions). ``--appends K`` appends a batch to K partitions
+before each round (rotating), as a low produce rate does: each round then has news for a few.
 
-    .venv/bin/python bench/fetch_sessions.py [--partitions 1000] [--rounds 200]
+    .venv/bin/python bench/fetch_sessions.py [--partitions 1000] [--rounds 200] [--appends 0]
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "unit"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from test_topic_identity import CONFIG, FetchingBroker, now_ms
+from test_topic_identity import CONFIG, FetchingBroker, now_ms, produce_pointer
 
 from diskless.cluster.metadata import PartitionState, TopicMetadata
 from diskless.protocol import internal
@@ -37,7 +38,7 @@ from diskless.protocol import messages as m
 from diskless.replication.fetcher import FETCH_VERSION, ReplicaFetcher
 
 
-async def measure(partitions: int, rounds: int, slots: int) -> tuple[float, float, int]:
+async def measure(partitions: int, rounds: int, slots: int, appends: int = 0) -> tuple[float, float, int]:
     """Leader and follower CPU ms per fetch (the median round), and the partitions named by the last request."""
     with tempfile.TemporaryDirectory() as tmp:
         leader = FetchingBroker(Path(tmp) / "leader", 0)
@@ -62,8 +63,10 @@ async def measure(partitions: int, rounds: int, slots: int) -> tuple[float, floa
         named = 0
         try:
             for round_ in range(rounds + 5):  # 5 rounds to open the session and settle
+                for i in range(appends):
+                    produce_pointer(leader.replicas.partitions[("t", (round_ * appends + i) % partitions)], "wal/x")
                 t0 = time.process_time()
-                body = dataclasses.replace(fetcher._request(replicas), max_wait=datetime.timedelta(0))
+                body = dataclasses.replace(fetcher._request(), max_wait=datetime.timedelta(0))
                 out = io.BytesIO()
                 m._writer(request_cls)(out, body)
                 t1 = time.process_time()
@@ -89,12 +92,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--partitions", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--appends", type=int, default=0, help="partitions appended to before each round")
     args = parser.parse_args()
     for label, slots in (("sessionless", 0), ("fetch sessions", 1000)):
-        leader_ms, follower_ms, named = asyncio.run(measure(args.partitions, args.rounds, slots))
+        leader_ms, follower_ms, named = asyncio.run(measure(args.partitions, args.rounds, slots, args.appends))
         print(
-            f"{label:15s} {args.partitions} partitions: leader {leader_ms:.3f} ms CPU per quiet fetch,"
-            f" follower {follower_ms:.3f} ms, request names {named} partitions"
+            f"{label:15s} {args.partitions} partitions, {args.appends} appended per round: leader {leader_ms:.3f} ms"
+            f" CPU per fetch, follower {follower_ms:.3f} ms, request names {named} partitions"
         )
 
 

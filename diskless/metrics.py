@@ -44,9 +44,10 @@ CONNECTIONS_BY_AZ_SOURCE = Gauge(
     "diskless_connections_by_az_source", "Open connections by how their client AZ was decided", ["source"]
 )
 FETCH_SESSIONS = Gauge("diskless_fetch_sessions", "KIP-227 fetch sessions this broker keeps for its followers")
-QUIET_MARK_MISSES = Counter(
-    "diskless_quiet_mark_misses_total",
-    "Quiet partitions of replica fetch sessions found changed without their watch firing (a bug; stays 0)",
+UNWATCHED_CHANGES = Counter(
+    "diskless_unwatched_changes_total",
+    "Partition changes found by the periodic check instead of a watch (a bug; stays 0), by the party watching",
+    ["party"],
 )
 REPLICA_FETCHES = Counter(
     "diskless_replica_fetches_total", "Replica fetches served, by kind (full or incremental session fetch)", ["kind"]

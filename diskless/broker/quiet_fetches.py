@@ -24,7 +24,7 @@ its epoch and the follower starts over with a full fetch.
 
 Every ``VERIFY_MS`` a session's marks are checked against their partitions anyway (``holds``):
 a mark that no longer holds is a change that fired no watch. It is counted
-(``diskless_quiet_mark_misses_total``, which stays 0), logged and dropped, so such a bug costs
+(``diskless_unwatched_changes_total``, which stays 0), logged and dropped, so such a bug costs
 the follower at most that long a delay, never a partition left unreplicated.
 """
 
@@ -39,15 +39,14 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.log.partition_log import PartitionLog
-from diskless.metrics import QUIET_MARK_MISSES
+from diskless.metrics import UNWATCHED_CHANGES
 from diskless.replication.fetch_session import FetchSession, SessionClock
 from diskless.replication.leader_state import FollowerProgress, LeaderState
-from diskless.replication.partition import Partition
+from diskless.replication.partition import VERIFY_MS, Partition
 
 log = structlog.get_logger(__name__)
 
 REFRESH_MS = 5_000
-VERIFY_MS = 1_000
 
 
 @dataclass(slots=True)
@@ -174,7 +173,7 @@ class QuietReplicaFetches:
         for key, mark in list(session.quiet.items()):
             if not isinstance(mark, QuietMark) or mark.holds(hosted.get((mark.replica.topic, mark.replica.index))):
                 continue
-            QUIET_MARK_MISSES.inc()
+            UNWATCHED_CHANGES.labels("fetch-session").inc()
             log.warning("a quiet partition changed unwatched", topic=mark.replica.topic, partition=mark.replica.index)
             session.unmark(key)
 

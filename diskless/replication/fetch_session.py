@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -271,13 +271,21 @@ class FetchSessionHandler:
         self._sent: dict[Any, Any] = {}  # key -> position, as the leader's session holds it
         self._pending: dict[Any, Any] | None = None  # what _sent becomes if the request in flight succeeds
 
-    def build(self, wanted: Mapping[Any, tuple[Any, Any]]) -> FetchPlan:
+    def build(self, wanted: Mapping[Any, tuple[Any, Any]], changed: Collection[Any] | None = None) -> FetchPlan:
+        """``changed``: the only keys whose position may differ from the last build's (added,
+        moved or gone), when the caller knows them; None compares every key."""
         if self.session_id == INVALID_SESSION_ID or self.epoch == INITIAL_EPOCH:
             self._pending = {key: position for key, (position, _entry) in wanted.items()}
             return FetchPlan(self.session_id, INITIAL_EPOCH, [(key, entry) for key, (_p, entry) in wanted.items()], [])
         sent = self._sent
-        send = [(key, entry) for key, (position, entry) in wanted.items() if sent.get(key) != position]
-        forgotten = [key for key in sent if key not in wanted]
+        if changed is None:
+            send = [(key, entry) for key, (position, entry) in wanted.items() if sent.get(key) != position]
+            forgotten = [key for key in sent if key not in wanted]
+        else:
+            # Every other key was in the last request's plan or unchanged before it, and the last
+            # request succeeded (a failed one makes this build a full fetch): the leader has it.
+            send = [(key, wanted[key][1]) for key in changed if key in wanted and sent.get(key) != wanted[key][0]]
+            forgotten = [key for key in changed if key not in wanted and key in sent]
         if send or forgotten:
             pending = dict(sent)
             for key in forgotten:

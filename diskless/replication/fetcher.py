@@ -30,13 +30,14 @@ from kio.static.primitive import i32
 
 from diskless.aio import cancel_and_wait
 from diskless.cluster.metadata import BrokerInfo
+from diskless.metrics import UNWATCHED_CHANGES
 from diskless.protocol import internal
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError, KafkaClientConnection
 from diskless.security.internal_auth import ClusterSecret
 
 from .fetch_session import FetchSessionHandler
-from .partition import FOLLOWER, DivergingEpoch, Partition
+from .partition import FOLLOWER, VERIFY_MS, DivergingEpoch, LeaderContact, Partition
 
 log = structlog.get_logger(__name__)
 
@@ -79,9 +80,16 @@ class ReplicaFetcher:
         # same name gets a new replica whose log must not receive the old incarnation's batches).
         self._asked: dict[tuple[str, int], Partition] = {}
         self._asked_by_id: dict[tuple[str, int], Partition] = {}  # the same, by (topic id, index)
-        self._active: list[Partition] = []  # the partitions _asked was built from
-        # Each partition's request entry with the fetch position it was built for (_request).
+        # Each asked partition's request entry with the fetch position it was built for, by
+        # (topic id, index). Kept up to date from the partitions' watches: only those whose watch
+        # fired (or that were added or removed) are looked at when the next request is built.
         self._built: dict[tuple[str, int], tuple[tuple[int, ...], Any]] = {}
+        self._dirty: set[tuple[str, int]] = set()  # keys of self.partitions to look at again
+        self._unsent: set[tuple[str, int]] = set()  # keys of _built changed since the last request
+        self._verified_ms = -1  # when every partition was last looked at anyway (the safety net)
+        # Our answers from the leader, through which asked partitions hear from it (follower reads).
+        self._contact = LeaderContact()
+        self._round = 0  # the request in flight (or last sent)
         # Our KIP-227 session with the leader: after a full fetch, requests name only the
         # partitions whose position moved (or that we stopped fetching).
         self.session = FetchSessionHandler()
@@ -107,11 +115,17 @@ class ReplicaFetcher:
             await self._conn.close()
 
     def add(self, partition: Partition) -> None:
-        self.partitions[(partition.topic, partition.index)] = partition
-        self._changed.set()
+        key = (partition.topic, partition.index)
+        self.partitions[key] = partition
+        self._on_change(key)
 
     def remove(self, key: tuple[str, int]) -> None:
-        self.partitions.pop(key, None)
+        if self.partitions.pop(key, None) is not None:
+            self._on_change(key)
+
+    def _on_change(self, key: tuple[str, int]) -> None:
+        self._dirty.add(key)
+        self._changed.set()
 
     async def _connect(self) -> KafkaClientConnection | None:
         info = self.lookup(self.leader_id)
@@ -135,8 +149,8 @@ class ReplicaFetcher:
     async def _run(self) -> None:
         backoff = 0.05
         while not self._stopping:
-            active = [p for p in self.partitions.values() if p.role == FOLLOWER and p.leader_id == self.leader_id]
-            if not active:
+            self._refresh(_now_ms())
+            if not self._asked:
                 self._changed.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), 1.0)
@@ -150,7 +164,7 @@ class ReplicaFetcher:
             try:
                 self._sent_ms = _now_ms()
                 response = await self._conn.request(
-                    m.API_FETCH, FETCH_VERSION, self._request(active), timeout=self.wait_max_ms / 1000 + 10
+                    m.API_FETCH, FETCH_VERSION, self._request(), timeout=self.wait_max_ms / 1000 + 10
                 )
                 backoff = 0.05
             except (ClientError, OSError, TimeoutError) as exc:
@@ -170,41 +184,75 @@ class ReplicaFetcher:
             if self._handle(response):
                 await asyncio.sleep(0.1)  # leadership moving: give the metadata watch a moment
 
-    def _request(self, active: list[Partition]) -> Any:
-        """The Fetch request for the partitions in ``active``, as a kio entity: all of them in a
-        full fetch, in an incremental one those whose position the leader's session does not have.
-
-        Each partition's entry is built once and kept while its fetch position (epochs, offsets)
-        stays the same: at 1,000 partitions building all of them anew for every fetch cost more
-        than encoding them, and between two fetches only the partitions that got data move."""
-        topics: dict[str, list[Any]] = {}
-        same_partitions = active == self._active  # the same replica objects, in the same order
-        if not same_partitions:
-            self._active = list(active)  # a copy: a caller's list changed in place is another set
-            self._asked = {(p.topic, p.index): p for p in active}
-            self._asked_by_id = {(p.topic_id, p.index): p for p in active}
-        # The same partitions: their entries are updated in place; else built into a new dict, so
-        # partitions no longer fetched are forgotten.
-        built = self._built if same_partitions else {}
-        previous = self._built
-        for key, p in self._asked_by_id.items():
-            log = p.log
-            position = (p.leader_epoch, log.log_end_offset, log.epochs.latest_epoch, log.log_start_offset)
-            entry = previous.get(key)
+    def _refresh(self, now_ms: int) -> None:
+        """Bring the asked partitions and their request entries up to date with the partitions
+        whose watch fired (or that were added or removed); the (topic id, index) keys whose entry
+        was added, changed or dropped go into ``_unsent`` for the next request. Every ``VERIFY_MS``
+        all partitions are looked at: an entry found stale there is a change that fired no watch,
+        counted and logged (a bug)."""
+        full = not 0 <= now_ms - self._verified_ms < VERIFY_MS
+        if full:
+            self._verified_ms = now_ms
+            keys = self._dirty | self.partitions.keys() | self._asked.keys()
+        else:
+            keys = self._dirty
+        dirty, self._dirty = self._dirty, set()
+        changed = self._unsent
+        for key in keys:
+            partition = self.partitions.get(key)
+            asked = self._asked.get(key)
+            active = partition is not None and partition.role == FOLLOWER and partition.leader_id == self.leader_id
+            if (asked is not None and asked is not partition) or not active:
+                if asked is not None:
+                    del self._asked[key]
+                    id_key = (asked.topic_id, asked.index)
+                    del self._asked_by_id[id_key]
+                    if self._built.pop(id_key, None) is not None:
+                        changed.add(id_key)
+                    asked.unwatch(self)
+                    asked.stop_hearing(self._contact)
+                if not active:
+                    continue
+            assert partition is not None
+            id_key = (partition.topic_id, partition.index)
+            if key not in self._asked:
+                self._asked[key] = partition
+                self._asked_by_id[id_key] = partition
+            partition.listen(self._contact, self._round + 1)
+            plog = partition.log
+            position = (partition.leader_epoch, plog.log_end_offset, plog.epochs.latest_epoch, plog.log_start_offset)
+            entry = self._built.get(id_key)
             if entry is None or entry[0] != position:
-                partition = {
-                    "partition": p.index,
-                    "current_leader_epoch": position[0],
-                    "fetch_offset": position[1],
-                    "last_fetched_epoch": position[2],
-                    "log_start_offset": position[3],
-                    "partition_max_bytes": self.fetch_max_bytes,
-                }
-                built[key] = (position, m.build(_FETCH_PARTITION, partition))
-            elif not same_partitions:
-                built[key] = entry
-        self._built = built
-        plan = self.session.build(built)
+                if full and entry is not None and key not in dirty:
+                    UNWATCHED_CHANGES.labels("replica-fetcher").inc()
+                    log.warning("a followed partition changed unwatched", topic=key[0], partition=key[1])
+                self._built[id_key] = (position, self._entry(partition.index, position))
+                changed.add(id_key)
+            partition.watch(self, lambda key=key: self._on_change(key))
+
+    def _entry(self, index: int, position: tuple[int, ...]) -> Any:
+        return m.build(
+            _FETCH_PARTITION,
+            {
+                "partition": index,
+                "current_leader_epoch": position[0],
+                "fetch_offset": position[1],
+                "last_fetched_epoch": position[2],
+                "log_start_offset": position[3],
+                "partition_max_bytes": self.fetch_max_bytes,
+            },
+        )
+
+    def _request(self) -> Any:
+        """The Fetch request for the partitions we follow from this leader, as a kio entity: all of
+        them in a full fetch, in an incremental one those whose position the leader's session does
+        not have (found from the partitions' watches, without a pass over all of them)."""
+        self._refresh(_now_ms())
+        changed, self._unsent = self._unsent, set()
+        self._round += 1
+        topics: dict[str, list[Any]] = {}
+        built = self._built
+        plan = self.session.build(built, changed)
         for (topic_id, _index), partition_entry in plan.send:
             topics.setdefault(topic_id, []).append(partition_entry)
         forgotten: dict[str, list[int]] = {}
@@ -250,7 +298,6 @@ class ReplicaFetcher:
         now = _now_ms()
         leadership_errors = False
         readable_moved = False  # a high watermark or last stable offset here moved
-        answered: set[tuple[str, int]] = set()
         for topic in response.responses:  # type: ignore[attr-defined]
             for data in topic.partitions:
                 # The answer is about the incarnation it names, and only the replica that asked for
@@ -258,10 +305,12 @@ class ReplicaFetcher:
                 asked = self._asked_by_id.get((_our_id(topic.topic_id), data.partition_index))
                 if asked is None:
                     continue
-                answered.add((asked.topic, asked.index))
                 partition = self.partitions.get((asked.topic, asked.index))
                 if partition is not asked or partition.role != FOLLOWER or partition.leader_id != self.leader_id:
                     continue
+                # Answered with an error (or a truncation) it heard nothing this round; answered
+                # with data, on_fetched notes the round.
+                partition.hear_through(self._contact, self._round + 1)
                 code = data.error_code
                 if code == ErrorCode.none:
                     diverging = data.diverging_epoch
@@ -293,12 +342,10 @@ class ReplicaFetcher:
                 else:
                     log.warning("replica fetch error", topic=asked.topic, partition=asked.index, error=code.name)
         # The leader leaves out partitions with nothing new (broker/quiet_fetches.py): for those
-        # the answer is news too, as of when the request was sent.
-        for key, partition in self._asked.items():
-            if key in answered or self.partitions.get(key) is not partition:
-                continue
-            if partition.role == FOLLOWER and partition.leader_id == self.leader_id:
-                partition.on_quiet_answer(self._sent_ms)
+        # the answer is news too, as of when the request was sent, and they hear it through our
+        # contact (every asked partition listens to it) without a visit to each.
+        self._contact.round = self._round
+        self._contact.sent_ms = self._sent_ms
         # Only readers of this broker's replicas wait on what a follower appends, and they read up
         # to the high watermark: records it does not cover yet are no news to them.
         if readable_moved:

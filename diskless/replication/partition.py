@@ -34,6 +34,10 @@ from .leader_state import LeaderState
 
 log = structlog.get_logger(__name__)
 
+# How often the parties watching partitions look at all of them anyway: a change that fired no
+# watch (a bug) then costs at most that long, and is counted (diskless_unwatched_changes_total).
+VERIFY_MS = 1_000
+
 LEADER = "leader"
 FOLLOWER = "follower"
 OFFLINE = "offline"
@@ -76,6 +80,16 @@ class DivergingEpoch:
 
 def _nothing() -> None:
     pass
+
+
+@dataclass(slots=True, eq=False)
+class LeaderContact:
+    """A replica fetcher's last answer from its leader: the round (request) it answered and when
+    that request was sent. The partitions the fetcher asks for hear from the leader through it
+    (``Partition.hear_through``), so an answer leaving them out as quiet needs no visit to each."""
+
+    round: int = -1
+    sent_ms: int = -1
 
 
 async def wait_for_commits(waits: list[tuple[Partition, int]], timeout: float, first: bool) -> list[bool | None]:
@@ -132,10 +146,45 @@ class Partition:
         self._seq = 0
         # As a follower: when the current leader last answered a replica fetch, and the largest log
         # start offset it reported. Reads served here depend on both (follower_reads).
-        self.heard_from_leader_ms = -1
+        self._heard_ms = -1
+        self._contact: LeaderContact | None = None
+        self._contact_from = 0  # the first round of _contact that counts for this replica
         self.leader_log_start_offset = -1
         self._watches: dict[Hashable, Callable[[], None]] = {}
         log.on_change = self.changed
+
+    # --- hearing from the leader (follower reads depend on it) ------------------------------------
+
+    @property
+    def heard_from_leader_ms(self) -> int:
+        """When the current leader last answered a replica fetch of this partition, as of when the
+        fetch was sent; -1 if not yet (this epoch). An answer that leaves the partition out as quiet
+        counts; one with an error for it does not."""
+        contact = self._contact
+        if contact is not None and contact.round >= self._contact_from and contact.sent_ms > self._heard_ms:
+            return contact.sent_ms
+        return self._heard_ms
+
+    @heard_from_leader_ms.setter
+    def heard_from_leader_ms(self, value: int) -> None:
+        self._heard_ms = value
+        self._contact = None  # until the fetcher asks again (hear_through)
+
+    def hear_through(self, contact: LeaderContact, first_round: int) -> None:
+        """Answers of ``contact`` from round ``first_round`` on are news from the leader for us
+        (what we heard through it until now stays heard)."""
+        self._heard_ms = self.heard_from_leader_ms
+        self._contact = contact
+        self._contact_from = first_round
+
+    def listen(self, contact: LeaderContact, first_round: int) -> None:
+        """``hear_through`` unless already listening to ``contact``."""
+        if self._contact is not contact:
+            self.hear_through(contact, first_round)
+
+    def stop_hearing(self, contact: LeaderContact) -> None:
+        if self._contact is contact:
+            self.heard_from_leader_ms = self.heard_from_leader_ms
 
     # --- watches ---------------------------------------------------------------------------------
 
@@ -321,16 +370,12 @@ class Partition:
         elif records:
             self.log.append_as_follower(records, now_ms)
         self.log.high_watermark = max(self.log.high_watermark, min(leader_hw, self.log.log_end_offset))
-        self.heard_from_leader_ms = sent_ms if sent_ms >= 0 else now_ms
+        self._heard_ms = sent_ms if sent_ms >= 0 else now_ms
         self.leader_log_start_offset = max(self.leader_log_start_offset, leader_log_start)
         if leader_log_start > self.log.log_start_offset:
             # Retention and DeleteRecords on the leader move our start too (references drop).
             self.log.delete_records_before(min(leader_log_start, self.log.high_watermark))
         return entries
-
-    def on_quiet_answer(self, sent_ms: int) -> None:
-        """The leader answered a fetch without this partition: nothing new as of ``sent_ms``."""
-        self.heard_from_leader_ms = sent_ms
 
     def follower_view(self) -> FollowerView:
         """What this follower knows when a consumer's read arrives (see follower_reads)."""

@@ -22,14 +22,13 @@ from kio.schema.errors import ErrorCode
 from test_topic_identity import CONFIG, FetchingBroker, now_ms, produce_pointer
 
 from diskless.broker.fetch_apis import NamedFetchTopic
-from diskless.broker.quiet_fetches import VERIFY_MS
 from diskless.cluster.metadata import PartitionState, TopicMetadata
-from diskless.metrics import QUIET_MARK_MISSES
+from diskless.metrics import UNWATCHED_CHANGES
 from diskless.protocol import internal
 from diskless.protocol import messages as m
 from diskless.replication.fetch_session import FetchSession
 from diskless.replication.fetcher import FETCH_VERSION, ReplicaFetcher
-from diskless.replication.partition import Partition
+from diskless.replication.partition import VERIFY_MS, Partition
 
 PARTITIONS = 10
 
@@ -42,12 +41,14 @@ class Pair:
     fetcher: ReplicaFetcher
     replicas: list[Partition]  # the follower's
     checks: int = 0  # full quiet checks the leader ran (leader_log calls)
+    sent_ms: int = 1_000_000  # when the last replica fetch was sent, as the fetcher stamps it
 
     async def round(self) -> dict[int, Any]:
         """One replica fetch; the partitions answered, by index."""
         header = m.RequestHeader(m.API_FETCH, FETCH_VERSION, 7, internal.broker_client_id(1, "replica-fetcher"))
         request_cls = m._request_type(m.API_FETCH, FETCH_VERSION)
-        body = dataclasses.replace(self.fetcher._request(self.replicas), max_wait=datetime.timedelta(0))
+        self.fetcher._sent_ms = self.sent_ms = self.sent_ms + 1000  # as _run stamps each request
+        body = dataclasses.replace(self.fetcher._request(), max_wait=datetime.timedelta(0))
         out = io.BytesIO()
         m._writer(request_cls)(out, body)
         request, _ = m._reader(request_cls)(memoryview(out.getvalue()), 0)
@@ -164,7 +165,7 @@ async def test_an_isr_change_on_a_quiet_partition_is_checked_again(pair: Pair) -
 async def test_a_fetch_parked_in_its_session_answers_a_partition_that_changes_meanwhile(pair: Pair) -> None:
     await pair.until_quiet()
     header = m.RequestHeader(m.API_FETCH, FETCH_VERSION, 8, internal.broker_client_id(1, "replica-fetcher"))
-    body = dataclasses.replace(pair.fetcher._request(pair.replicas), max_wait=datetime.timedelta(seconds=5))
+    body = dataclasses.replace(pair.fetcher._request(), max_wait=datetime.timedelta(seconds=5))
     parked = asyncio.create_task(pair.leader.fetch_apis.fetch(header, body))
     await asyncio.sleep(0)  # the fetch found nothing to answer and parked
     assert not parked.done()
@@ -206,18 +207,42 @@ async def test_a_change_that_fires_no_watch_is_caught_by_the_next_verification(p
     produce_pointer(replica, "wal/b.wal")
     replica.log.on_change = hook
     assert await pair.round() == {}  # its mark stands until verified
-    misses = QUIET_MARK_MISSES._value.get()
+    misses = UNWATCHED_CHANGES.labels("fetch-session")._value.get()
     [session] = pair.sessions()
     session.verified_ms = now_ms() - VERIFY_MS
     assert list(await pair.round()) == [4]
-    assert QUIET_MARK_MISSES._value.get() == misses + 1
+    assert UNWATCHED_CHANGES.labels("fetch-session")._value.get() == misses + 1
 
 
-# Operations on the leader's partitions between replica fetch rounds: every one must drop the quiet
-# mark of the partition it changes (or leave it true), which the safety net's check tells.
+def assert_fetcher_current(pair: Pair) -> None:
+    """The follower's fetcher, refreshed from its watches alone, asks for every partition it
+    follows at the position a fresh look gives."""
+    fetcher = pair.fetcher
+    fetcher._refresh(fetcher._verified_ms)  # not the periodic full look
+    assert set(fetcher._asked) == {("t", i) for i in range(PARTITIONS)}
+    for replica in pair.replicas:
+        log = replica.log
+        position = (replica.leader_epoch, log.log_end_offset, log.epochs.latest_epoch, log.log_start_offset)
+        assert fetcher._built[(replica.topic_id, replica.index)][0] == position
+
+
+# Operations on the partitions between replica fetch rounds: every one must drop the leader's quiet
+# mark of the partition it changes (or leave it true), and reach the follower's fetcher if it moves
+# the follower's position: the safety net's checks tell.
 _OPS = st.lists(
     st.tuples(
-        st.sampled_from(["round", "append", "shrink", "expand", "propose", "bump_epoch", "delete_records"]),
+        st.sampled_from(
+            [
+                "round",
+                "append",
+                "shrink",
+                "expand",
+                "propose",
+                "bump_epoch",
+                "delete_records",
+                "follower_delete_records",
+            ]
+        ),
         st.integers(0, 3),
     ),
     max_size=25,
@@ -253,6 +278,12 @@ def test_every_change_drops_the_quiet_mark_it_concerns(tmp_path: Path, ops: list
                     pair.set_state(index, leader_epoch=state.leader_epoch + 1)
                 elif op == "delete_records" and replica.log.high_watermark > replica.log.log_start_offset:
                     replica.log.delete_records_before(replica.log.log_start_offset + 1)  # mid-batch
+                elif op == "follower_delete_records":
+                    follower = pair.replicas[index].log
+                    if follower.high_watermark > follower.log_start_offset:
+                        follower.delete_records_before(follower.log_start_offset + 1)
+                # Every change fired its watches: nothing is stale where the parties look.
+                assert_fetcher_current(pair)
                 hosted = pair.leader.replicas.partitions
                 for session in pair.sessions():
                     for mark in session.quiet.values():
@@ -263,10 +294,8 @@ def test_every_change_drops_the_quiet_mark_it_concerns(tmp_path: Path, ops: list
                 await pair.round()
             for index in range(PARTITIONS):  # and the follower got everything
                 leader, follower = leader_replica(pair, index).log, pair.replicas[index].log
-                assert (follower.log_end_offset, follower.log_start_offset) == (
-                    leader.log_end_offset,
-                    leader.log_start_offset,
-                )
+                assert follower.log_end_offset == leader.log_end_offset
+                assert follower.log_start_offset >= leader.log_start_offset  # its own DeleteRecords
                 assert follower.high_watermark == leader.high_watermark == leader.log_end_offset
         finally:
             await pair.leader.replicas.close()
@@ -274,3 +303,35 @@ def test_every_change_drops_the_quiet_mark_it_concerns(tmp_path: Path, ops: list
 
     with tempfile.TemporaryDirectory(dir=tmp_path) as directory:
         asyncio.run(scenario(Path(directory)))
+
+
+async def test_a_quiet_answer_is_news_from_the_leader_for_every_partition_it_leaves_out(pair: Pair) -> None:
+    await pair.until_quiet()
+    assert await pair.round() == {}
+    assert [r.heard_from_leader_ms for r in pair.replicas] == [pair.sent_ms] * PARTITIONS
+
+
+async def test_a_partition_answered_with_an_error_has_not_heard_from_the_leader(pair: Pair) -> None:
+    await pair.until_quiet()
+    heard = pair.replicas[5].heard_from_leader_ms
+    moved = dataclasses.replace(pair.meta.partitions[5], leader=1, leader_epoch=1)
+    pair.leader.metadata.topics["t"] = dataclasses.replace(
+        pair.meta, partitions=[*pair.meta.partitions[:5], moved, *pair.meta.partitions[6:]]
+    )
+    pair.leader.replicas.apply(pair.leader.metadata.topics["t"], 5, CONFIG, now_ms())  # the follower lags behind
+    for _ in range(2):
+        answers = await pair.round()
+        assert answers[5].error_code != ErrorCode.none
+        assert pair.replicas[5].heard_from_leader_ms == heard
+        assert pair.replicas[4].heard_from_leader_ms == pair.sent_ms
+
+
+async def test_after_a_new_leader_epoch_quiet_answers_count_again(pair: Pair) -> None:
+    """A new epoch resets what the replica heard (nothing from this leader epoch yet). Its next
+    answers must count again, although the fetcher still asks for the very same replica."""
+    await pair.until_quiet()
+    pair.set_state(6, leader_epoch=1)
+    assert pair.replicas[6].heard_from_leader_ms == -1
+    await pair.round()  # the new epoch goes to the leader
+    await pair.until_quiet()
+    assert pair.replicas[6].heard_from_leader_ms == pair.sent_ms

@@ -342,7 +342,7 @@ def test_a_fetch_response_for_a_replaced_replica_is_not_applied_to_its_successor
     topic_id = uuid.uuid4()
     old = replica("old", str(topic_id))
     fetcher.add(old)
-    fetcher._request([old])  # the long poll goes out for the old replica
+    fetcher._request()  # the long poll goes out for the old replica
     fetcher.remove(("t", 0))
     new = replica("new", str(topic_id))
     fetcher.add(new)
@@ -359,7 +359,7 @@ def test_a_fetch_response_for_a_replaced_replica_is_not_applied_to_its_successor
 
     assert new.log.log_end_offset == 0
     # The same answer for a replica that is still the one asked for is applied as usual.
-    fetcher._request([new])
+    fetcher._request()
     fetcher._handle(SimpleNamespace(responses=[SimpleNamespace(topic_id=topic_id, partitions=[answer])]))
     assert new.log.log_end_offset == 3
 
@@ -414,7 +414,7 @@ async def replica_fetch_round(fetcher: Any, asking: Partition, leader: FetchingB
     header = m.RequestHeader(
         m.API_FETCH, FETCH_VERSION, 7, internal.broker_client_id(asking.node_id, "replica-fetcher")
     )
-    body = fetcher._request([asking])
+    body = fetcher._request()
     request_cls = m._request_type(m.API_FETCH, FETCH_VERSION)
     out = io.BytesIO()
     m._writer(request_cls)(out, dataclasses.replace(body, max_wait=datetime.timedelta(0)))
