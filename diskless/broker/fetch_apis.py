@@ -502,7 +502,6 @@ class FetchApis(ApiFamily):
         staleness_ms = self._max_staleness_ms
         memo = self._idle_memo(request, committed, fenced) if follower < 0 else None
         asked = reused = reused_follower_reads = 0
-        hosted_replicas = self.broker.replicas.partitions
         for topic in request.topics:
             parts = []
             meta = self._meta.topics.get(topic.topic)
@@ -518,14 +517,11 @@ class FetchApis(ApiFamily):
                 state = states[index] if 0 <= index < len(states) else None
                 asked_epoch = getattr(p, "current_leader_epoch", -1)
                 if memo is not None and meta is not None and state is not None:
-                    idle = memo.reuse(
-                        (topic.topic, index), p.fetch_offset, asked_epoch, hosted_replicas, now_ms, staleness_ms
-                    )
+                    idle = memo.reuse((topic.topic, index), p.fetch_offset, asked_epoch, now_ms, staleness_ms)
                     if idle is not None:
-                        answer, served_as_follower = idle
-                        parts.append(answer)
+                        parts.append(idle.answer)
                         reused += 1
-                        reused_follower_reads += served_as_follower
+                        reused_follower_reads += idle.follower_read
                         continue
                 if meta is None or state is None:
                     code, plog, replica = ErrorCode.unknown_topic_or_partition, None, None
@@ -666,7 +662,8 @@ class FetchApis(ApiFamily):
                 committed,
                 self._consumer_az(request),
                 self._redirect_az(request),
-            )
+            ),
+            self.broker.now_ms(),
         )
         return memo
 

@@ -26,23 +26,30 @@ reaches the "idle at the end" branch from these inputs only:
   passed in). The last stable offset is a function of the high watermark and the transaction
   index, which changes only by appends, truncation and retention: the log end and start.
 
-Each entry is checked against all of them at reuse, so nothing needs to tell the memo that
-something changed; an entry whose inputs moved is simply recomputed and replaced. Concurrent
-fetches of one connection share the memo safely for the same reason.
+The request's inputs are compared at each reuse. The replica's are watched instead of compared
+(replication/partition.py): every change to its role, epoch, leadership, log end, high watermark
+or log start fires the watch the entry put on it, which drops the entry, and the next pass
+decides that partition afresh. A dropped or re-created replica fires its watches as it goes.
+Only what moves with time is checked at reuse: a follower's freshness, and the leader's log start
+it last heard of. Every ``VERIFY_MS`` the entries are compared in full anyway; one whose inputs
+moved without its watch firing is counted (``diskless_unwatched_changes_total``, a bug; stays 0)
+and dropped. Concurrent fetches of one connection share the memo safely: a pass reads entries
+and replaces them, synchronously.
 
-Memory: one small entry per partition a connection's consumer reads, dropped with the connection;
-``MAX_ENTRIES`` bounds a connection whose client asks for ever new partitions.
+Memory: one small entry per partition a connection's consumer reads, and a watch on its replica,
+dropped with the connection (``close``); ``MAX_ENTRIES`` bounds a connection whose client asks
+for ever new partitions.
 """
 
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from diskless.metrics import UNWATCHED_CHANGES
 from diskless.protocol.fetch_response import KeptPartitionAnswer
-from diskless.replication.partition import Partition
+from diskless.replication.partition import VERIFY_MS, Partition
 
 MAX_ENTRIES = 100_000
 
@@ -80,55 +87,60 @@ class IdleFetchMemo:
     def __init__(self) -> None:
         self._context: tuple[Any, ...] | None = None
         self._entries: dict[tuple[str, int], _Idle] = {}
+        self._verified_ms = -1
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def begin(self, context: tuple[Any, ...]) -> None:
-        """Start a pass whose request-wide inputs are ``context``: entries decided under another are dropped."""
+    def begin(self, context: tuple[Any, ...], now_ms: int = -1) -> None:
+        """Start a pass whose request-wide inputs are ``context``: entries decided under another
+        are dropped. At most every ``VERIFY_MS`` (``now_ms``), every entry is compared in full."""
         if context != self._context:
-            self._entries.clear()
+            self._clear()
             self._context = context
+            self._verified_ms = now_ms
+        elif not 0 <= now_ms - self._verified_ms < VERIFY_MS:
+            self._verified_ms = now_ms
+            for key, idle in list(self._entries.items()):
+                if not _holds(idle):
+                    UNWATCHED_CHANGES.labels("consumer-fetch-memo").inc()
+                    self._drop(key)
+
+    def close(self) -> None:
+        """The connection closed: drop every entry and its watch, and keep none from now on (a
+        handler of the connection may still be running)."""
+        self._closed = True
+        self._clear()
+
+    def _clear(self) -> None:
+        for idle in self._entries.values():
+            idle.replica.unwatch(self)
+        self._entries.clear()
+
+    def _drop(self, key: tuple[str, int]) -> None:
+        idle = self._entries.pop(key, None)
+        if idle is not None:
+            idle.replica.unwatch(self)
 
     def reuse(
-        self,
-        key: tuple[str, int],
-        fetch_offset: int,
-        asked_epoch: int,
-        replicas: Mapping[tuple[str, int], Partition],
-        now_ms: int,
-        staleness_ms: int,
-    ) -> tuple[Mapping[str, Any], bool] | None:
-        """The (read-only) idle answer kept for ``key``, and whether it was a diskless follower's
-        read (which metrics count as that decision again), if every input it depends on is
-        unchanged; else None. ``replicas``: the replicas hosted now, by key. The replica must be the very
-        object that answered: a dropped or re-created replica is another object, and a topic
-        re-created under its name also moves the metadata generation in the context."""
+        self, key: tuple[str, int], fetch_offset: int, asked_epoch: int, now_ms: int, staleness_ms: int
+    ) -> _Idle | None:
+        """The entry kept for ``key`` if the request asks the same of it and it is still fresh;
+        its replica's inputs are unchanged while it is kept (its watch drops it). The entry's
+        ``answer`` is read-only; ``follower_read``: it was a diskless follower's read (which metrics
+        count as that decision again)."""
         idle = self._entries.get(key)
         if idle is None or fetch_offset != idle.fetch_offset or asked_epoch != idle.asked_epoch:
             return None
-        replica = replicas.get(key)
-        if (
-            replica is not idle.replica
-            or replica.role != idle.role
-            or replica.leader_epoch != idle.leader_epoch
-            or (replica.leader_state is not None) != idle.leads
-        ):
-            return None
-        log = replica.log
-        if (
-            log.high_watermark != idle.high_watermark
-            or log.log_start_offset != idle.log_start_offset
-            or log.log_end_offset != idle.log_end_offset
-        ):
-            return None
         if not idle.leads:
+            replica = idle.replica
             heard = replica.heard_from_leader_ms
             if heard < 0 or now_ms - heard > staleness_ms:
                 return None
             if replica.leader_log_start_offset != idle.leader_log_start_offset:
                 return None
-        return idle.answer, idle.follower_read
+        return idle
 
     def keep(
         self,
@@ -142,8 +154,13 @@ class IdleFetchMemo:
         """Remember that the full decision found ``key`` idle at ``fetch_offset``, answering ``answer``
         (a partition's Fetch answer with no records; kept as a read-only copy). ``follower_read``: it was a
         diskless follower's decision to serve, which a reuse counts again."""
+        if self._closed:
+            return
         if len(self._entries) >= MAX_ENTRIES and key not in self._entries:
-            self._entries.clear()
+            self._clear()
+        previous = self._entries.get(key)
+        if previous is not None and previous.replica is not replica:
+            previous.replica.unwatch(self)
         log = replica.log
         self._entries[key] = _Idle(
             fetch_offset,
@@ -159,3 +176,18 @@ class IdleFetchMemo:
             follower_read,
             KeptPartitionAnswer(answer),
         )
+        replica.watch(self, lambda: self._drop(key))
+
+
+def _holds(idle: _Idle) -> bool:
+    """Whether the replica's inputs of an entry are as they were when it was kept."""
+    replica = idle.replica
+    log = replica.log
+    return (
+        replica.role == idle.role
+        and replica.leader_epoch == idle.leader_epoch
+        and (replica.leader_state is not None) == idle.leads
+        and log.high_watermark == idle.high_watermark
+        and log.log_start_offset == idle.log_start_offset
+        and log.log_end_offset == idle.log_end_offset
+    )

@@ -189,7 +189,8 @@ class Connection:
         # Every handler task started from here inherits this connection's zone (client_zone.py).
         CURRENT_ZONE.set(self.zone)
         CURRENT_SESSION.set(self.session)
-        CURRENT_IDLE_FETCHES.set(IdleFetchMemo())
+        idle_fetches = IdleFetchMemo()
+        CURRENT_IDLE_FETCHES.set(idle_fetches)
         writer_task = asyncio.create_task(self._write_loop())
         try:
             await self._read_loop()
@@ -202,6 +203,7 @@ class Connection:
             if self.zone.source is not None:
                 CONNECTIONS_BY_AZ_SOURCE.labels(self.zone.source).dec()
             await cancel_and_wait(writer_task)
+            idle_fetches.close()  # its watches would keep it (and its answers) alive
             self._abandon_pending()
             for task in list(self.internal_tasks):
                 task.cancel()

@@ -20,16 +20,21 @@ from batches import values_batch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
+from loghelpers import produce
 from test_topic_identity import CONFIG, FetchingBroker
 
 from diskless.broker.idle_fetches import CURRENT_IDLE_FETCHES, IdleFetchMemo
 from diskless.cluster.metadata import PartitionState, TopicMetadata
+from diskless.log.partition_log import PartitionLog
+from diskless.metrics import UNWATCHED_CHANGES
 from diskless.protocol import messages as m
+from diskless.replication.partition import VERIFY_MS, Partition
 
 VERSION = 12
 PARTITIONS = 2
 HERE, OTHER = 0, 1
 START_MS = 1_800_000_000_000
+TOPIC_ID = str(uuid.uuid4())
 
 
 class NoPeers:
@@ -250,27 +255,29 @@ async def test_idle_partitions_are_answered_from_the_memo_and_a_moved_one_afresh
         await scenario.broker.replicas.close()
 
 
-def _replica(leads: bool) -> Any:
-    from types import SimpleNamespace
+def _replica(tmp_path: Path, leads: bool) -> Partition:
+    """A real replica (its changes fire watches) with 5 records, HW 3, led here or by broker 2."""
+    replica = Partition("t", 0, PartitionLog(str(tmp_path / f"t-0-{leads}"), CONFIG, START_MS), 1, TOPIC_ID)
+    replica.apply_state(PartitionState(replicas=[1, 2], leader=1 if leads else 2, leader_epoch=5, isr=[1, 2]), 0)
+    produce(replica.log, 5, epoch=5, commit=False)
+    replica.log.high_watermark = 3
+    replica.heard_from_leader_ms = START_MS
+    replica.leader_log_start_offset = 0
+    return replica
 
-    log = SimpleNamespace(high_watermark=10, log_end_offset=12, log_start_offset=2)
-    return SimpleNamespace(
-        role="leader" if leads else "follower",
-        leader_epoch=5,
-        leader_state=object() if leads else None,
-        log=log,
-        heard_from_leader_ms=START_MS,
-        leader_log_start_offset=1,
-    )
+
+def _restate(replica: Partition, **changes: Any) -> None:
+    state = PartitionState(replicas=[1, 2], leader=replica.leader_id, leader_epoch=replica.leader_epoch, isr=[1, 2])
+    replica.apply_state(dataclasses.replace(state, **changes), 0)
 
 
 CHANGES = {
-    "high watermark": lambda r: setattr(r.log, "high_watermark", 11),
-    "log end (a transaction marker moves the last stable offset)": lambda r: setattr(r.log, "log_end_offset", 13),
-    "log start": lambda r: setattr(r.log, "log_start_offset", 3),
-    "role": lambda r: setattr(r, "role", "offline"),
-    "leader epoch": lambda r: setattr(r, "leader_epoch", 6),
-    "leadership": lambda r: setattr(r, "leader_state", None if r.leader_state is not None else object()),
+    "high watermark": lambda r: setattr(r.log, "high_watermark", 4),
+    "log end (a transaction marker moves the last stable offset)": lambda r: produce(r.log, 1, epoch=5, commit=False),
+    "log start": lambda r: r.log.delete_records_before(1),
+    "role": lambda r: _restate(r, replicas=[], leader=-1, leader_epoch=r.leader_epoch + 1),  # dropped
+    "leader epoch": lambda r: _restate(r, leader_epoch=6),
+    "leadership": lambda r: _restate(r, leader=2 if r.leader_state is not None else 1, leader_epoch=6),
     "heard from the leader too long ago": lambda r: setattr(r, "heard_from_leader_ms", START_MS - 60_000),
     "leader's log start": lambda r: setattr(r, "leader_log_start_offset", 4),
 }
@@ -278,25 +285,54 @@ CHANGES = {
 
 @pytest.mark.parametrize("leads", [True, False])
 @pytest.mark.parametrize("change", list(CHANGES))
-def test_every_input_of_an_idle_answer_is_checked_at_reuse(change: str, leads: bool) -> None:
+def test_every_input_of_an_idle_answer_is_checked_at_reuse(tmp_path: Path, change: str, leads: bool) -> None:
     """Each input the memo keeps, changed alone (even by a path that left the metadata generation
     where it was), makes the partition decided afresh; unchanged, the answer is reused."""
     key, answer = ("t", 0), {"partition_index": 0, "high_watermark": 10}
-    replica = _replica(leads)
-    replicas = {key: replica}
+    replica = _replica(tmp_path, leads)
     memo = IdleFetchMemo()
-    memo.begin(("context",))
+    memo.begin(("context",), START_MS)
     memo.keep(key, 10, 5, replica, answer)
-    assert memo.reuse(key, 10, 5, replicas, START_MS + 100, 2_000) == (answer, False)
-    assert memo.reuse(key, 11, 5, replicas, START_MS + 100, 2_000) is None  # another offset
-    assert memo.reuse(key, 10, 4, replicas, START_MS + 100, 2_000) is None  # another asked epoch
-    assert memo.reuse(key, 10, 5, {key: _replica(leads)}, START_MS + 100, 2_000) is None  # another replica
+    reused = memo.reuse(key, 10, 5, START_MS + 100, 2_000)
+    assert reused is not None and reused.answer == answer and not reused.follower_read
+    assert memo.reuse(key, 11, 5, START_MS + 100, 2_000) is None  # another offset
+    assert memo.reuse(key, 10, 4, START_MS + 100, 2_000) is None  # another asked epoch
     CHANGES[change](replica)
     leader_only_input = change in ("heard from the leader too long ago", "leader's log start")
-    expected = (answer, False) if leads and leader_only_input else None  # a leader's reads need no word from a leader
-    assert memo.reuse(key, 10, 5, replicas, START_MS + 100, 2_000) == expected
-    memo.begin(("another context",))
+    kept = leads and leader_only_input  # a leader's reads need no word from a leader
+    assert (memo.reuse(key, 10, 5, START_MS + 100, 2_000) is not None) == kept
+    memo.begin(("another context",), START_MS)
     assert len(memo) == 0
+
+
+def test_a_change_behind_the_watches_is_caught_by_the_next_full_comparison(tmp_path: Path) -> None:
+    key = ("t", 0)
+    replica = _replica(tmp_path, True)
+    memo = IdleFetchMemo()
+    memo.begin(("context",), START_MS)
+    memo.keep(key, 10, 5, replica, {"partition_index": 0})
+    replica.log._high_watermark = 4  # no watch fires
+    memo.begin(("context",), START_MS + 1)
+    assert memo.reuse(key, 10, 5, START_MS + 1, 2_000) is not None  # not compared yet
+    misses = UNWATCHED_CHANGES.labels("consumer-fetch-memo")._value.get()
+    memo.begin(("context",), START_MS + VERIFY_MS)
+    assert memo.reuse(key, 10, 5, START_MS + VERIFY_MS, 2_000) is None
+    assert UNWATCHED_CHANGES.labels("consumer-fetch-memo")._value.get() == misses + 1
+
+
+def test_a_closed_memo_leaves_no_watch_behind(tmp_path: Path) -> None:
+    """A connection's memo watches the replicas it read; closed with the connection, it must not
+    stay reachable from them (its answers with it) until each changes, nor keep anything a handler
+    of the closed connection still decides."""
+    replica = _replica(tmp_path, True)
+    memo = IdleFetchMemo()
+    memo.begin(("context",), START_MS)
+    memo.keep(("t", 0), 10, 5, replica, {"partition_index": 0})
+    assert replica._watches
+    memo.close()
+    assert not replica._watches and len(memo) == 0
+    memo.keep(("t", 0), 10, 5, replica, {"partition_index": 0})
+    assert not replica._watches and len(memo) == 0
 
 
 def test_each_connection_has_its_own_memo_shared_by_its_requests() -> None:
@@ -360,18 +396,18 @@ def test_each_connection_has_its_own_memo_shared_by_its_requests() -> None:
     assert memos[0] is memos[1] and memos[10] is memos[11] and memos[0] is not memos[10]
 
 
-def test_a_kept_answer_is_read_only_and_independent_of_the_decisions_dict() -> None:
+def test_a_kept_answer_is_read_only_and_independent_of_the_decisions_dict(tmp_path: Path) -> None:
     """Reused answers are shared by every pass that reuses them, not copied: a change to one would
     change every later answer, so the memo hands out a read-only view (a change raises), and what
     it keeps does not follow later changes to the dict the full decision built."""
     key, answer = ("t", 0), {"partition_index": 0, "high_watermark": 10}
-    replica = _replica(True)
+    replica = _replica(tmp_path, True)
     memo = IdleFetchMemo()
-    memo.begin(("context",))
+    memo.begin(("context",), START_MS)
     memo.keep(key, 10, 5, replica, answer)
     answer["high_watermark"] = 99
-    reused = memo.reuse(key, 10, 5, {key: replica}, START_MS, 2_000)
+    reused = memo.reuse(key, 10, 5, START_MS, 2_000)
     assert reused is not None
-    assert reused[0]["high_watermark"] == 10
+    assert reused.answer["high_watermark"] == 10
     with pytest.raises(TypeError):
-        reused[0]["high_watermark"] = 11  # type: ignore[index]
+        reused.answer["high_watermark"] = 11  # type: ignore[index]
