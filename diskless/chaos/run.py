@@ -89,6 +89,9 @@ class Result:
     wal_objects_deleted: int = 0
     referenced_wal_objects: int = 0
     seconds_to_full_isr: float = -1.0
+    # Partition changes the brokers found by their once-a-second comparison instead of a watch
+    # (diskless_unwatched_changes_total, replication/partition.py): a bug if not 0.
+    unwatched_changes: int = 0
     producer_fatal_errors: int = 0
     fault_seconds: float = 0.0
     total_seconds: float = 0.0
@@ -103,6 +106,7 @@ class Result:
             and self.offset_mismatches == 0
             and self.deleted_while_referenced == 0
             and self.seconds_to_full_isr >= 0
+            and self.unwatched_changes == 0
             and self.acknowledged > 0
         )
 
@@ -225,6 +229,16 @@ class ChaosCluster:
                     if line.startswith("diskless_wal_manager_active ") and float(line.split()[1]) == 1.0:
                         return manager
         return None
+
+    def unwatched_changes(self) -> int:
+        """``diskless_unwatched_changes_total`` summed over the brokers now running (a broker
+        killed and restarted by a fault counts from its restart)."""
+        total = 0.0
+        for broker in self.brokers:
+            with contextlib.suppress(OSError):
+                samples = broker.metrics(["diskless_unwatched_changes_total"])
+                total += sum(v for k, v in samples.items() if k.startswith("diskless_unwatched_changes_total"))
+        return int(total)
 
     def manager_deletions(self) -> int:
         deleted = 0
@@ -646,6 +660,7 @@ def run_chaos(options: Options, out: TextIO = sys.stdout) -> Result:
             for key in sorted(missing)[:3]:
                 _example(result, f"referenced WAL object {key} is gone")
             result.wal_objects_deleted = cluster.manager_deletions()
+            result.unwatched_changes = cluster.unwatched_changes()
             result.faults = dict(faults.count)
             assert cluster.proxy is not None
             result.s3_requests_faulted = {
@@ -677,6 +692,7 @@ def report(result: Result, say: Callable[[str], None]) -> None:
         f"  (referenced {result.referenced_wal_objects}, deleted by the WAL manager {result.wal_objects_deleted})"
     )
     say(f"  seconds to full ISR after faults stop: {result.seconds_to_full_isr}")
+    say(f"  partition changes found without their watch = {result.unwatched_changes}")
     say(f"  producer fatal errors (producer replaced): {result.producer_fatal_errors}")
     for example in result.examples:
         say(f"  ! {example}")

@@ -46,6 +46,13 @@ def test_quick_chaos_run_loses_and_duplicates_nothing(tmp_path: Path) -> None:
     assert result["offset_mismatches"] == 0, result
     assert result["deleted_while_referenced"] == 0 and result["referenced_wal_objects"] > 0, result
     assert 0 <= result["seconds_to_full_isr"] < 60, result
+    assert result["unwatched_changes"] == 0, result  # every partition change fired its watches
     assert result["ok"] and run.returncode == 0, run.stdout[-3000:]
-    for line in ("lost = 0", "duplicated = 0", "offset gaps = 0", "WAL objects deleted while referenced = 0"):
+    for line in (
+        "lost = 0",
+        "duplicated = 0",
+        "offset gaps = 0",
+        "WAL objects deleted while referenced = 0",
+        "partition changes found without their watch = 0",
+    ):
         assert line in run.stdout
