@@ -59,6 +59,7 @@ COUNTERS = (
     "diskless_replica_fetches_total",
     "diskless_object_store_hedges_total",
     "diskless_object_store_hedge_wins_total",
+    "diskless_unwatched_changes_total",
 )
 HISTOGRAMS = (
     "diskless_flush_seconds",

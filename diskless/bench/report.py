@@ -142,6 +142,13 @@ def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
                 classic["cross_az_counted_by"],
             )
         )
+    for kind, figures in sorted(kinds.items()):
+        # Not an issue target: a correctness check of the brokers' partition watches under load.
+        found = [p.get("broker_timings", {}).get("unwatched_changes") for p in figures["phases"].values()]
+        total = None if any(n is None for n in found) else sum(found)
+        note = "diskless_unwatched_changes_total: changes caught by the once-a-second comparison (a bug)"
+        ok = None if total is None else total == 0
+        rows.append(_row(f"{kind} partition changes found without their watch", "all", total, 0, "", ok, note))
     for node, broker in sorted(result["brokers"].items()):
         peak = broker["peak_rss_mb"]
         note = f"{partitions} partitions per topic (the issue's limit is at 1,000)"

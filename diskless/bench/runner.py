@@ -391,6 +391,8 @@ def kind_figures(
         timings["s3_put_hedge_wins"] = int(delta.total("diskless_object_store_hedge_wins_total", operation="put"))
         timings["s3_get_hedges"] = int(delta.total("diskless_object_store_hedges_total", operation="get"))
         timings["s3_get_hedge_wins"] = int(delta.total("diskless_object_store_hedge_wins_total", operation="get"))
+        # Partition changes found by the brokers' once-a-second comparison, not a watch: a bug.
+        timings["unwatched_changes"] = int(delta.total("diskless_unwatched_changes_total"))
         # Its tail, set against the upload stage's, tells a slow store from a busy broker.
         p99 = histogram_quantile(delta, "diskless_object_store_seconds", 0.99, operation="put")
         timings["s3_put_client_p99_ms"] = round(p99 * 1000, 1) if p99 is not None else None

@@ -70,6 +70,8 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
         assert row["result"] in ("pass", "fail") and row["limit"] > result["options"]["linger_ms"]
     assert targets[("diskless max throughput >= classic", "max")]["result"] in ("pass", "fail")
     assert targets[("diskless bytes crossing AZs / payload", "all")]["result"] in ("pass", "fail")
+    for kind in ("diskless", "classic"):  # the brokers' partition watches missed nothing under load
+        assert targets[(f"{kind} partition changes found without their watch", "all")]["result"] == "pass"
     lagging = targets[("lagging reader raises tail e2e p99 <= 20%", "lagging")]
     assert lagging["result"] in ("pass", "fail")
     # Compared with the control phase run just before the reader, the low phase also named.
