@@ -512,17 +512,21 @@ class FetchApis(ApiFamily):
             rack = self._consumer_az(request) if follower < 0 and not diskless else ""
             redirect_az = self._redirect_az(request) if diskless and follower < 0 else None
             asked += len(topic.partitions)
-            for p in topic.partitions:
+            reusable = (
+                memo.reuse_topic(topic.topic, topic.partitions, now_ms, staleness_ms)
+                if memo is not None and meta is not None
+                else None
+            )
+            for position, p in enumerate(topic.partitions):
                 index = p.partition
                 state = states[index] if 0 <= index < len(states) else None
+                idle = reusable[position] if reusable is not None and state is not None else None
+                if idle is not None:
+                    parts.append(idle.answer)
+                    reused += 1
+                    reused_follower_reads += idle.follower_read
+                    continue
                 asked_epoch = getattr(p, "current_leader_epoch", -1)
-                if memo is not None and meta is not None and state is not None:
-                    idle = memo.reuse((topic.topic, index), p.fetch_offset, asked_epoch, now_ms, staleness_ms)
-                    if idle is not None:
-                        parts.append(idle.answer)
-                        reused += 1
-                        reused_follower_reads += idle.follower_read
-                        continue
                 if meta is None or state is None:
                     code, plog, replica = ErrorCode.unknown_topic_or_partition, None, None
                 else:
