@@ -200,8 +200,13 @@ class Partition:
         """The partition's replication state changed: fire (and drop) every watch."""
         if self._watches:
             watches, self._watches = self._watches, {}
-            for callback in watches.values():
-                callback()
+            for key, callback in watches.items():
+                try:
+                    callback()
+                except Exception:
+                    # Fired from inside log changes (an append, a truncation): a watcher's bug must
+                    # not cut one short. Its periodic comparison still finds what it missed.
+                    log.exception("a partition watch failed", topic=self.topic, partition=self.index, watcher=repr(key))
 
     # --- role changes ---------------------------------------------------------------------------
 

@@ -335,3 +335,16 @@ async def test_after_a_new_leader_epoch_quiet_answers_count_again(pair: Pair) ->
     await pair.round()  # the new epoch goes to the leader
     await pair.until_quiet()
     assert pair.replicas[6].heard_from_leader_ms == pair.sent_ms
+
+
+async def test_a_failing_watch_neither_cuts_a_change_short_nor_stops_the_other_watches(pair: Pair) -> None:
+    replica = leader_replica(pair, 2)
+    fired: list[str] = []
+
+    def broken() -> None:
+        raise RuntimeError("a watcher's bug")
+
+    replica.watch("broken", broken)
+    replica.watch("other", lambda: fired.append("other"))
+    produce_pointer(replica, "wal/c.wal")  # the append completes
+    assert replica.log.log_end_offset == 3 and fired == ["other"]
