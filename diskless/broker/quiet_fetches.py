@@ -1,17 +1,17 @@
 """Replica fetches of quiet partitions: the leader answers only the partitions with news.
 
-A follower's fetch names every partition it follows from this leader (there are no KIP-227 fetch
-sessions), so with thousands of partitions nearly all of them are idle, and reading, encoding and
-decoding each of them twice a second kept a broker with 10,000 replicas busy with nothing else
-(its lease expired). The leader now leaves out of its answer every partition for which the
-follower would learn nothing: no records to send, no divergence, no error, a high watermark the
+A sessionless replica fetch names every partition the follower follows from this leader, so
+with thousands of partitions nearly all of them are idle, and reading, encoding and decoding each
+of them twice a second kept a broker with 10,000 replicas busy with nothing else (its lease
+expired). The leader leaves out of its answer every partition for which the follower would learn
+nothing: no records to send, no divergence, no error, a high watermark the
 follower was already sent, the same log start as the follower's. Its fetch offset still counts
 (ISR upkeep), exactly as if the partition had been read. The follower takes the answer as news
 from the leader for every partition it asked about (``ReplicaFetcher``), which is what it is:
 as of when the request was sent, nothing changed for those partitions.
 
-Every partition is answered in full at least every ``REFRESH_MS`` anyway, so a follower whose
-previous answer was lost on a broken connection learns the high watermark it missed.
+Sessionless, every partition is answered in full at least every ``REFRESH_MS`` anyway, so a
+follower whose previous answer was lost on a broken connection learns the high watermark it missed.
 
 In a KIP-227 fetch session (replication/fetch_session.py) a partition found quiet gets a
 ``QuietMark`` in the session and a watch on the replica (replication/partition.py). The session's

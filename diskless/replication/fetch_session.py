@@ -84,10 +84,6 @@ class FetchSession:
     closed: bool = False  # out of the cache: marks no more partitions
     verified_ms: int = -1  # when every mark was last checked against the partition (the safety net)
 
-    @property
-    def last_used_ms(self) -> int:
-        return self.clock.ms
-
     def update(
         self, topics: Iterable[tuple[Any, Iterable[Any]]], forgotten: Iterable[tuple[Any, Iterable[int]]]
     ) -> None:
