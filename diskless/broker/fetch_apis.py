@@ -500,7 +500,7 @@ class FetchApis(ApiFamily):
         fenced = self._leader_fenced()
         routes: collections.Counter[str] = collections.Counter()
         staleness_ms = self._max_staleness_ms
-        memo = self._idle_memo(request, committed, fenced) if follower < 0 else None
+        memo = self._idle_memo(request, committed, fenced, now_ms) if follower < 0 else None
         asked = reused = reused_follower_reads = 0
         for topic in request.topics:
             parts = []
@@ -652,7 +652,7 @@ class FetchApis(ApiFamily):
             DISKLESS_FOLLOWER_READS.labels(action).inc(count)
         return responses, total, has_error, remote, forwards
 
-    def _idle_memo(self, request: Any, committed: bool, fenced: bool) -> IdleFetchMemo | None:
+    def _idle_memo(self, request: Any, committed: bool, fenced: bool, now_ms: int) -> IdleFetchMemo | None:
         """The connection's memo of idle partitions (idle_fetches.py), begun for this pass with
         the request-wide inputs of the serving decision; None: decide every partition afresh."""
         memo = CURRENT_IDLE_FETCHES.get()
@@ -667,7 +667,7 @@ class FetchApis(ApiFamily):
                 self._consumer_az(request),
                 self._redirect_az(request),
             ),
-            self.broker.now_ms(),
+            now_ms,
         )
         return memo
 

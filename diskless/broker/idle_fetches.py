@@ -97,7 +97,7 @@ class IdleFetchMemo:
     def __len__(self) -> int:
         return self._size
 
-    def begin(self, context: tuple[Any, ...], now_ms: int = -1) -> None:
+    def begin(self, context: tuple[Any, ...], now_ms: int) -> None:
         """Start a pass whose request-wide inputs are ``context``: entries decided under another
         are dropped. At most every ``VERIFY_MS`` (``now_ms``), every entry is compared in full."""
         if context != self._context:
@@ -132,21 +132,13 @@ class IdleFetchMemo:
             self._size -= 1
             idle.replica.unwatch(self)
 
-    def reuse(
-        self, key: tuple[str, int], fetch_offset: int, asked_epoch: int, now_ms: int, staleness_ms: int
-    ) -> _Idle | None:
-        """The entry kept for ``key`` if the request asks the same of it and it is still fresh;
-        its replica's inputs are unchanged while it is kept (its watch drops it). The entry's
-        ``answer`` is read-only; ``follower_read``: it was a diskless follower's read (which metrics
-        count as that decision again)."""
-        idle = self._entries.get(key[0], {}).get(key[1])
-        if idle is None or fetch_offset != idle.fetch_offset or asked_epoch != idle.asked_epoch:
-            return None
-        return idle if idle.leads or _fresh(idle, now_ms, staleness_ms) else None
-
     def reuse_topic(self, topic: str, partitions: Sequence[Any], now_ms: int, staleness_ms: int) -> list[_Idle | None]:
-        """``reuse`` for each partition of a Fetch request's topic, in order (its entries carry
-        ``partition``, ``fetch_offset`` and, from Fetch v9, ``current_leader_epoch``)."""
+        """For each partition of a Fetch request's topic, in order (entries carrying ``partition``,
+        ``fetch_offset`` and, from Fetch v9, ``current_leader_epoch``): the entry kept for it if the
+        request asks the same of it and it is still fresh, else None. Its replica's inputs are
+        unchanged while it is kept (its watch drops it). The entry's ``answer`` is read-only;
+        ``follower_read``: it was a diskless follower's read (which metrics count as that decision
+        again)."""
         entries = self._entries.get(topic)
         if not entries:
             return [None] * len(partitions)

@@ -114,13 +114,13 @@ class QuietMark:
             and plog.log_start_offset == self.log_start_offset
         )
 
-    def release(self, clock: SessionClock) -> None:
+    def release(self) -> None:
         """The mark is dropped: stop watching, and write the caught-up time the clock stood for."""
-        self.replica.unwatch(self.clock)
+        clock = self.clock
+        self.replica.unwatch(clock)
         progress = self.progress
         if progress.quiet_clock is clock:
             progress.last_caught_up_ms = max(progress.last_caught_up_ms, clock.ms)
-            progress.last_fetch_ms = max(progress.last_fetch_ms, clock.ms)
             progress.quiet_clock = None
 
 

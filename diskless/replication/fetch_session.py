@@ -57,7 +57,7 @@ class SessionClock:
 
 
 class QuietMarkLike(Protocol):
-    def release(self, clock: SessionClock) -> None:
+    def release(self) -> None:
         """The mark is dropped: stop watching its partition, and hand back its ISR upkeep."""
 
 
@@ -116,7 +116,7 @@ class FetchSession:
         topic_id, index = key
         unmarked = self._unmarked.get(topic_id)
         if unmarked is None or index not in unmarked:
-            mark.release(self.clock)  # forgotten meanwhile
+            mark.release()  # forgotten meanwhile
             return
         self._release(key)
         self.quiet[key] = mark
@@ -138,7 +138,7 @@ class FetchSession:
         mark = self.quiet.pop(key, None)
         if mark is None:
             return False
-        mark.release(self.clock)
+        mark.release()
         return True
 
     def close(self) -> None:

@@ -26,11 +26,10 @@ class Clock(Protocol):
 class FollowerProgress:
     log_end_offset: int = UNKNOWN
     last_caught_up_ms: int = 0
-    last_fetch_ms: int = 0
     last_sent_hw: int = UNKNOWN  # the high watermark this follower was last told
     # While the follower's fetch session holds this partition quiet (broker/quiet_fetches.py), it
     # is caught up at each fetch of that session without being looked at: the session's clock (when
-    # it last fetched) stands in for both times above, which take its value when the mark goes.
+    # it last fetched) stands in for last_caught_up_ms, which takes its value when the mark goes.
     quiet_clock: Clock | None = None
 
     def caught_up_ms(self) -> int:
@@ -63,7 +62,6 @@ class LeaderState:
         if progress is None:  # not setdefault: that built a FollowerProgress on every replica fetch
             progress = self.followers[follower] = FollowerProgress(last_caught_up_ms=now_ms)
         progress.log_end_offset = fetch_offset
-        progress.last_fetch_ms = now_ms
         if fetch_offset >= leader_leo:
             progress.last_caught_up_ms = now_ms
         return self.maybe_advance_hw(leader_leo)

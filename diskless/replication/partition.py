@@ -183,8 +183,10 @@ class Partition:
             self.hear_through(contact, first_round)
 
     def stop_hearing(self, contact: LeaderContact) -> None:
+        """No longer asked for through ``contact``: keep what was heard through it, nothing more."""
         if self._contact is contact:
-            self.heard_from_leader_ms = self.heard_from_leader_ms
+            self._heard_ms = self.heard_from_leader_ms
+            self._contact = None
 
     # --- watches ---------------------------------------------------------------------------------
 

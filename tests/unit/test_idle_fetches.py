@@ -266,6 +266,14 @@ def _replica(tmp_path: Path, leads: bool) -> Partition:
     return replica
 
 
+def _reuse(memo: IdleFetchMemo, key: tuple[str, int], offset: int, epoch: int, now_ms: int, staleness_ms: int) -> Any:
+    """The memo's answer for one partition of a Fetch request (Fetch v9+ entries carry the epoch)."""
+    from types import SimpleNamespace
+
+    asked = SimpleNamespace(partition=key[1], fetch_offset=offset, current_leader_epoch=epoch)
+    return memo.reuse_topic(key[0], [asked], now_ms, staleness_ms)[0]
+
+
 def _restate(replica: Partition, **changes: Any) -> None:
     state = PartitionState(replicas=[1, 2], leader=replica.leader_id, leader_epoch=replica.leader_epoch, isr=[1, 2])
     replica.apply_state(dataclasses.replace(state, **changes), 0)
@@ -293,14 +301,14 @@ def test_every_input_of_an_idle_answer_is_checked_at_reuse(tmp_path: Path, chang
     memo = IdleFetchMemo()
     memo.begin(("context",), START_MS)
     memo.keep(key, 10, 5, replica, answer)
-    reused = memo.reuse(key, 10, 5, START_MS + 100, 2_000)
+    reused = _reuse(memo, key, 10, 5, START_MS + 100, 2_000)
     assert reused is not None and reused.answer == answer and not reused.follower_read
-    assert memo.reuse(key, 11, 5, START_MS + 100, 2_000) is None  # another offset
-    assert memo.reuse(key, 10, 4, START_MS + 100, 2_000) is None  # another asked epoch
+    assert _reuse(memo, key, 11, 5, START_MS + 100, 2_000) is None  # another offset
+    assert _reuse(memo, key, 10, 4, START_MS + 100, 2_000) is None  # another asked epoch
     CHANGES[change](replica)
     leader_only_input = change in ("heard from the leader too long ago", "leader's log start")
     kept = leads and leader_only_input  # a leader's reads need no word from a leader
-    assert (memo.reuse(key, 10, 5, START_MS + 100, 2_000) is not None) == kept
+    assert (_reuse(memo, key, 10, 5, START_MS + 100, 2_000) is not None) == kept
     memo.begin(("another context",), START_MS)
     assert len(memo) == 0
 
@@ -313,10 +321,10 @@ def test_a_change_behind_the_watches_is_caught_by_the_next_full_comparison(tmp_p
     memo.keep(key, 10, 5, replica, {"partition_index": 0})
     replica.log._high_watermark = 4  # no watch fires
     memo.begin(("context",), START_MS + 1)
-    assert memo.reuse(key, 10, 5, START_MS + 1, 2_000) is not None  # not compared yet
+    assert _reuse(memo, key, 10, 5, START_MS + 1, 2_000) is not None  # not compared yet
     misses = UNWATCHED_CHANGES.labels("consumer-fetch-memo")._value.get()
     memo.begin(("context",), START_MS + VERIFY_MS)
-    assert memo.reuse(key, 10, 5, START_MS + VERIFY_MS, 2_000) is None
+    assert _reuse(memo, key, 10, 5, START_MS + VERIFY_MS, 2_000) is None
     assert UNWATCHED_CHANGES.labels("consumer-fetch-memo")._value.get() == misses + 1
 
 
@@ -406,7 +414,7 @@ def test_a_kept_answer_is_read_only_and_independent_of_the_decisions_dict(tmp_pa
     memo.begin(("context",), START_MS)
     memo.keep(key, 10, 5, replica, answer)
     answer["high_watermark"] = 99
-    reused = memo.reuse(key, 10, 5, START_MS, 2_000)
+    reused = _reuse(memo, key, 10, 5, START_MS, 2_000)
     assert reused is not None
     assert reused.answer["high_watermark"] == 10
     with pytest.raises(TypeError):
