@@ -46,6 +46,7 @@ NETWORK_BYTES = "diskless_connection_network_bytes_total"
 API_BYTES = "diskless_connection_api_bytes_total"
 AZ_BYTES = "diskless_connection_bytes_total"
 OBJECT_REQUESTS = "diskless_object_store_requests_total"
+OBJECT_BYTES = "diskless_object_store_bytes_total"
 # The metric families the bench reads (counters by their ``_total`` name). A snapshot asks each
 # broker for these alone: a full scrape once a second, with the per-partition tiering gauges of
 # 1,000 partitions, took ~8% of the brokers' busy time, far more than a Prometheus server scraping
@@ -55,6 +56,7 @@ COUNTERS = (
     API_BYTES,
     AZ_BYTES,
     OBJECT_REQUESTS,
+    OBJECT_BYTES,
     "diskless_requests_total",
     "diskless_replica_fetches_total",
     "diskless_object_store_hedges_total",

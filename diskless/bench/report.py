@@ -172,11 +172,23 @@ def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             + (f" ({low} ms in low)" if reference != "low" else "")
             + f"; the reader got {read} records ({mb_s:.1f} MB/s),"
             + (f" quota {quota / 2**20:g} MiB/s per broker" if quota else " no quota")
+            + _object_reads_note(lagging, diskless["phases"][reference], reference)
             + _by_az_note(lagging, diskless["phases"][reference], reference, diskless.get("lagging_reader_az"))
         )
         ok = None if rise is None else rise <= 0.2
         rows.append(_row("lagging reader raises tail e2e p99 <= 20%", "lagging", rise, 0.2, "ratio", ok, note))
     return rows
+
+
+def _object_reads_note(during: dict[str, Any], before: dict[str, Any], reference: str) -> str:
+    """What the brokers read from object storage with the reader and without: its GETs and bytes
+    are the S3 server's extra work (results without GET bytes: none)."""
+    if during.get("s3_get_bytes") is None or before.get("s3_get_bytes") is None:
+        return ""
+    return (
+        f"; S3 GETs {during['s3_gets']} ({during['s3_get_bytes'] / 1e6:.1f} MB)"
+        f" against {before['s3_gets']} ({before['s3_get_bytes'] / 1e6:.1f} MB) in {reference}"
+    )
 
 
 def _by_az_note(during: dict[str, Any], before: dict[str, Any], reference: str, reader_az: str | None) -> str:

@@ -25,6 +25,7 @@ import numpy as np
 
 from diskless.bench.cluster import az_env, azs_of, build_shim, create_topics, spawn_loadgen, start_cluster
 from diskless.bench.collect import (
+    OBJECT_BYTES,
     OBJECT_REQUESTS,
     Sampler,
     WalObject,
@@ -422,6 +423,7 @@ def kind_figures(
             broker_cpu_s_per_gb=round(cpu / (megabytes / 1000), 1) if megabytes else None,
             s3_puts=int(puts),
             s3_gets=int(gets),
+            s3_get_bytes=int(delta.total(OBJECT_BYTES, direction="get")),
             s3_puts_per_mb=round(puts / megabytes, 3) if megabytes else None,
             s3_gets_per_mb=round(gets / megabytes, 3) if megabytes else None,
             s3_puts_per_broker_per_s=per_broker,

@@ -53,3 +53,12 @@ def test_each_azs_samples_are_its_consumers_as_views_of_the_pooled_ones(tmp_path
     assert by_az["az-2"].sent_at.tolist() == [10.0, 11.0, 12.0, 13.0]
     assert np.allclose(by_az["az-3"].received_at - by_az["az-3"].sent_at, 0.3)
     assert all(np.shares_memory(part.sent_at, pooled.sent_at) for part in by_az.values())  # no second copy
+
+
+def test_the_lagging_note_sets_the_readers_object_reads_against_the_control() -> None:
+    from diskless.bench.report import _object_reads_note
+
+    during = {"s3_gets": 340, "s3_get_bytes": 190_000_000}
+    control = {"s3_gets": 60, "s3_get_bytes": 2_500_000}
+    assert _object_reads_note(during, control, "control") == ("; S3 GETs 340 (190.0 MB) against 60 (2.5 MB) in control")
+    assert _object_reads_note(during, {"s3_gets": 60}, "control") == ""  # results from before the figure
