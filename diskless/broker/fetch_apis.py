@@ -21,6 +21,7 @@ from kio.schema.fetch.v13.request import FetchTopic as _FETCH_TOPIC
 
 from diskless.cluster.metadata import PartitionState
 from diskless.cluster.zones import zone_aligned_leader
+from diskless.fetch.read_quota import prefixes_in_object_order
 from diskless.fetch.tier_reader import TierReader
 from diskless.log.partition_log import TIERED, OffsetMovedToTiered, OffsetOutOfRange, PartitionLog
 from diskless.log.segment import POINTERS
@@ -81,14 +82,9 @@ def _reads_to_end(answer: dict[str, Any], entries: list[Any]) -> bool:
     return bool(entries) and entries[-1].last_offset + 1 >= answer["last_stable_offset"]
 
 
-def _prefix_within(entries: list[Any], room: int) -> list[Any]:
-    """The first entries whose batches fit in ``room`` bytes, at least one (a fetch always moves on)."""
-    used = 0
-    for n, entry in enumerate(entries):
-        used += _batch_bytes(entry)
-        if used > room and n > 0:
-            return entries[:n]
-    return entries
+def _place(entry: pointer.PointerEntry) -> tuple[str, int]:
+    """Where a pointed batch's bytes lie: WAL object keys sort by creation time (``wal_format``)."""
+    return entry.key, entry.offset
 
 
 def _pointers_within(data: bytes, room: int, min_one: bool) -> bytes:
@@ -413,10 +409,10 @@ class FetchApis(ApiFamily):
         data is answered now without the cold partitions' batches (their consumer asks again from
         the same offset); a response of cold partitions only waits for the quota, up to its max
         wait, as Kafka delays a fetch over its remote-read quota. Within it, the cold partitions
-        share the quota's allowance evenly, each cut to a prefix of its batches (at least one):
-        all of them move on together through the same WAL objects, so each object is still read
-        once for all of them. Admitted bytes are charged at once, so fetches waking together do
-        not all pass on the same refill."""
+        take the quota's allowance in the order their batches lie in the WAL objects, each cut to
+        a prefix of its batches (``prefixes_in_object_order``): a read is one span per object,
+        with no gaps, and the partitions move on together. Admitted bytes are charged at once,
+        so fetches waking together do not all pass on the same refill."""
         reader = self.broker.wal_reader
         if reader is None or not self.broker.lagging_read_quota.limited:
             return parts
@@ -430,7 +426,7 @@ class FetchApis(ApiFamily):
                 # A read up to the end is the tail's, even when its object is not cached yet
                 # (a prefetch not started): the tail is never held for a lagging reader's quota.
                 continue
-            elif reader.miss_bytes([e for e in entries if isinstance(e, pointer.PointerEntry)]):
+            elif any(reader.read_cost(e) for e in entries):
                 cold_served += sum(_batch_bytes(e) for e in entries)
             else:
                 continue
@@ -452,16 +448,20 @@ class FetchApis(ApiFamily):
                 if entry.get("aborted_transactions"):
                     entry["aborted_transactions"] = []
             return [part for i, part in enumerate(parts) if i not in deferred]
-        share = quota.allowance(self.broker.monotonic_ms()) // len(cold)
-        charged = 0
-        for i in cold:
+        tiered = [i for i in cold if isinstance(parts[i][1], TieredRead)]
+        pointed = [i for i in cold if not isinstance(parts[i][1], TieredRead)]
+        charged = sum(_tiered_size(parts[i][1]) for i in tiered)  # read whole, in blocks of their own
+        allowance = quota.allowance(self.broker.monotonic_ms())
+        counts = prefixes_in_object_order(
+            [parts[i][1] for i in pointed], max(0, allowance - charged), reader.read_cost, _place
+        )
+        for i, n in zip(pointed, counts, strict=True):
             answer, entries = parts[i]
-            if isinstance(entries, TieredRead):
-                charged += _tiered_size(entries)
-                continue
-            kept = _prefix_within(entries, share)
+            kept = entries[:n]
             parts[i] = (answer, kept)
-            charged += reader.miss_bytes([e for e in kept if isinstance(e, pointer.PointerEntry)])
+            charged += sum(reader.read_cost(e) for e in kept)
+            if not kept and answer.get("aborted_transactions"):
+                answer["aborted_transactions"] = []
         quota.record(charged, self.broker.monotonic_ms())
         DISKLESS_LAGGING_BYTES.inc(charged)
         return parts

@@ -19,6 +19,12 @@ consumers waited up to 2.7 s behind them.
 
 from __future__ import annotations
 
+import heapq
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+Entry = TypeVar("Entry")
+
 UNLIMITED = 2**63 - 1  # Kafka's Long.MAX_VALUE default: no quota
 BURST_S = 0.5
 QUANTUM_S = 0.1
@@ -59,3 +65,43 @@ class ReadQuota:
         if self.limited:
             self._refill(now_ms)
             self._tokens -= nbytes
+
+
+def prefixes_in_object_order(
+    groups: Sequence[Sequence[Entry]],
+    allowance: int,
+    cost: Callable[[Entry], int],
+    place: Callable[[Entry], tuple[str, int]],
+) -> list[int]:
+    """How many leading entries of each group (a partition's batches, in offset order) a read
+    within ``allowance`` bytes takes, when entries are taken in the order of where their bytes
+    lie: ``place`` (object key, byte offset). Entries that cost nothing to read (cached, inline)
+    come with their group's prefix. At least one entry is taken if any costs something.
+
+    Why this order: a WAL object holds every partition's batches of one flush, partition after
+    partition, and keys sort by creation time. An even split of the allowance over the partitions
+    (the first version) took a slice of every partition's run in an object, so the coalesced GET
+    read the gaps between the slices as well and the next read fetched the same span again: about
+    twice the bytes and GETs of the data served. Taken in place order, a read takes one span of an
+    object from its start, the next read the span after it, and partitions still move on together
+    through the objects."""
+    taken = [0] * len(groups)
+    heap: list[tuple[tuple[str, int], int]] = []
+
+    def advance(g: int) -> None:
+        entries, n = groups[g], taken[g]
+        while n < len(entries) and cost(entries[n]) == 0:
+            n += 1
+        taken[g] = n
+        if n < len(entries):
+            heapq.heappush(heap, (place(entries[n]), g))
+
+    for g in range(len(groups)):
+        advance(g)
+    spent = 0
+    while heap and (spent < allowance or spent == 0):
+        _, g = heapq.heappop(heap)
+        spent += cost(groups[g][taken[g]])
+        taken[g] += 1
+        advance(g)
+    return taken

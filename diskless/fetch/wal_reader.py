@@ -155,10 +155,11 @@ class WalReader:
         finally:
             self._inflight.pop(key, None)
 
-    def miss_bytes(self, entries: list[Any]) -> int:
-        """Bytes of these pointer entries that serving them would read from the object store:
-        neither cached nor on their way in a prefetch."""
-        return sum(entry.size for entry in entries if entry.key not in self._inflight and entry.key not in self.cache)
+    def read_cost(self, entry: Any) -> int:
+        """Bytes serving this entry would read from the object store: none for an inline entry or
+        an object cached or on its way in a prefetch."""
+        key = getattr(entry, "key", None)
+        return 0 if key is None or key in self._inflight or key in self.cache else entry.size
 
     async def batches(self, entries: list[Any]) -> list[bytes]:
         """The served batch of every pointer entry, in order."""

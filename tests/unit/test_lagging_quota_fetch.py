@@ -15,6 +15,7 @@ from diskless.broker.fetch_apis import FetchApis
 from diskless.fetch.read_quota import UNLIMITED, ReadQuota
 from diskless.fetch.wal_reader import WalCache, WalReader
 from diskless.storage import pointer
+from diskless.storage.object_store import coalesce_ranges
 
 HOT, COLD = "wal/hot", "wal/cold"
 
@@ -118,19 +119,75 @@ def test_a_tail_read_missing_the_cache_is_never_held_by_the_quota() -> None:
     assert time.monotonic() - started < 1.0
 
 
-def test_within_the_quota_lagging_partitions_share_the_allowance_and_move_on_together() -> None:
+def wal_objects(objects: int, partitions: int, batches: int) -> list[bytes]:
+    """Each partition's pointer entries into ``objects`` WAL objects laid out as a flush writes
+    them: one object per flush, holding every partition's ``batches`` batches, partition after
+    partition; keys sort by creation time."""
+    batch = make_batch([b"v" * 500] * 4)
+    size = len(batch)
+    out = [b""] * partitions
+    for o in range(objects):
+        key = f"wal/2026/11/28/05/{1_764_306_000_000 + o * 100}-az-1-1-x.wal"
+        for p in range(partitions):
+            for b in range(batches):
+                base = 4 * (o * batches + b)
+                header = make_batch([b"v" * 500] * 4, base_offset=base)[:61]
+                out[p] += pointer.encode_pointer_entry(header, key, size * (p * batches + b), size)
+    return out
+
+
+def read_until_caught_up(fake: Any, streams: list[bytes]) -> tuple[int, int, int]:
+    """A lagging reader's successive Fetches, each served within the quota's allowance (refilled
+    in between): (bytes served, bytes its ranged GETs would read, GETs)."""
+    left = [pointer.iter_entries(raw) for raw in streams]
+    served = fetched = gets = 0
+    while any(left):
+        fake.broker.lagging_read_quota = ReadQuota(20_000, 0)  # a fresh allowance of 10,000 B
+        answers = [answer(end=10**6) for _ in left]
+        chosen = asyncio.run(
+            FetchApis._within_lagging_quota(fake, list(zip(answers, left, strict=True)), 0, time.monotonic() + 5)
+        )
+        kept = [entries for _, entries in chosen]
+        assert any(kept), "every read moves on"
+        by_object: dict[str, list[tuple[int, int]]] = {}
+        for entries in kept:
+            for e in entries:
+                by_object.setdefault(e.key, []).append((e.offset, e.offset + e.size))
+                served += e.size
+        for ranges in by_object.values():
+            plan = coalesce_ranges(ranges, max_gap=256 * 1024, max_size=8 * 1024 * 1024)
+            gets += len(plan)
+            fetched += sum(end - start for start, end, _ in plan)
+        left = [entries[len(k) :] for entries, k in zip(left, kept, strict=True)]
+    return served, fetched, gets
+
+
+def test_within_the_quota_a_lagging_read_takes_one_gapless_span_per_object() -> None:
     """A full bucket of a second's reads once went to one response: 16 MiB, hundreds of GETs at
-    once, and the tail's consumers waited up to 2.7 s (``diskless bench``). Now a response reads
-    the allowance, split evenly, each partition a prefix of its batches."""
+    once, and the tail's consumers waited up to 2.7 s (``diskless bench``). Then the allowance was
+    split evenly over the partitions: every read took a slice of each partition's run in an object,
+    the coalesced GET read the gaps between the slices too, and the next read fetched the same span
+    again (the bench's lagging phase: twice the bytes, twice the GETs). Now a read takes the
+    allowance in the order the batches lie in the objects."""
+    fake = handler(ReadQuota(20_000, 0), [0.0])
+    streams = wal_objects(objects=4, partitions=6, batches=2)  # 12 batches (~25 KB) per object
+    served, fetched, gets = read_until_caught_up(fake, streams)
+    assert fetched == served  # no gap read, no byte read twice
+    object_bytes = served // 4
+    assert gets <= 4 * (object_bytes // 10_000 + 2)  # one span per read and object
+
+
+def test_a_lagging_read_stays_within_its_allowance_but_for_one_batch() -> None:
     quota = ReadQuota(20_000, 0)  # a burst of 10,000 B
     fake = handler(quota, [0.0])
-    first, second = answer(end=1000), answer(end=1000)
-    remote = [(first, pointers(COLD, batches=10)), (second, pointers(COLD, batches=10))]
+    remote = [(answer(end=1000), raw) for raw in wal_objects(objects=2, partitions=2, batches=5)]
     batch_size = pointer.iter_entries(remote[0][1])[0].size  # ~2 KiB
     chosen = asyncio.run(FetchApis._within_lagging_quota(fake, parts(remote), 0, time.monotonic() + 5))
-    kept = [len(entries) for _, entries in chosen]
-    assert kept == [10_000 // 2 // batch_size] * 2  # 5,000 B each: two batches, not ten
-    assert quota.wait_ms(0) == 0 and quota.allowance(0) == max(10_000 - 4 * batch_size, 2_000)  # charged 4 batches
+    kept = [entries for _, entries in chosen]
+    taken = sum(len(entries) for entries in kept)
+    assert taken == -(-10_000 // batch_size)  # up to the allowance, the last batch whole
+    assert [len(entries) for entries in kept] == [5, taken - 5]  # partition 0's run first: it lies first
+    assert quota.allowance(0) == 0 and round(quota.wait_ms(0)) == round((taken * batch_size - 10_000) / 20)
 
 
 def test_a_partition_always_gets_at_least_one_batch() -> None:
