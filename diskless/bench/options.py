@@ -7,11 +7,17 @@ Each topic kind runs the same sequence, so the figures of the two kinds compare 
 - ``after-burst``: the fixed ``rate`` again, for ``after`` seconds, starting the instant the burst ends
   (issue 10: "within 10 s after a burst at maximum throughput ends");
 - ``80pct``: 80 % of the throughput the ``max`` phase reached, for ``duration`` seconds;
-- ``control`` (diskless only): the fixed ``rate`` again for ``duration`` seconds, nothing else;
-- ``lagging`` (diskless only): the fixed ``rate`` again while one more consumer reads the topic from
-  its start (everything the phases before wrote), for ``duration`` seconds; the tail consumers'
-  end-to-end p99 is compared with the ``control`` phase's, run just before it on the same cluster
-  state (issue 10: lagging reads must not evict the tail cache). Against the ``low`` phase, at the
+- ``control`` and ``lagging`` (diskless only): the fixed ``rate`` again for ``duration`` seconds
+  each, in ``lagging_slices`` alternating slices (``control``, ``lagging``, ``control-2``,
+  ``lagging-2``, ...). One more consumer reads the topic from its start (everything the phases
+  before wrote), stopped by SIGSTOP but in the lagging slices. The tail consumers' end-to-end
+  p99 over the lagging slices is compared with theirs over the control slices (issue 10: lagging
+  reads must not evict the tail cache).
+
+  Why slices: the machine's speed drifts by tens of percent within minutes (other tenants,
+  thermal limits). One control phase and one lagging phase after it, each 20 s, measured the same
+  code's rise at 0.16, 0.39 and 0.67 in three runs within an hour, so the verdict was the drift's. Pooled
+  over alternating slices, drift falls on both sides alike. Against the ``low`` phase, at the
   run's start, the comparison also took in how the cluster changed since (data written, a burst
   behind it): one run's ``after-burst`` p99, with no reader, was 63% above its ``low`` p99.
 """
@@ -65,7 +71,8 @@ class BenchOptions:
     # enable.idempotence=true, whose 5 requests in flight per broker, with librdkafka's one
     # partition per ProduceRequest, keep records waiting in the producer (report: "Producers' view").
     producer_config: dict[str, str] = field(default_factory=dict)
-    lagging: bool = True  # the diskless kind's ``lagging`` phase
+    lagging: bool = True  # the diskless kind's ``control`` and ``lagging`` phases
+    lagging_slices: int = 2  # alternating control/lagging slice pairs they are run in
     # Each broker's diskless.fetch.lagging.max.bytes.per.second (0: no quota, Kafka's default). The
     # lagging reader catches up as fast as it is let; on a machine the whole cluster shares, an
     # unbounded reader takes the tail's CPU (issue 10: it may cost the tail at most +20% e2e p99).
@@ -107,6 +114,8 @@ class BenchOptions:
             raise ValueError("--linger-ms must be >= 1")
         if self.producers_per_az < 1:
             raise ValueError("--producers-per-az must be >= 1")
+        if self.lagging_slices < 1:
+            raise ValueError("--lagging-slices must be >= 1")
         if self.lagging_read_quota < 0:
             raise ValueError("--lagging-quota must be >= 0")
         if self.s3_slow is not None and not (0.0 <= self.s3_slow[0] <= 1.0 and self.s3_slow[1] >= 0.0):
@@ -132,6 +141,15 @@ class BenchOptions:
             {"name": "after-burst", "rate": self.producer_rate, "duration": self.after},
         ]
 
+    def lagging_phases(self) -> list[dict[str, Any]]:
+        """``control`` and ``lagging`` in alternating slices, ``duration`` seconds each in all."""
+        seconds = self.duration / self.lagging_slices
+        return [
+            {"name": name if n == 1 else f"{name}-{n}", "rate": self.producer_rate, "duration": seconds}
+            for n in range(1, self.lagging_slices + 1)
+            for name in ("control", "lagging")
+        ]
+
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["kinds"] = list(self.kinds)
@@ -139,6 +157,12 @@ class BenchOptions:
         out["profile"] = list(self.profile)
         out["s3_slow"] = list(self.s3_slow) if self.s3_slow is not None else None
         return out
+
+
+def phase_of(name: str) -> str:
+    """The phase a window belongs to: ``lagging-2`` is the lagging phase's second slice."""
+    base, _, number = name.rpartition("-")
+    return base if base in PHASES and number.isdigit() else name
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -162,6 +186,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help=f"results directory; each run gets a subdirectory (default {d.out_dir})")
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     parser.add_argument("--no-lagging", action="store_true", help="skip the diskless lagging-reader phase")
+    parser.add_argument(
+        "--lagging-slices",
+        type=int,
+        help=f"alternating control/lagging slice pairs the reader's effect is measured in (default {d.lagging_slices})",
+    )
     parser.add_argument(
         "--lagging-quota",
         type=int,
@@ -208,6 +237,7 @@ def options_from(args: argparse.Namespace) -> BenchOptions:
         "linger_ms",
         "producer_linger_ms",
         "lagging_read_quota",
+        "lagging_slices",
     ):
         value = getattr(args, flag)
         if value is not None:

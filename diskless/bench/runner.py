@@ -14,8 +14,10 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,7 +38,7 @@ from diskless.bench.collect import (
     requests_per_broker_per_s,
     window_delta,
 )
-from diskless.bench.options import BenchOptions
+from diskless.bench.options import BenchOptions, phase_of
 from diskless.bench.profile import Profiler, hot_spots
 from diskless.bench.report import evaluate_targets, write_outputs
 from diskless.bench.s3_baseline import run_baseline
@@ -155,6 +157,23 @@ def _windows(order: dict[str, Any]) -> list[Window]:
         out.append(Window(phase["name"], start, start + float(phase["duration"])))
         start += float(phase["duration"])
     return out
+
+
+def _run_reader_in(reader: subprocess.Popen[bytes], windows: list[Window]) -> threading.Thread:
+    """Let the stopped reader run (SIGCONT) during each lagging slice among ``windows``, and stop
+    it (SIGSTOP) at the slice's end; the thread ends with the last slice."""
+
+    def switch() -> None:
+        for window in windows:
+            if phase_of(window.name) == "lagging":
+                time.sleep(max(0.0, window.start - time.time()))
+                reader.send_signal(signal.SIGCONT)
+                time.sleep(max(0.0, window.end - time.time()))
+                reader.send_signal(signal.SIGSTOP)
+
+    thread = threading.Thread(target=switch, name="lagging-reader-switch", daemon=True)
+    thread.start()
+    return thread
 
 
 def _publish(path: Path, value: dict[str, Any]) -> None:
@@ -284,27 +303,24 @@ def run_kind(
         per_producer = max(1, round(0.8 * max_rps / len(producers)))
         rounds = [round1]
 
-        def fixed_rate_round(number: int, name: str, rate: int) -> list[Window]:
-            """One phase at ``rate`` records/s per producer: round ``number`` of their orders."""
-            order = {
-                "start_at": time.time() + 0.3,
-                "phases": [{"name": name, "rate": rate, "duration": options.duration}],
-                "flush_timeout": FLUSH_TIMEOUT_S,
-            }
+        def fixed_rate_round(number: int, phases: list[dict[str, Any]], on_start: Any = None) -> list[Window]:
+            """Phases at fixed rates (records/s per producer): round ``number`` of their orders;
+            ``on_start`` gets the phases' windows once the order is out."""
+            order = {"start_at": time.time() + 0.3, "phases": phases, "flush_timeout": FLUSH_TIMEOUT_S}
             windows = _windows(order)
             for control in producers:
                 _publish(control / f"go-{number}.json", order)
-            wait = options.duration + FLUSH_TIMEOUT_S + 30
+            if on_start is not None:
+                on_start(windows)
+            wait = windows[-1].end - time.time() + FLUSH_TIMEOUT_S + 30
             gens.wait_files(producers, f"done-{number}", wait, tick_for(windows, {}))
             rounds.append(_load_producers(producers, number))
             return windows
 
-        second = fixed_rate_round(2, "80pct", per_producer)
+        second = fixed_rate_round(2, [{"name": "80pct", "rate": per_producer, "duration": options.duration}])
         if options.lagging and kind == "diskless":
-            # The control: the fixed rate again without the reader, right before it, so the
-            # reader's effect is measured against the same cluster state (data written, caches).
-            second += fixed_rate_round(3, "control", options.producer_rate)
-            # A reader of the whole topic from its start in the first AZ, beside that AZ's tail reader.
+            # A reader of the whole topic from its start in the first AZ, beside that AZ's tail
+            # reader, stopped (SIGSTOP) but in the lagging slices (options.lagging_phases).
             az = azs[0]
             lagging = gens.spawn(
                 "consumer",
@@ -314,7 +330,17 @@ def run_kind(
                 name=f"lagging-consumer-{az}",
             )
             gens.wait_files([lagging], "ready", READY_TIMEOUT_S)
-            second += fixed_rate_round(4, "lagging", options.producer_rate)
+            reader = gens.procs[lagging]
+            reader.send_signal(signal.SIGSTOP)
+            switches: list[threading.Thread] = []
+            try:
+                second += fixed_rate_round(
+                    3, options.lagging_phases(), lambda windows: switches.append(_run_reader_in(reader, windows))
+                )
+            finally:
+                for switch in switches:
+                    switch.join()
+                reader.send_signal(signal.SIGCONT)
             gens.stop([lagging])
             with np.load(lagging / "out.npz") as data:
                 run.lagging_read = int(data["sent_at"].size)
@@ -441,10 +467,12 @@ def kind_figures(
     # The whole run's bytes crossing AZs, but for the control phase: a measuring aid for the
     # lagging reader, it would add a second low-rate phase (whose fixed per-flush bytes are a
     # larger share of its payload) to the mix the target was set on.
-    spans = [(first, last)]
-    control = next((w for w in run.windows if w.name == "control"), None)
-    if control is not None:
-        spans = [(first, control.start), (control.end, last)]
+    spans, start = [], first
+    for window in run.windows:
+        if phase_of(window.name) == "control":
+            spans.append((start, window.start))
+            start = window.end
+    spans.append((start, last))
     whole = cross_az_bytes(combined([window_delta(sampler, start, end) for start, end in spans]), azs)
     payload = 0
     for start, end in spans:
@@ -462,9 +490,33 @@ def kind_figures(
         "cross_az_counted_by": whole["counted_by"],
         "lagging_reader_records": run.lagging_read,
         "lagging_reader_az": azs[0] if run.lagging_read is not None else None,  # where run_kind starts it
+        "lagging_pooled": _pooled_slices(run, phases, ("control", "lagging")),
         "throughput_series": throughput_series(run.produced, run.started_at, last + 5, options.record_size),
     }
     return figures, samples
+
+
+def _pooled_slices(run: KindRun, phases: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any] | None:
+    """The tail consumers' end-to-end p99 (pooled and per AZ) and the object reads over all slices
+    of each named phase (options.lagging_phases); None if the run has none."""
+    assert run.consumed is not None
+    pooled: dict[str, Any] = {}
+    for name in names:
+        slices = [w for w in run.windows if phase_of(w.name) == name]
+        if not slices:
+            return None
+
+        def p99(consumed: ConsumerSamples, slices: list[Window] = slices) -> Any:
+            return percentiles(np.concatenate([e2e_ms(w, consumed) for w in slices]))["p99"]
+
+        pooled[name] = {
+            "phases": [w.name for w in slices],
+            "end_to_end_p99_ms": p99(run.consumed),
+            "end_to_end_p99_ms_by_az": {az: p99(c) for az, c in run.consumed_by_az.items()},
+            "s3_gets": sum(phases[w.name]["s3_gets"] for w in slices),
+            "s3_get_bytes": sum(phases[w.name]["s3_get_bytes"] for w in slices),
+        }
+    return pooled
 
 
 def run_bench(options: BenchOptions, out: TextIO = sys.stdout) -> int:
