@@ -122,7 +122,11 @@ class Broker:
         self.miss_store: ObjectStore | None = None
         self.wal_reader: WalReader | None = None
         self.representative: Representative | None = None
-        self.lagging_read_quota = ReadQuota(config.diskless_fetch_lagging_max_bytes_per_second, self.monotonic_ms())
+        self.lagging_read_quota = ReadQuota(
+            config.diskless_fetch_lagging_max_bytes_per_second,
+            self.monotonic_ms(),
+            config.diskless_fetch_lagging_request_cost_bytes,
+        )
         if config.diskless_s3_endpoint:
             bucket = (
                 config.diskless_s3_endpoint,
