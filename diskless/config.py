@@ -306,17 +306,6 @@ class BrokerConfig:
             " is answered without those partitions' batches when it has others. Default: no limit.",
         ),
     )
-    diskless_fetch_lagging_request_cost_bytes: int = field(
-        default=128 * 1024,
-        metadata=_prop(
-            "diskless.fetch.lagging.request.cost.bytes",
-            "Bytes each object-storage GET of a read that misses the cache counts for against"
-            " diskless.fetch.lagging.max.bytes.per.second, on top of the bytes it reads. A GET costs the"
-            " store (and the bill, on S3) about the same whatever its size, so a reader far behind the"
-            " tail going through small WAL objects is held back by their number too, not by bytes only."
-            " 0: bytes only.",
-        ),
-    )
     diskless_cache_lagging_max_bytes: int = field(
         default=-1,
         metadata=_prop(

@@ -149,8 +149,7 @@ DISKLESS_CACHE_BYTES = Gauge(
 )
 DISKLESS_LAGGING_BYTES = Counter(
     "diskless_fetch_lagging_bytes_total",
-    "Bytes charged to diskless.fetch.lagging.max.bytes.per.second for consumers whose reads missed"
-    " the cache (far behind the tail): the bytes read, and diskless.fetch.lagging.request.cost.bytes per GET",
+    "Bytes read from object storage for consumers whose reads missed the cache (far behind the tail)",
 )
 DISKLESS_LAGGING_DEFERRED = Counter(
     "diskless_fetch_lagging_deferred_total",

@@ -122,11 +122,7 @@ class Broker:
         self.miss_store: ObjectStore | None = None
         self.wal_reader: WalReader | None = None
         self.representative: Representative | None = None
-        self.lagging_read_quota = ReadQuota(
-            config.diskless_fetch_lagging_max_bytes_per_second,
-            self.monotonic_ms(),
-            config.diskless_fetch_lagging_request_cost_bytes,
-        )
+        self.lagging_read_quota = ReadQuota(config.diskless_fetch_lagging_max_bytes_per_second, self.monotonic_ms())
         if config.diskless_s3_endpoint:
             bucket = (
                 config.diskless_s3_endpoint,

@@ -452,14 +452,14 @@ class FetchApis(ApiFamily):
         pointed = [i for i in cold if not isinstance(parts[i][1], TieredRead)]
         charged = sum(_tiered_size(parts[i][1]) for i in tiered)  # read whole, in blocks of their own
         allowance = quota.allowance(self.broker.monotonic_ms())
-        counts, cost = prefixes_in_object_order(
-            [parts[i][1] for i in pointed], max(0, allowance - charged), reader.read_cost, _place, quota.request_cost
+        counts = prefixes_in_object_order(
+            [parts[i][1] for i in pointed], max(0, allowance - charged), reader.read_cost, _place
         )
-        charged += cost
         for i, n in zip(pointed, counts, strict=True):
             answer, entries = parts[i]
             kept = entries[:n]
             parts[i] = (answer, kept)
+            charged += sum(reader.read_cost(e) for e in kept)
             if not kept and answer.get("aborted_transactions"):
                 answer["aborted_transactions"] = []
         quota.record(charged, self.broker.monotonic_ms())

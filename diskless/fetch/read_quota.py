@@ -31,12 +31,9 @@ QUANTUM_S = 0.1
 
 
 class ReadQuota:
-    def __init__(self, bytes_per_second: int, now_ms: float, request_cost: int = 0) -> None:
+    def __init__(self, bytes_per_second: int, now_ms: float) -> None:
         if bytes_per_second <= 0:
             raise ValueError("the quota must be positive")
-        if request_cost < 0:
-            raise ValueError("a request's cost must be >= 0")
-        self.request_cost = request_cost  # bytes each GET counts for on top of what it reads
         self.rate = float(bytes_per_second)
         self.limited = bytes_per_second < UNLIMITED
         self.capacity = self.rate * BURST_S
@@ -75,13 +72,11 @@ def prefixes_in_object_order(
     allowance: int,
     cost: Callable[[Entry], int],
     place: Callable[[Entry], tuple[str, int]],
-    per_object: int = 0,
-) -> tuple[list[int], int]:
+) -> list[int]:
     """How many leading entries of each group (a partition's batches, in offset order) a read
     within ``allowance`` bytes takes, when entries are taken in the order of where their bytes
-    lie: ``place`` (object key, byte offset); and what the read costs. Entries that cost nothing
-    to read (cached, inline) come with their group's prefix. At least one entry is taken if any
-    costs something. Each object the read touches costs ``per_object`` more: its GET.
+    lie: ``place`` (object key, byte offset). Entries that cost nothing to read (cached, inline)
+    come with their group's prefix. At least one entry is taken if any costs something.
 
     Why this order: a WAL object holds every partition's batches of one flush, partition after
     partition, and keys sort by creation time. An even split of the allowance over the partitions
@@ -104,13 +99,9 @@ def prefixes_in_object_order(
     for g in range(len(groups)):
         advance(g)
     spent = 0
-    opened: set[str] = set()
     while heap and (spent < allowance or spent == 0):
-        (key, _), g = heapq.heappop(heap)
-        if key not in opened:
-            opened.add(key)
-            spent += per_object
+        _, g = heapq.heappop(heap)
         spent += cost(groups[g][taken[g]])
         taken[g] += 1
         advance(g)
-    return taken, spent
+    return taken

@@ -230,15 +230,3 @@ def test_a_tail_read_missing_the_cache_takes_the_tail_lane_and_a_lagging_one_the
     assert at_end["records"] == behind["records"] == batch
     assert (tail_lane.whole, tail_lane.ranged) == (["wal/tail"], [])
     assert (miss_lane.whole, miss_lane.ranged) == ([], ["wal/old"])
-
-
-def test_each_object_a_lagging_read_gets_from_is_charged_its_request_cost() -> None:
-    quota = ReadQuota(40_000, 0, request_cost=3_000)  # a burst of 20,000 B
-    fake = handler(quota, [0.0])
-    remote = [(answer(end=1000), raw) for raw in wal_objects(objects=3, partitions=1, batches=2)]
-    batch_size = pointer.iter_entries(remote[0][1])[0].size  # ~2 KiB
-    chosen = asyncio.run(FetchApis._within_lagging_quota(fake, parts(remote), 0, time.monotonic() + 5))
-    [kept] = [entries for _, entries in chosen]
-    objects = {e.key for e in kept}
-    assert len(objects) == 3 and len(kept) == 6  # 3 requests and 6 batches: 9,000 + ~12,600 B
-    assert round(quota.wait_ms(0)) == round((3 * 3_000 + 6 * batch_size - 20_000) / 40)
