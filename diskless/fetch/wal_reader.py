@@ -11,8 +11,9 @@ are never decoded or re-encoded.
 Two lanes to object storage. Whole-object GETs at the tail (prefetches) and the cache misses of
 readers far behind it have separate connections and request slots, so a reader catching up from
 the beginning, with hundreds of ranged GETs queued, never stands in front of the tail. A read at
-its partition's end that finds its object neither cached nor on its way (the prefetch failed, or
-the replica was catching up when it appended) fetches the whole object in the tail lane; and a
+its partition's end, starting in a young object (``fetch_apis._at_tail``), that finds its object
+neither cached nor on its way (the prefetch failed, or the replica was catching up when it
+appended) fetches the whole object in the tail lane; and a
 read that found a prefetch under way waits for that prefetch, even if it finishes before the
 read's own step runs. Before, such a read found neither the cache entry nor the prefetch and sent
 a ranged GET in the miss lane, ~2 a second per broker at the bench's low rate: ~6 ms each on an
