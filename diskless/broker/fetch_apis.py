@@ -98,11 +98,18 @@ def _at_tail(answer: dict[str, Any], entries: list[Any], now_ms: int) -> bool:
     first = next((e for e in entries if isinstance(e, pointer.PointerEntry)), None)
     if first is None:
         return True  # inline batches only: nothing to read from object storage
+    created_ms = _created_ms(first.key)
+    return created_ms is None or created_ms >= now_ms - TAIL_HORIZON_MS  # None: no age to judge by
+
+
+@functools.lru_cache(maxsize=4096)
+def _created_ms(key: str) -> int | None:
+    """A WAL object's creation time from its key, None for any other key. Cached: the partitions of
+    one read share a few objects, and a read is judged twice (quota, then lane)."""
     try:
-        created_ms = parse_wal_object_key(first.key).created_ms
+        return parse_wal_object_key(key).created_ms
     except ValueError:
-        return True  # not a WAL object key: no age to judge by
-    return created_ms >= now_ms - TAIL_HORIZON_MS
+        return None
 
 
 def _place(entry: pointer.PointerEntry) -> tuple[str, int]:
