@@ -1,8 +1,9 @@
 """What the brokers say about a run: /proc CPU and memory, Prometheus counters, and the WAL objects in S3.
 
 A ``Sampler`` thread takes a snapshot about once a second: per broker, CPU seconds (utime + stime
-from ``/proc/<pid>/stat``), resident and peak resident memory (``VmRSS``/``VmHWM``), and the
-samples of the broker's Prometheus endpoint that the bench reads (``SCRAPED``). Figures for a
+from ``/proc/<pid>/stat``), resident and peak resident memory (``VmRSS``/``VmHWM``), how long its
+event loop ran and how long it waited for a CPU (``schedstat``), and the samples of the broker's
+Prometheus endpoint that the bench reads (``SCRAPED``). Figures for a
 phase are differences between the first and the last snapshot taken inside its window: a snapshot
 of saturated brokers takes seconds, and one reaching into the next phase counted that phase's work
 and records too.
@@ -23,6 +24,7 @@ whatever the data path does.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import threading
 import time
@@ -96,7 +98,30 @@ def proc_figures(pid: int) -> dict[str, float]:
     for line in status.splitlines():
         if line.startswith(("VmRSS:", "VmHWM:")):
             memory[line.split(":")[0]] = int(line.split()[1]) / 1024
-    return {"cpu_s": cpu, "rss_mb": memory.get("VmRSS", 0.0), "peak_rss_mb": memory.get("VmHWM", 0.0)}
+    figures = {"cpu_s": cpu, "rss_mb": memory.get("VmRSS", 0.0), "peak_rss_mb": memory.get("VmHWM", 0.0)}
+    figures.update(schedule_figures(pid))
+    return figures
+
+
+def schedule_figures(pid: int) -> dict[str, float]:
+    """How long a process ran and how long it was ready to run but waited for a CPU, seconds so far,
+    from the scheduler's per-thread ``schedstat`` (on CPU, waiting on a run queue, both in ns):
+
+    - ``loop_run_s``, ``loop_wait_s``: the main thread's, which in a broker is the event loop. The
+      wait is time the loop had work and no core: every request, timer and answer it holds is
+      that much later, whatever the broker's code does;
+    - ``threads_wait_s``: all its threads' waits added up (the S3 server works in many threads).
+
+    Empty where the kernel keeps no such figures (or the process has gone)."""
+    try:
+        main = Path(f"/proc/{pid}/schedstat").read_text().split()
+        waits = 0
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, IndexError, ValueError):  # a thread that just ended
+                waits += int((task / "schedstat").read_text().split()[1])
+        return {"loop_run_s": int(main[0]) / 1e9, "loop_wait_s": int(main[1]) / 1e9, "threads_wait_s": waits / 1e9}
+    except (OSError, IndexError, ValueError):
+        return {}
 
 
 def machine_jiffies() -> tuple[int, int]:
@@ -260,6 +285,30 @@ def window_delta(sampler: Sampler, start: float, end: float) -> WindowDelta:
         cpu_s={n: b.brokers[n].get("cpu_s", 0.0) - a.brokers[n].get("cpu_s", 0.0) for n in nodes},
         metrics={n: _diff(a.brokers[n].get("metrics", {}), b.brokers[n].get("metrics", {})) for n in nodes},
     )
+
+
+def waits_between(a: Snapshot, b: Snapshot) -> dict[str, float | None]:
+    """Per wall second between two snapshots, in ms: how long the brokers' event loops ran and how
+    long they waited for a CPU (means over brokers), and how long the S3 server's threads waited
+    for one (added up). None where the snapshots lack the figures (``schedule_figures``)."""
+    seconds = b.until - a.at
+
+    def per_s(before: dict[str, Any], after: dict[str, Any], name: str) -> float | None:
+        if name not in before or name not in after or seconds <= 0:
+            return None
+        return max(0.0, after[name] - before[name]) / seconds * 1000  # a thread gone: no negative wait
+
+    def mean(name: str) -> float | None:
+        values = [per_s(a.brokers[n], b.brokers[n], name) for n in sorted(set(a.brokers) & set(b.brokers))]
+        known = [v for v in values if v is not None]
+        return round(sum(known) / len(known), 1) if known else None
+
+    s3 = per_s(a.s3, b.s3, "threads_wait_s")
+    return {
+        "loop_cpu_ms_per_s": mean("loop_run_s"),
+        "loop_wait_ms_per_s": mean("loop_wait_s"),
+        "s3_server_wait_ms_per_s": round(s3, 1) if s3 is not None else None,
+    }
 
 
 def az_of_network(network: str, azs: list[str]) -> str | None:

@@ -339,14 +339,18 @@ def markdown(result: dict[str, Any]) -> str:
             "upload = WAL object encoding + PUT as the representative waits for it; PUT in client = the same"
             " PUT timed inside the object-store client (signing, HTTP); hedged = PUTs and tail GETs that got"
             " a second, identical request (won: answered first); loop lag = how late a timer fires;"
+            " loop on CPU / waiting = ms per second a broker's event loop ran, and was ready to run but"
+            " waited for a CPU (the kernel's schedstat, mean over brokers; S3 = the S3 server's threads'"
+            " waits added up);"
             " GC = the cyclic garbage collector's pauses in ms per broker per second, and its full"
             " collections (count, mean pause)."
             " p99 from the brokers' histogram buckets (linear within a bucket).",
             "",
             "| phase | "
             + " | ".join(names)
-            + " | PUT in client | hedged (won): PUTs, GETs | loop lag | GC ms/s; full (n, mean ms) |",
-            "|---|" + "---|" * (len(names) + 4),
+            + " | PUT in client | hedged (won): PUTs, GETs | loop lag | loop on CPU / waiting; S3 waiting, ms/s"
+            + " | GC ms/s; full (n, mean ms) |",
+            "|---|" + "---|" * (len(names) + 5),
         ]
         for phase, f in diskless_phases.items():
             t = f["broker_timings"]
@@ -366,7 +370,11 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{_fmt(t.get('gc_pause_ms_per_s'))}; {_fmt(t.get('gc_full_collections'))},"
                 f" {_fmt(t.get('gc_full_mean_ms'))}"
             )
-            lines.append(f"| {phase} | {cells} | {put} | {hedged} | {lag} | {gc} |")
+            waits = (
+                f"{_fmt(t.get('loop_cpu_ms_per_s'))} / {_fmt(t.get('loop_wait_ms_per_s'))};"
+                f" {_fmt(f.get('s3_server_wait_ms_per_s'))}"
+            )
+            lines.append(f"| {phase} | {cells} | {put} | {hedged} | {lag} | {waits} | {gc} |")
     lines += producer_client_view(result)
     lines += requests_by_api(result)
     lines += [

@@ -36,6 +36,7 @@ from diskless.bench.collect import (
     histogram_quantile,
     list_wal_objects,
     requests_per_broker_per_s,
+    waits_between,
     window_delta,
 )
 from diskless.bench.options import BenchOptions, phase_of
@@ -437,6 +438,10 @@ def kind_figures(
         full_s = delta.total("diskless_gc_pause_seconds_sum", generation="2")
         timings["gc_full_collections"] = int(full)
         timings["gc_full_mean_ms"] = round(full_s / full * 1000, 1) if full else None
+        # Ready to run with no core free: time no code change in the broker can take back.
+        waits = waits_between(a, b)
+        s3_wait = waits.pop("s3_server_wait_ms_per_s")
+        timings.update(waits)
         cross["per_payload_byte"] = round(cross["cross_az_bytes"] / payload, 5) if payload else None
         in_window = [o.size for o in wal if window.start * 1000 <= o.created_ms < window.end * 1000]
         s3_cpu = b.s3.get("cpu_s", 0.0) - a.s3.get("cpu_s", 0.0)
@@ -445,6 +450,7 @@ def kind_figures(
             window_start=window.start,
             machine_cpu_busy=round(busy / total, 3) if total > 0 else None,
             s3_server_cpu_s_per_gb=round(s3_cpu / (megabytes / 1000), 1) if megabytes and a.s3 else None,
+            s3_server_wait_ms_per_s=s3_wait,
             broker_cpu_s=round(cpu, 2),
             broker_cpu_s_per_gb=round(cpu / (megabytes / 1000), 1) if megabytes else None,
             s3_puts=int(puts),

@@ -1,11 +1,23 @@
 """Counter arithmetic of ``diskless bench``: windows combined, requests per broker by API, quantiles
-of histograms."""
+of histograms, and the time processes waited for a CPU."""
 
 from __future__ import annotations
 
+import os
+import time
+from pathlib import Path
+
 import pytest
 
-from diskless.bench.collect import WindowDelta, combined, histogram_quantile, requests_per_broker_per_s
+from diskless.bench.collect import (
+    Snapshot,
+    WindowDelta,
+    combined,
+    histogram_quantile,
+    requests_per_broker_per_s,
+    schedule_figures,
+    waits_between,
+)
 
 
 def test_windows_combine_by_summing_seconds_cpu_and_counters() -> None:
@@ -111,3 +123,45 @@ def test_a_restricted_scrape_skips_the_per_partition_collector(monkeypatch: pyte
     assert "diskless_requests_total" in restricted or "diskless_flush_seconds_count" in restricted
     generate_latest(REGISTRY)
     assert calls == [1]
+
+
+def test_waits_are_per_second_means_over_brokers_and_the_s3_servers_threads_added_up() -> None:
+    a = Snapshot(
+        100.0,
+        {
+            1: {"loop_run_s": 1.0, "loop_wait_s": 0.5},
+            2: {"loop_run_s": 2.0, "loop_wait_s": 1.0},
+        },
+        {"threads_wait_s": 3.0},
+        until=100.5,
+    )
+    b = Snapshot(
+        110.0,
+        {
+            1: {"loop_run_s": 4.0, "loop_wait_s": 1.5},  # ran 3 s, waited 1 s in the 10 s between
+            2: {"loop_run_s": 5.0, "loop_wait_s": 0.8},  # a thread gone: its wait counts as none, not less
+        },
+        {"threads_wait_s": 5.0},
+        until=110.0,
+    )
+    assert waits_between(a, b) == {
+        "loop_cpu_ms_per_s": 300.0,
+        "loop_wait_ms_per_s": 50.0,
+        "s3_server_wait_ms_per_s": 200.0,
+    }
+    # A kernel without schedstat: the figures are unknown, not zero.
+    bare = Snapshot(100.0, {1: {"cpu_s": 1.0}}, {"cpu_s": 1.0}, until=100.0)
+    later = Snapshot(110.0, {1: {"cpu_s": 2.0}}, {"cpu_s": 2.0}, until=110.0)
+    assert set(waits_between(bare, later).values()) == {None}
+
+
+@pytest.mark.skipif(not Path("/proc/self/schedstat").exists(), reason="the kernel keeps no schedstat")
+def test_schedule_figures_count_this_process_running() -> None:
+    before = schedule_figures(os.getpid())
+    deadline = time.process_time() + 0.05
+    while time.process_time() < deadline:
+        pass
+    after = schedule_figures(os.getpid())
+    assert after["loop_run_s"] - before["loop_run_s"] >= 0.04
+    assert after["threads_wait_s"] >= after["loop_wait_s"] >= 0.0  # the main thread's is among them
+    assert schedule_figures(2**22 + 7) == {}  # no such process
