@@ -107,9 +107,10 @@ def schedule_figures(pid: int) -> dict[str, float]:
     """How long a process ran and how long it was ready to run but waited for a CPU, seconds so far,
     from the scheduler's per-thread ``schedstat`` (on CPU, waiting on a run queue, both in ns):
 
-    - ``loop_run_s``, ``loop_wait_s``: the main thread's, which in a broker is the event loop. The
-      wait is time the loop had work and no core: every request, timer and answer it holds is
-      that much later, whatever the broker's code does;
+    - ``loop_run_s``, ``loop_wait_s``, ``loop_runs``: the main thread's, which in a broker is the
+      event loop, and how many times it was put on a CPU. The wait is time the loop had work and
+      no core: every request, timer and answer it holds is that much later, whatever the broker's
+      code does;
     - ``threads_wait_s``: all its threads' waits added up (the S3 server works in many threads).
 
     Empty where the kernel keeps no such figures (or the process has gone)."""
@@ -119,7 +120,12 @@ def schedule_figures(pid: int) -> dict[str, float]:
         for task in Path(f"/proc/{pid}/task").iterdir():
             with contextlib.suppress(OSError, IndexError, ValueError):  # a thread that just ended
                 waits += int((task / "schedstat").read_text().split()[1])
-        return {"loop_run_s": int(main[0]) / 1e9, "loop_wait_s": int(main[1]) / 1e9, "threads_wait_s": waits / 1e9}
+        return {
+            "loop_run_s": int(main[0]) / 1e9,
+            "loop_wait_s": int(main[1]) / 1e9,
+            "loop_runs": int(main[2]),
+            "threads_wait_s": waits / 1e9,
+        }
     except (OSError, IndexError, ValueError):
         return {}
 
@@ -290,7 +296,9 @@ def window_delta(sampler: Sampler, start: float, end: float) -> WindowDelta:
 def waits_between(a: Snapshot, b: Snapshot) -> dict[str, float | None]:
     """Per wall second between two snapshots, in ms: how long the brokers' event loops ran and how
     long they waited for a CPU (means over brokers), and how long the S3 server's threads waited
-    for one (added up). None where the snapshots lack the figures (``schedule_figures``)."""
+    for one (added up); and the loops' mean wait each time they were woken (ms: a message to a
+    broker waits about that long before its loop reads it, once per hop between processes). None
+    where the snapshots lack the figures (``schedule_figures``)."""
     seconds = b.until - a.at
 
     def per_s(before: dict[str, Any], after: dict[str, Any], name: str) -> float | None:
@@ -304,9 +312,15 @@ def waits_between(a: Snapshot, b: Snapshot) -> dict[str, float | None]:
         return round(sum(known) / len(known), 1) if known else None
 
     s3 = per_s(a.s3, b.s3, "threads_wait_s")
+    nodes = sorted(
+        n for n in set(a.brokers) & set(b.brokers) if "loop_runs" in a.brokers[n] and "loop_runs" in b.brokers[n]
+    )
+    runs = sum(b.brokers[n]["loop_runs"] - a.brokers[n]["loop_runs"] for n in nodes)
+    waited = sum(max(0.0, b.brokers[n]["loop_wait_s"] - a.brokers[n]["loop_wait_s"]) for n in nodes)
     return {
         "loop_cpu_ms_per_s": mean("loop_run_s"),
         "loop_wait_ms_per_s": mean("loop_wait_s"),
+        "loop_wait_per_wakeup_ms": round(waited / runs * 1000, 2) if runs > 0 else None,
         "s3_server_wait_ms_per_s": round(s3, 1) if s3 is not None else None,
     }
 

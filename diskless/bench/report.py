@@ -340,16 +340,17 @@ def markdown(result: dict[str, Any]) -> str:
             " PUT timed inside the object-store client (signing, HTTP); hedged = PUTs and tail GETs that got"
             " a second, identical request (won: answered first); loop lag = how late a timer fires;"
             " loop on CPU / waiting = ms per second a broker's event loop ran, and was ready to run but"
-            " waited for a CPU (the kernel's schedstat, mean over brokers; S3 = the S3 server's threads'"
-            " waits added up);"
+            " waited for a CPU (the kernel's schedstat, mean over brokers), and its mean wait per wake-up"
+            " (each hop between processes waits about that long); S3 = the S3 server's threads' waits"
+            " added up;"
             " GC = the cyclic garbage collector's pauses in ms per broker per second, and its full"
             " collections (count, mean pause)."
             " p99 from the brokers' histogram buckets (linear within a bucket).",
             "",
             "| phase | "
             + " | ".join(names)
-            + " | PUT in client | hedged (won): PUTs, GETs | loop lag | loop on CPU / waiting; S3 waiting, ms/s"
-            + " | GC ms/s; full (n, mean ms) |",
+            + " | PUT in client | hedged (won): PUTs, GETs | loop lag"
+            + " | loop on CPU / waiting ms/s (per wake-up ms); S3 waiting ms/s | GC ms/s; full (n, mean ms) |",
             "|---|" + "---|" * (len(names) + 5),
         ]
         for phase, f in diskless_phases.items():
@@ -371,8 +372,8 @@ def markdown(result: dict[str, Any]) -> str:
                 f" {_fmt(t.get('gc_full_mean_ms'))}"
             )
             waits = (
-                f"{_fmt(t.get('loop_cpu_ms_per_s'))} / {_fmt(t.get('loop_wait_ms_per_s'))};"
-                f" {_fmt(f.get('s3_server_wait_ms_per_s'))}"
+                f"{_fmt(t.get('loop_cpu_ms_per_s'))} / {_fmt(t.get('loop_wait_ms_per_s'))}"
+                f" ({_fmt(t.get('loop_wait_per_wakeup_ms'), 2)}); {_fmt(f.get('s3_server_wait_ms_per_s'))}"
             )
             lines.append(f"| {phase} | {cells} | {put} | {hedged} | {lag} | {waits} | {gc} |")
     lines += producer_client_view(result)

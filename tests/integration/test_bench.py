@@ -61,6 +61,7 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
             if Path("/proc/self/schedstat").exists():  # the brokers' loops ran, and any wait for a CPU is known
                 timings = [f["broker_timings"] for f in data["phases"].values()]
                 assert all(t["loop_cpu_ms_per_s"] > 0 and t["loop_wait_ms_per_s"] >= 0 for t in timings)
+                assert all(t["loop_wait_per_wakeup_ms"] >= 0 for t in timings)
                 assert all(f["s3_server_wait_ms_per_s"] is not None for f in data["phases"].values())
             assert data["lagging_reader_records"] > 0
         else:
@@ -90,7 +91,7 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
     table = (run / "result.md").read_text()
     assert "| target | phase | measured | limit | result | note |" in table
     assert "## Requests per broker per second, by API" in table
-    assert "loop on CPU / waiting; S3 waiting, ms/s" in table
+    assert "loop on CPU / waiting ms/s (per wake-up ms); S3 waiting ms/s" in table
     assert table.count("**pass**") + table.count("**fail**") >= len(PHASES) + 6
     for plot in ("latency_cdf.png", "throughput.png"):
         assert (run / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

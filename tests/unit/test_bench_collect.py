@@ -129,8 +129,8 @@ def test_waits_are_per_second_means_over_brokers_and_the_s3_servers_threads_adde
     a = Snapshot(
         100.0,
         {
-            1: {"loop_run_s": 1.0, "loop_wait_s": 0.5},
-            2: {"loop_run_s": 2.0, "loop_wait_s": 1.0},
+            1: {"loop_run_s": 1.0, "loop_wait_s": 0.5, "loop_runs": 100},
+            2: {"loop_run_s": 2.0, "loop_wait_s": 1.0, "loop_runs": 50},
         },
         {"threads_wait_s": 3.0},
         until=100.5,
@@ -138,8 +138,8 @@ def test_waits_are_per_second_means_over_brokers_and_the_s3_servers_threads_adde
     b = Snapshot(
         110.0,
         {
-            1: {"loop_run_s": 4.0, "loop_wait_s": 1.5},  # ran 3 s, waited 1 s in the 10 s between
-            2: {"loop_run_s": 5.0, "loop_wait_s": 0.8},  # a thread gone: its wait counts as none, not less
+            1: {"loop_run_s": 4.0, "loop_wait_s": 1.5, "loop_runs": 400},  # ran 3 s, waited 1 s, woken 300 times
+            2: {"loop_run_s": 5.0, "loop_wait_s": 0.8, "loop_runs": 250},  # a wait that fell counts as none
         },
         {"threads_wait_s": 5.0},
         until=110.0,
@@ -147,6 +147,7 @@ def test_waits_are_per_second_means_over_brokers_and_the_s3_servers_threads_adde
     assert waits_between(a, b) == {
         "loop_cpu_ms_per_s": 300.0,
         "loop_wait_ms_per_s": 50.0,
+        "loop_wait_per_wakeup_ms": 2.0,  # 1 s of waits over 500 wake-ups
         "s3_server_wait_ms_per_s": 200.0,
     }
     # A kernel without schedstat: the figures are unknown, not zero.
@@ -164,4 +165,5 @@ def test_schedule_figures_count_this_process_running() -> None:
     after = schedule_figures(os.getpid())
     assert after["loop_run_s"] - before["loop_run_s"] >= 0.04
     assert after["threads_wait_s"] >= after["loop_wait_s"] >= 0.0  # the main thread's is among them
+    assert after["loop_runs"] >= before["loop_runs"] > 0
     assert schedule_figures(2**22 + 7) == {}  # no such process
