@@ -175,9 +175,15 @@ def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         read = diskless["lagging_reader_records"]
         mb_s = read * options["record_size"] / options["duration"] / 1e6
         quota = options.get("lagging_read_quota", 0)
+        interval = pooled.get("rise_interval_90") if pooled else None
         note = (
             f"tail e2e p99 {during} ms{where} vs {before} ms in {reference}"
             + (f" ({low} ms in low)" if reference != "low" else "")
+            + (
+                f"; the rise's 90% interval {interval[0]:.2f} to {interval[1]:.2f} (1 s blocks resampled)"
+                if interval
+                else ""
+            )
             + f"; the reader got {read} records ({mb_s:.1f} MB/s),"
             + (f" quota {quota / 2**20:g} MiB/s per broker" if quota else " no quota")
             + _object_reads_note(with_reader, without, reference)

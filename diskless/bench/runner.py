@@ -48,7 +48,9 @@ from diskless.bench.stats import (
     ProducerSamples,
     Window,
     client_view,
+    e2e_blocks_ms,
     e2e_ms,
+    p99_rise_interval,
     percentiles,
     phase_figures,
     size_distribution,
@@ -504,7 +506,8 @@ def kind_figures(
 
 def _pooled_slices(run: KindRun, phases: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any] | None:
     """The tail consumers' end-to-end p99 (pooled and per AZ) and the object reads over all slices
-    of each named phase (options.lagging_phases); None if the run has none."""
+    of each named phase (options.lagging_phases), and for two names, a 90% interval of the second's
+    p99 rise over the first's; None if the run has none."""
     assert run.consumed is not None
     pooled: dict[str, Any] = {}
     for name in names:
@@ -522,6 +525,14 @@ def _pooled_slices(run: KindRun, phases: dict[str, Any], names: tuple[str, ...])
             "s3_gets": sum(phases[w.name]["s3_gets"] for w in slices),
             "s3_get_bytes": sum(phases[w.name]["s3_get_bytes"] for w in slices),
         }
+    if len(names) == 2:
+        # How sure the rise of the first's p99 over the second's is (stats.p99_rise_interval).
+        blocks = [
+            [b for w in run.windows if phase_of(w.name) == name for b in e2e_blocks_ms(w, run.consumed)]
+            for name in names
+        ]
+        interval = p99_rise_interval(blocks[1], blocks[0])
+        pooled["rise_interval_90"] = list(interval) if interval is not None else None
     return pooled
 
 

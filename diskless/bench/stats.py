@@ -154,3 +154,45 @@ def size_distribution(sizes: Sequence[int]) -> dict[str, Any]:
     if buckets.get(f">{bounds[-1] // 1024}KiB"):
         out["buckets"][f">{bounds[-1] // 1024}KiB"] = buckets[f">{bounds[-1] // 1024}KiB"]
     return out
+
+
+def e2e_blocks_ms(window: Window, consumed: ConsumerSamples, seconds: float = 1.0) -> list[np.ndarray]:
+    """``e2e_ms`` of ``window`` cut into blocks of ``seconds`` by send time (empty blocks left out)."""
+    seen = (consumed.sent_at >= window.start) & (consumed.sent_at < window.end)
+    sent = consumed.sent_at[seen]
+    latency = (consumed.received_at[seen] - sent) * 1000
+    block = np.floor((sent - window.start) / seconds).astype(np.int64)
+    order = np.argsort(block, kind="stable")
+    block, latency = block[order], latency[order]
+    bounds = np.flatnonzero(np.diff(block)) + 1
+    return [part for part in np.split(latency, bounds) if part.size]
+
+
+def p99_rise_interval(
+    with_blocks: Sequence[np.ndarray],
+    without_blocks: Sequence[np.ndarray],
+    rounds: int = 400,
+    level: float = 0.9,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """How sure a rise of the p99 is: the central ``level`` interval of ``p99(with) / p99(without)
+    - 1`` over ``rounds`` block-bootstrap resamples of both sides (None if a side has no samples).
+
+    Blocks, not records, are resampled: one stall delays every record of its second alike, so the
+    records of a block are not independent draws, and resampling them one by one would give an
+    interval far narrower than the spread between runs. The seed is fixed: the same samples give
+    the same interval."""
+    if not with_blocks or not without_blocks:
+        return None
+    rng = np.random.default_rng(seed)
+
+    def p99s(blocks: Sequence[np.ndarray]) -> np.ndarray:
+        out = np.empty(rounds)
+        for i, picks in enumerate(rng.integers(0, len(blocks), size=(rounds, len(blocks)))):
+            out[i] = np.percentile(np.concatenate([blocks[j] for j in picks]), 99.0, method="higher")
+        return out
+
+    rises = p99s(with_blocks) / p99s(without_blocks) - 1
+    tail = (1 - level) / 2 * 100
+    low, high = np.percentile(rises, [tail, 100 - tail])
+    return round(float(low), 3), round(float(high), 3)

@@ -87,6 +87,8 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
     assert f"over 2 lagging slice(s) vs {control} ms in the control slices" in lagging["note"]
     assert "in low" in lagging["note"] and "S3 GETs" in lagging["note"]
     assert all(pooled[name]["end_to_end_p99_ms"] > 0 for name in ("control", "lagging"))
+    low, high = pooled["rise_interval_90"]
+    assert low <= high and "the rise's 90% interval" in lagging["note"]
     assert "by consumer AZ" in lagging["note"] and "the reader in az-1" in lagging["note"]
     table = (run / "result.md").read_text()
     assert "| target | phase | measured | limit | result | note |" in table
