@@ -21,7 +21,7 @@ from kio.schema.fetch.v13.request import FetchTopic as _FETCH_TOPIC
 
 from diskless.cluster.metadata import PartitionState
 from diskless.cluster.zones import zone_aligned_leader
-from diskless.fetch.read_quota import prefixes_in_object_order
+from diskless.fetch.lagging_reads import RemotePart, TieredRead, admit, at_tail, cold_reads
 from diskless.fetch.tier_reader import TierReader
 from diskless.log.partition_log import TIERED, OffsetMovedToTiered, OffsetOutOfRange, PartitionLog
 from diskless.log.segment import POINTERS
@@ -52,7 +52,6 @@ from diskless.replication.follower_reads import (
 )
 from diskless.replication.partition import Partition, wrap_pointers
 from diskless.storage import pointer, segment_object
-from diskless.storage.wal_format import parse_wal_object_key
 
 from .api_base import EARLIEST, LATEST, MAX_TIMESTAMP, READ_COMMITTED, ApiFamily, _find_partition, _ms
 from .client_zone import current_client_az
@@ -62,59 +61,6 @@ from .quiet_fetches import QuietReplicaFetches
 log = structlog.get_logger(__name__)
 
 _SERVE = ReadDecision(SERVE)
-
-
-class TieredRead(bytes):
-    """A TIERED read result's descriptor, waiting in ``remote`` beside pointer entries to be served."""
-
-
-# A consumer's partition served from object storage: its answer, and what the log read returned
-# (its pointer entries parsed, or a tiered read).
-_RemotePart = tuple[dict[str, Any], Any]
-
-
-def _batch_bytes(entry: pointer.PointerEntry | pointer.InlineEntry) -> int:
-    """What an entry's batch takes in a response."""
-    return entry.size if isinstance(entry, pointer.PointerEntry) else len(entry.batch)
-
-
-# How old the first object of a read reaching its partition's end may be for the read to count
-# as the tail's (``_at_tail``). Tail consumers are seconds behind at most, even on a saturated
-# machine (bench: e2e p99 under 3 s at 1,000 partitions beside a lagging reader).
-TAIL_HORIZON_MS = 30_000
-
-
-def _at_tail(answer: dict[str, Any], entries: list[Any], now_ms: int) -> bool:
-    """Whether a partition's read is the tail's: it reaches the partition's end, starting in a WAL
-    object written within ``TAIL_HORIZON_MS`` (the tail's, however its objects are held).
-
-    Reaching the end alone is not enough. A reader far behind reads a small partition from its
-    start to its end in one Fetch: at 1,000 partitions with ~300 records each, a lagging reader's
-    every read did. Taken for the tail's, those reads escaped the lagging quota and fetched old
-    WAL objects whole in the tail lane, into the tail's share of the cache (``diskless bench``:
-    436 MB of GETs for ~170 MB served, only 78 MB of it through the quota's ranged GETs)."""
-    if not entries or entries[-1].last_offset + 1 < answer["last_stable_offset"]:
-        return False
-    first = next((e for e in entries if isinstance(e, pointer.PointerEntry)), None)
-    if first is None:
-        return True  # inline batches only: nothing to read from object storage
-    created_ms = _created_ms(first.key)
-    return created_ms is None or created_ms >= now_ms - TAIL_HORIZON_MS  # None: no age to judge by
-
-
-@functools.lru_cache(maxsize=4096)
-def _created_ms(key: str) -> int | None:
-    """A WAL object's creation time from its key, None for any other key. Cached: the partitions of
-    one read share a few objects, and a read is judged twice (quota, then lane)."""
-    try:
-        return parse_wal_object_key(key).created_ms
-    except ValueError:
-        return None
-
-
-def _place(entry: pointer.PointerEntry) -> tuple[str, int]:
-    """Where a pointed batch's bytes lie: WAL object keys sort by creation time (``wal_format``)."""
-    return entry.key, entry.offset
 
 
 def _pointers_within(data: bytes, room: int, min_one: bool) -> bytes:
@@ -127,14 +73,6 @@ def _pointers_within(data: bytes, room: int, min_one: bool) -> bytes:
         used += size
         pos += pointer.pointer_entry_size(data, pos)
     return data[:pos]
-
-
-def _tiered_size(descriptor: bytes) -> int:
-    """What serving a TIERED read will return, at most (fetch size accounting)."""
-    if not descriptor:
-        return 0
-    d = msgpack.unpackb(descriptor)
-    return max(1, min(int(d["max_bytes"]), int(d["segment"]["size"])))
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,9 +277,9 @@ class FetchApis(ApiFamily):
                 d = msgpack.unpackb(data)
                 d["max_bytes"], d["min_one"] = min(int(d["max_bytes"]), left), first
                 if d["max_bytes"] > 0 or first:
-                    data = msgpack.packb(d)
-                    remote.append((entry, TieredRead(data)))
-                    total += _tiered_size(data)
+                    tiered = TieredRead(msgpack.packb(d))
+                    remote.append((entry, tiered))
+                    total += tiered.size
             elif kind == POINTERS and data:
                 data = _pointers_within(data, left, first)
                 if data:
@@ -397,7 +335,7 @@ class FetchApis(ApiFamily):
         ``total`` is the response's size, ``deadline`` its max wait (monotonic seconds)."""
         reader = self.broker.wal_reader
         # Each partition's pointers parsed once, for the quota's decision and for serving.
-        parts: list[_RemotePart] = [
+        parts: list[RemotePart] = [
             (entry, raw if isinstance(raw, TieredRead) else pointer.iter_entries(raw)) for entry, raw in remote
         ]
         parts = await self._within_lagging_quota(parts, total, deadline)
@@ -416,8 +354,8 @@ class FetchApis(ApiFamily):
                 results: list[list[bytes] | Exception] = [[] for _ in groups]
             else:
                 now_ms = self.broker.now_ms()
-                at_tail = [_at_tail(entry, entries, now_ms) for entry, entries in parsed]
-                results = await reader.batches_of_partitions(groups, at_tail)
+                tail = [at_tail(entry, entries, now_ms) for entry, entries in parsed]
+                results = await reader.batches_of_partitions(groups, tail)
             for (entry, entries), served in zip(parsed, results, strict=True):
                 if isinstance(served, Exception):
                     log.warning("serving diskless batches failed", error=str(served))
@@ -431,69 +369,39 @@ class FetchApis(ApiFamily):
 
         await asyncio.gather(pointed(), *(tiered(entry, raw) for entry, raw in parts if isinstance(raw, TieredRead)))
 
-    async def _within_lagging_quota(self, parts: list[_RemotePart], total: int, deadline: float) -> list[_RemotePart]:
+    async def _within_lagging_quota(self, parts: list[RemotePart], total: int, deadline: float) -> list[RemotePart]:
         """The partitions to serve now, and how much of each, under
-        ``diskless.fetch.lagging.max.bytes.per.second``.
+        ``diskless.fetch.lagging.max.bytes.per.second`` (``fetch/lagging_reads.py`` decides which
+        reads are cold and cuts them to the allowance).
 
-        Partitions whose batches would be read from object storage (cache misses short of the
-        partition's end, tiered segments) are *cold*. Over the quota, a response that has other
-        data is answered now without the cold partitions' batches (their consumer asks again from
-        the same offset); a response of cold partitions only waits for the quota, up to its max
-        wait, as Kafka delays a fetch over its remote-read quota. Within it, the cold partitions
-        take the quota's allowance in the order their batches lie in the WAL objects, each cut to
-        a prefix of its batches (``prefixes_in_object_order``): a read is one span per object,
-        with no gaps, and the partitions move on together. Admitted bytes are charged at once,
-        so fetches waking together do not all pass on the same refill."""
+        Over the quota, a response that has other data is answered now without the cold
+        partitions' batches (their consumer asks again from the same offset); a response of cold
+        partitions only waits for the quota, up to its max wait, as Kafka delays a fetch over its
+        remote-read quota. Admitted bytes are charged at once, so fetches waking together do not
+        all pass on the same refill."""
         reader = self.broker.wal_reader
         if reader is None or not self.broker.lagging_read_quota.limited:
             return parts
         quota = self.broker.lagging_read_quota
-        cold: list[int] = []
-        cold_served = 0
-        now_ms = self.broker.now_ms()
-        for i, (answer, entries) in enumerate(parts):
-            if isinstance(entries, TieredRead):
-                cold_served += _tiered_size(entries)
-            elif _at_tail(answer, entries, now_ms):
-                # A read up to the end is the tail's, even when its object is not cached yet
-                # (a prefetch not started): the tail is never held for a lagging reader's quota.
-                continue
-            elif any(reader.read_cost(e) for e in entries):
-                cold_served += sum(_batch_bytes(e) for e in entries)
-            else:
-                continue
-            cold.append(i)
-        if not cold:
+        cold = cold_reads(parts, reader.read_cost, self.broker.now_ms())
+        if not cold.indices:
             return parts
         wait_ms = quota.wait_ms(self.broker.monotonic_ms())
-        if wait_ms > 0 and total - cold_served <= 0:
+        if wait_ms > 0 and total - cold.served_bytes <= 0:
             # Nothing else to answer with: wait for the quota as long as the fetch may wait.
             while wait_ms > 0 and (left := deadline - time.monotonic()) > 0:
                 await asyncio.sleep(min(wait_ms / 1000.0, left))
                 wait_ms = quota.wait_ms(self.broker.monotonic_ms())
         if wait_ms > 0:
-            DISKLESS_LAGGING_DEFERRED.inc(len(cold))
-            deferred = set(cold)
-            for i in cold:
+            DISKLESS_LAGGING_DEFERRED.inc(len(cold.indices))
+            deferred = set(cold.indices)
+            for i in cold.indices:
                 entry = parts[i][0]
                 entry["records"] = b""
                 if entry.get("aborted_transactions"):
                     entry["aborted_transactions"] = []
             return [part for i, part in enumerate(parts) if i not in deferred]
-        tiered = [i for i in cold if isinstance(parts[i][1], TieredRead)]
-        pointed = [i for i in cold if not isinstance(parts[i][1], TieredRead)]
-        charged = sum(_tiered_size(parts[i][1]) for i in tiered)  # read whole, in blocks of their own
-        allowance = quota.allowance(self.broker.monotonic_ms())
-        counts = prefixes_in_object_order(
-            [parts[i][1] for i in pointed], max(0, allowance - charged), reader.read_cost, _place
-        )
-        for i, n in zip(pointed, counts, strict=True):
-            answer, entries = parts[i]
-            kept = entries[:n]
-            parts[i] = (answer, kept)
-            charged += sum(reader.read_cost(e) for e in kept)
-            if not kept and answer.get("aborted_transactions"):
-                answer["aborted_transactions"] = []
+        charged = admit(parts, cold.indices, quota.allowance(self.broker.monotonic_ms()), reader.read_cost)
         quota.record(charged, self.broker.monotonic_ms())
         DISKLESS_LAGGING_BYTES.inc(charged)
         return parts
@@ -642,8 +550,9 @@ class FetchApis(ApiFamily):
                                 p.fetch_offset, limit, max_offset=max_offset, min_one=total == 0, tiered=follower < 0
                             )
                             if result.kind == TIERED:
-                                remote.append((entry, TieredRead(result.records)))
-                                total += _tiered_size(result.records)
+                                tiered = TieredRead(result.records)
+                                remote.append((entry, tiered))
+                                total += tiered.size
                             elif result.kind == POINTERS and follower >= 0:
                                 entry["records"] = wrap_pointers(result.records)
                                 total += len(result.records)

@@ -11,7 +11,7 @@ are never decoded or re-encoded.
 Two lanes to object storage. Whole-object GETs at the tail (prefetches) and the cache misses of
 readers far behind it have separate connections and request slots, so a reader catching up from
 the beginning, with hundreds of ranged GETs queued, never stands in front of the tail. A read at
-its partition's end, starting in a young object (``fetch_apis._at_tail``), that finds its object
+its partition's end, starting in a young object (``lagging_reads.at_tail``), that finds its object
 neither cached nor on its way (the prefetch failed, or the replica was catching up when it
 appended) fetches the whole object in the tail lane; and a
 read that found a prefetch under way waits for that prefetch, even if it finishes before the

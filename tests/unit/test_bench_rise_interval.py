@@ -35,7 +35,7 @@ def test_a_stall_is_uncertain_by_its_block_not_by_its_records() -> None:
     # (each its own block) hides it.
     rng = np.random.default_rng(3)
     control = _blocks(rng, 20)
-    stalled = _blocks(rng, 19) + [rng.gamma(4.0, 25.0, 500) * 10]
+    stalled = [*_blocks(rng, 19), rng.gamma(4.0, 25.0, 500) * 10]
     by_block = p99_rise_interval(stalled, control)
     by_record = p99_rise_interval([np.array([v]) for b in stalled for v in b], control, rounds=50)
     assert by_block is not None and by_record is not None

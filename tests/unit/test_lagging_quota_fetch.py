@@ -11,7 +11,8 @@ from typing import Any
 
 from batches import make_batch
 
-from diskless.broker.fetch_apis import TAIL_HORIZON_MS, FetchApis
+from diskless.broker.fetch_apis import FetchApis
+from diskless.fetch.lagging_reads import TAIL_HORIZON_MS
 from diskless.fetch.read_quota import UNLIMITED, ReadQuota
 from diskless.fetch.wal_reader import WalCache, WalReader
 from diskless.storage import pointer
