@@ -61,6 +61,7 @@ def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
             limit = linger + put_p99 + 25
             note = f"linger {linger:g} + raw PUT p99 {put_p99:.1f} ms ({size // 1024} KiB) + 25"
             ok = None if produce_p99 is None else produce_p99 <= limit
+            note += _cpu_wait_note(figures)
             rows.append(_row("diskless produce p99", phase, produce_p99, limit, "ms", ok, note))
             e2e_p99 = figures["end_to_end_latency_ms"]["p99"]
             ok = None if e2e_p99 is None or produce_p99 is None else e2e_p99 <= produce_p99 + 50
@@ -192,6 +193,21 @@ def evaluate_targets(result: dict[str, Any]) -> list[dict[str, Any]]:
         ok = None if rise is None else rise <= 0.2
         rows.append(_row("lagging reader raises tail e2e p99 <= 20%", "lagging", rise, 0.2, "ratio", ok, note))
     return rows
+
+
+def _cpu_wait_note(figures: dict[str, Any]) -> str:
+    """What the machine did to the phase's latencies: how long each broker's event loop waited for a
+    CPU while it had work (the raw baseline ran on an idle machine); empty without the figures."""
+    timings = figures.get("broker_timings", {})
+    wait, run = timings.get("loop_wait_ms_per_s"), timings.get("loop_cpu_ms_per_s")
+    if wait is None or run is None:
+        return ""
+    per_wakeup, busy = timings.get("loop_wait_per_wakeup_ms"), figures.get("machine_cpu_busy")
+    return (
+        f"; each broker's loop ran {run:.0f} and waited {wait:.0f} ms/s for a CPU"
+        + (f" ({per_wakeup:.2f} ms per wake-up)" if per_wakeup is not None else "")
+        + (f", machine busy {busy:.2f}" if busy is not None else "")
+    )
 
 
 def _object_reads_note(during: dict[str, Any], before: dict[str, Any], reference: str) -> str:

@@ -167,3 +167,16 @@ def test_schedule_figures_count_this_process_running() -> None:
     assert after["threads_wait_s"] >= after["loop_wait_s"] >= 0.0  # the main thread's is among them
     assert after["loop_runs"] >= before["loop_runs"] > 0
     assert schedule_figures(2**22 + 7) == {}  # no such process
+
+
+def test_a_produce_target_says_how_long_the_brokers_waited_for_a_cpu() -> None:
+    from diskless.bench.report import _cpu_wait_note
+
+    figures = {
+        "machine_cpu_busy": 0.83,
+        "broker_timings": {"loop_cpu_ms_per_s": 324.0, "loop_wait_ms_per_s": 311.1, "loop_wait_per_wakeup_ms": 0.43},
+    }
+    assert _cpu_wait_note(figures) == (
+        "; each broker's loop ran 324 and waited 311 ms/s for a CPU (0.43 ms per wake-up), machine busy 0.83"
+    )
+    assert _cpu_wait_note({"broker_timings": {"flush_mean_ms": 30.0}}) == ""  # results from before the figures
