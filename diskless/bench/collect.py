@@ -109,8 +109,7 @@ def schedule_figures(pid: int) -> dict[str, float]:
 
     - ``loop_run_s``, ``loop_wait_s``, ``loop_runs``: the main thread's, which in a broker is the
       event loop, and how many times it was put on a CPU. The wait is time the loop had work and
-      no core: every request, timer and answer it holds is that much later, whatever the broker's
-      code does;
+      no core: every request, timer and answer it holds is that much later;
     - ``threads_wait_s``: all its threads' waits added up (the S3 server works in many threads).
 
     Empty where the kernel keeps no such figures (or the process has gone)."""

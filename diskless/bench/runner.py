@@ -440,7 +440,7 @@ def kind_figures(
         full_s = delta.total("diskless_gc_pause_seconds_sum", generation="2")
         timings["gc_full_collections"] = int(full)
         timings["gc_full_mean_ms"] = round(full_s / full * 1000, 1) if full else None
-        # Ready to run with no core free: time no code change in the broker can take back.
+        # How long the loops were ready to run with no core free: the machine's share of the latencies.
         waits = waits_between(a, b)
         s3_wait = waits.pop("s3_server_wait_ms_per_s")
         timings.update(waits)
