@@ -325,9 +325,18 @@ class Partition:
         decided. Returns a cancel function (idempotent) that drops the waiter without calling it.
 
         The callback runs inside whatever moved the high watermark (a follower's fetch), so it
-        must only set a result: a future's waiter then resumes in the next loop turn."""
+        must only set a result: a future's waiter then resumes in the next loop turn.
+
+        A wait begun when this replica no longer leads is refused at once. A produce appends, then
+        waits a loop turn or more before its wait begins (its handler gathers every partition's
+        wait); leadership that moved in between failed the waiters present then, not this one,
+        which would have waited out the request's whole timeout (30 s) and only then told the
+        producer NOT_LEADER_OR_FOLLOWER. kafka-python stalled that long in a reassignment test."""
         if self.log.high_watermark > last_offset:
             callback(True)
+            return _nothing
+        if self.leader_state is None:
+            callback(False)
             return _nothing
         self._seq += 1
         waiter = (last_offset, self._seq, callback)
