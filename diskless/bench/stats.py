@@ -99,10 +99,17 @@ class ConsumerSamples:
         return cls(np.concatenate([p.sent_at for p in parts]), np.concatenate([p.received_at for p in parts]))
 
 
+def _seen_in(window: Window, consumed: ConsumerSamples) -> tuple[np.ndarray, np.ndarray]:
+    """Send times and end-to-end latencies (ms) of the records sent within ``window`` that
+    ``consumed`` saw."""
+    seen = (consumed.sent_at >= window.start) & (consumed.sent_at < window.end)
+    sent = consumed.sent_at[seen]
+    return sent, (consumed.received_at[seen] - sent) * 1000
+
+
 def e2e_ms(window: Window, consumed: ConsumerSamples) -> np.ndarray:
     """End-to-end latencies (ms) of the records sent within ``window`` that ``consumed`` saw."""
-    seen = (consumed.sent_at >= window.start) & (consumed.sent_at < window.end)
-    return (consumed.received_at[seen] - consumed.sent_at[seen]) * 1000
+    return _seen_in(window, consumed)[1]
 
 
 def phase_figures(
@@ -158,9 +165,7 @@ def size_distribution(sizes: Sequence[int]) -> dict[str, Any]:
 
 def e2e_blocks_ms(window: Window, consumed: ConsumerSamples, seconds: float = 1.0) -> list[np.ndarray]:
     """``e2e_ms`` of ``window`` cut into blocks of ``seconds`` by send time (empty blocks left out)."""
-    seen = (consumed.sent_at >= window.start) & (consumed.sent_at < window.end)
-    sent = consumed.sent_at[seen]
-    latency = (consumed.received_at[seen] - sent) * 1000
+    sent, latency = _seen_in(window, consumed)
     block = np.floor((sent - window.start) / seconds).astype(np.int64)
     order = np.argsort(block, kind="stable")
     block, latency = block[order], latency[order]

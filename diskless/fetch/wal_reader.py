@@ -13,12 +13,12 @@ readers far behind it have separate connections and request slots, so a reader c
 the beginning, with hundreds of ranged GETs queued, never stands in front of the tail. A read at
 its partition's end, starting in a young object (``lagging_reads.at_tail``), that finds its object
 neither cached nor on its way (the prefetch failed, or the replica was catching up when it
-appended) fetches the whole object in the tail lane; and a
-read that found a prefetch under way waits for that prefetch, even if it finishes before the
-read's own step runs. Before, such a read found neither the cache entry nor the prefetch and sent
-a ranged GET in the miss lane, ~2 a second per broker at the bench's low rate: ~6 ms each on an
-idle lane, 0.7-2.3 s each behind a lagging reader, and the tail consumers of that broker's AZ
-waited for them (issue 10's lagging-reader phase).
+appended) fetches the whole object in the tail lane; and a read that found a prefetch under way
+waits for that prefetch, even if it finishes before the read's own step runs. Before, such a
+read found neither the cache entry nor the prefetch and sent a ranged GET in the miss lane, ~2 a
+second per broker at the bench's low rate: ~6 ms each on an idle lane, 0.7-2.3 s each behind a
+lagging reader, and the tail consumers of that broker's AZ waited for them (issue 10's
+lagging-reader phase).
 """
 
 from __future__ import annotations
