@@ -130,9 +130,10 @@ class CoordinatorShell(Generic[CoreT]):
             log.error("could not append coordinator records", topic=self.topic, error=str(exc))
             return ErrorCode.unknown_server_error
         self.broker.on_leader_append(replica)
-        if await replica.wait_for_commit(result.last_offset, 30.0):
+        epoch = replica.leader_epoch
+        if await replica.wait_for_commit(result.last_offset, epoch, 30.0):
             return ErrorCode.none
-        return ErrorCode.not_coordinator if replica.leader_state is None else ErrorCode.request_timed_out
+        return ErrorCode.request_timed_out if replica.leads_at(epoch) else ErrorCode.not_coordinator
 
     @staticmethod
     def now_ms() -> int:

@@ -107,17 +107,17 @@ class DisklessRpcs(ApiFamily):
             if entry["acks"] == -1 and result.get("error_code") == 0 and not result.get("committed"):
                 _, plog, replica = self._leader_log(entry["topic"], entry["partition"])
                 if plog is not None and replica is not None and replica.leader_epoch == result["leader_epoch"]:
-                    waits.append((result, plog, replica))
+                    waits.append((result, replica))
         if waits:
             # One future for all of them (not a task each): the answer resumes in the loop turn
             # after the follower fetch that replicates the last of them.
-            await wait_for_commits(
-                [(replica, result["last_offset"]) for result, _, replica in waits], wait_ms / 1000, first=False
+            outcomes = await wait_for_commits(
+                [(replica, result["last_offset"], result["leader_epoch"]) for result, replica in waits],
+                wait_ms / 1000,
+                first=False,
             )
-            for result, plog, replica in waits:
-                # Still leading at the append's epoch: past the high watermark means replicated.
-                leading = replica.leader_state is not None and replica.leader_epoch == result["leader_epoch"]
-                result["committed"] = leading and plog.high_watermark > result["last_offset"]
+            for (result, _), committed in zip(waits, outcomes, strict=True):
+                result["committed"] = committed is True
         return answer
 
     async def await_replicated(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -145,7 +145,7 @@ class DisklessRpcs(ApiFamily):
         checked = [check(entry) for entry in entries]
         if wait_s > 0 and all(decided is None for decided, _ in checked):
             waits = [
-                (replica, entry["offset"])
+                (replica, entry["offset"], entry["leader_epoch"])
                 for entry, (_, replica) in zip(entries, checked, strict=True)
                 if replica is not None
             ]

@@ -17,7 +17,7 @@ from diskless.log.partition_log import timestamp_allowed
 from diskless.produce.representative import TxnCheck
 from diskless.protocol import messages as m
 from diskless.protocol import records
-from diskless.replication.partition import Partition
+from diskless.replication.partition import Partition, wait_for_commits
 
 from .api_base import ApiFamily, CloseConnection, _ms
 
@@ -39,7 +39,7 @@ class ProduceApis(ApiFamily):
         acks = request.acks
         timeout_s = _ms(request.timeout) / 1000
         responses = []
-        pending: list[tuple[dict[str, Any], Partition, int]] = []
+        pending: list[tuple[dict[str, Any], Partition, int, int]] = []
         remote: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = []
         for topic_data in request.topic_data:
             parts = []
@@ -63,7 +63,7 @@ class ProduceApis(ApiFamily):
                     topic_data.name, pdata.index, pdata.records, acks, now
                 )
                 if replica is not None and acks == -1:
-                    pending.append((result, replica, last_offset))
+                    pending.append((result, replica, last_offset, replica.leader_epoch))
                 parts.append(result)
             responses.append({"name": topic_data.name, "partition_responses": parts})
         if acks == 0:
@@ -81,7 +81,7 @@ class ProduceApis(ApiFamily):
     async def _await_replication(
         self,
         body: dict[str, Any],
-        pending: list[tuple[dict[str, Any], Partition, int]],
+        pending: list[tuple[dict[str, Any], Partition, int, int]],
         remote: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]],
         timeout_s: float,
     ) -> dict[str, Any]:
@@ -100,13 +100,14 @@ class ProduceApis(ApiFamily):
                     entry["log_start_offset"] = outcome.get("log_start_offset", -1)
                     append_time = outcome.get("log_append_time", -1)
                     entry["log_append_time"] = append_time if append_time >= 0 else None
-        results = await asyncio.gather(*(replica.wait_for_commit(last, timeout_s) for _, replica, last in pending))
-        for (entry, replica, _), committed in zip(pending, results, strict=True):
+        waits = [(replica, last, epoch) for _, replica, last, epoch in pending]
+        results = await wait_for_commits(waits, timeout_s, first=False)
+        for (entry, replica, _, epoch), committed in zip(pending, results, strict=True):
             if committed:
                 if len(replica.isr) < replica.log.config.min_insync_replicas:
                     entry.update(error_code=ErrorCode.not_enough_replicas_after_append, base_offset=-1)
                 continue
-            code = ErrorCode.request_timed_out if replica.leader_state is not None else ErrorCode.not_leader_or_follower
+            code = ErrorCode.request_timed_out if replica.leads_at(epoch) else ErrorCode.not_leader_or_follower
             entry.update(error_code=code, base_offset=-1, log_append_time=None, log_start_offset=-1)
         return body
 

@@ -158,19 +158,20 @@ class TierRpcs(ApiFamily):
         if plog is None or replica is None or replica.topic_id != topic_id:
             return _refused(code, f"not the leader of {topic}-{index} at epoch {epoch} ({code.name})")
         try:
-            offset = plog.append_tier_as_leader(info, replica.leader_epoch, self.broker.now_ms())
+            appended_epoch = replica.leader_epoch
+            offset = plog.append_tier_as_leader(info, appended_epoch, self.broker.now_ms())
         except TierCommitError as exc:
             log.info("tier commit refused", topic=topic, partition=index, error=exc.error, reason=exc.message)
             return _refused(ErrorCode[exc.error], exc.message)
         if offset is None:  # a rerun: exactly this segment is already tiered
             entry = next(t.entry_offset for t in plog.tiers if t.info == info)
-            committed = await replica.wait_for_commit(entry, COMMIT_REPLICATION_WAIT_S)
+            committed = await replica.wait_for_commit(entry, replica.leader_epoch, COMMIT_REPLICATION_WAIT_S)
             return {"error_code": 0, "entry_offset": entry, "committed": committed, "duplicate": True}
         self.broker.on_leader_append(replica)
         TIER_COMMITS.inc()
         TIERED_BYTES.inc(info.size)
         log.info("tiered", topic=topic, partition=index, base=info.base_offset, last=info.last_offset, bytes=info.size)
-        committed = await replica.wait_for_commit(offset, COMMIT_REPLICATION_WAIT_S)
+        committed = await replica.wait_for_commit(offset, appended_epoch, COMMIT_REPLICATION_WAIT_S)
         return {"error_code": 0, "entry_offset": offset, "committed": committed}
 
 

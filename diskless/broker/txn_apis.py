@@ -3,7 +3,6 @@ end a transaction with a control batch) and TxnOffsetCommit (the group coordinat
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +10,7 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.protocol import messages as m
-from diskless.replication.partition import Partition
+from diskless.replication.partition import Partition, wait_for_commits
 
 from .api_base import ApiFamily
 
@@ -52,16 +51,16 @@ class TxnApis(ApiFamily):
                             now,
                         )
                         self.broker.on_leader_append(replica)
-                        waits.append((entry, replica, offset))
+                        waits.append((entry, replica, offset, replica.leader_epoch))
                         if topic.name == OFFSETS_TOPIC:
                             self.broker.groups.on_marker(index, marker.producer_id, bool(marker.transaction_result))
                     parts.append(entry)
                 topics.append({"name": topic.name, "partitions": parts})
             results.append({"producer_id": marker.producer_id, "topics": topics})
-        outcomes = await asyncio.gather(*(r.wait_for_commit(offset, 30.0) for _, r, offset in waits))
-        for (entry, replica, _), committed in zip(waits, outcomes, strict=True):
+        outcomes = await wait_for_commits([(r, offset, epoch) for _, r, offset, epoch in waits], 30.0, first=False)
+        for (entry, replica, _, epoch), committed in zip(waits, outcomes, strict=True):
             if not committed:
-                lost = replica.leader_state is None
+                lost = not replica.leads_at(epoch)
                 entry["error_code"] = ErrorCode.not_leader_or_follower if lost else ErrorCode.request_timed_out
         return {"markers": results}
 

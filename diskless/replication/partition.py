@@ -92,9 +92,10 @@ class LeaderContact:
     sent_ms: int = -1
 
 
-async def wait_for_commits(waits: list[tuple[Partition, int]], timeout: float, first: bool) -> list[bool | None]:
-    """Wait for acks=all replication of several (replica, last offset): until all are decided, or
-    (``first``) until any is, or ``timeout`` seconds. Per wait: True replicated, False leadership
+async def wait_for_commits(waits: list[tuple[Partition, int, int]], timeout: float, first: bool) -> list[bool | None]:
+    """Wait for acks=all replication of several (replica, last offset, leader epoch of the append;
+    see ``Partition.on_commit``): until all are decided, or (``first``) until any is, or
+    ``timeout`` seconds. Per wait: True replicated, False leadership
     lost, None undecided. One future and one timer for all of them: the caller resumes in the loop
     turn after the deciding follower fetch, not after a task per wait and a gather."""
     if not waits:
@@ -111,7 +112,10 @@ async def wait_for_commits(waits: list[tuple[Partition, int]], timeout: float, f
         if (first or pending == 0) and not done.done():
             done.set_result(None)
 
-    cancels = [replica.on_commit(offset, lambda ok, i=i: decided(i, ok)) for i, (replica, offset) in enumerate(waits)]
+    cancels = [
+        replica.on_commit(offset, epoch, lambda ok, i=i: decided(i, ok))
+        for i, (replica, offset, epoch) in enumerate(waits)
+    ]
     timer = None if done.done() else loop.call_later(timeout, lambda: done.done() or done.set_result(None))
     try:
         await done
@@ -319,19 +323,40 @@ class Partition:
             for _, _, callback in decided:
                 callback(True)
 
-    def on_commit(self, last_offset: int, callback: Callable[[bool], None]) -> Callable[[], None]:
-        """acks=all: call ``callback(True)`` once the high watermark passes ``last_offset``, or
-        ``callback(False)`` when this replica stops leading at this epoch; at once if already
-        decided. Returns a cancel function (idempotent) that drops the waiter without calling it.
+    def leads_at(self, leader_epoch: int) -> bool:
+        return self.leader_state is not None and self.leader_epoch == leader_epoch
+
+    def holds_append(self, last_offset: int, leader_epoch: int) -> bool:
+        """Is the record at ``last_offset`` still the one this replica appended when it led at
+        ``leader_epoch``? Epochs are unique to one leadership, so a record written in that epoch
+        is that append; a leader truncated as a follower and refilled by another leader holds a
+        later epoch's record there instead, which the high watermark must not acknowledge."""
+        if self.leads_at(leader_epoch):
+            return last_offset < self.log.log_end_offset  # a leader never truncates its own epoch
+        return last_offset < self.log.log_end_offset and self.log.epochs.epoch_for_offset(last_offset) == leader_epoch
+
+    def on_commit(self, last_offset: int, leader_epoch: int, callback: Callable[[bool], None]) -> Callable[[], None]:
+        """acks=all for what this replica appended as leader at ``leader_epoch``, ending at
+        ``last_offset``: call ``callback(True)`` once the high watermark passes it, or
+        ``callback(False)`` when it can no longer: this replica stops leading, or the record there
+        is no longer that append. At once if already decided. Returns a cancel function
+        (idempotent) that drops the waiter without calling it.
 
         The callback runs inside whatever moved the high watermark (a follower's fetch), so it
         must only set a result: a future's waiter then resumes in the next loop turn.
 
-        A wait begun when this replica no longer leads is refused at once. A produce appends, then
-        waits a loop turn or more before its wait begins (its handler gathers every partition's
-        wait); leadership that moved in between failed the waiters present then, not this one,
-        which would have waited out the request's whole timeout (30 s) and only then told the
-        producer NOT_LEADER_OR_FOLLOWER. kafka-python stalled that long in a reassignment test."""
+        A produce appends, then waits a loop turn or more before its wait begins (its handler
+        gathers every partition's wait). Leadership that moved in between failed the waiters
+        present then, not this one, so the wait checks for itself:
+        - not leading now: refused at once. Before, such a wait sat out the request's whole timeout
+          (30 s) and only then told the producer NOT_LEADER_OR_FOLLOWER; kafka-python stalled that
+          long in a reassignment test;
+        - leading again at a later epoch after a truncation as follower: the offset holds another
+          leader's record, and the new high watermark passing it would acknowledge a write that
+          is gone. Refused; while the append is still there (no truncation), it is waited for."""
+        if not self.holds_append(last_offset, leader_epoch):
+            callback(False)
+            return _nothing
         if self.log.high_watermark > last_offset:
             callback(True)
             return _nothing
@@ -352,11 +377,12 @@ class Partition:
     def pending_commit_waiters(self) -> int:
         return len(self._waiters)
 
-    async def wait_for_commit(self, last_offset: int, timeout: float) -> bool:
-        """acks=all: True once the high watermark passes ``last_offset``; False on timeout/leadership loss."""
-        if self.log.high_watermark > last_offset:
-            return True
-        return await wait_for_commits([(self, last_offset)], timeout, first=False) == [True]
+    async def wait_for_commit(self, last_offset: int, leader_epoch: int, timeout: float) -> bool:
+        """acks=all for an append made as leader at ``leader_epoch``: True once the high watermark
+        passes ``last_offset``; False on timeout or when it can no longer (see on_commit)."""
+        if self.log.high_watermark > last_offset and self.holds_append(last_offset, leader_epoch):
+            return True  # the common case on a quiet partition: no future, no timer
+        return await wait_for_commits([(self, last_offset, leader_epoch)], timeout, first=False) == [True]
 
     def _fail_waiters(self) -> None:
         waiters, self._waiters = self._waiters, []

@@ -44,7 +44,7 @@ def test_a_wait_begun_after_leadership_moved_is_refused_at_once(tmp_path: Path, 
     replica, last = leading_replica(tmp_path)
     replica.apply_state(moved, 0)  # between the append and the wait
     started = time.monotonic()
-    assert asyncio.run(replica.wait_for_commit(last, 5.0)) is False
+    assert asyncio.run(replica.wait_for_commit(last, 1, 5.0)) is False
     assert time.monotonic() - started < 1.0  # not the request's timeout
 
 
@@ -52,7 +52,7 @@ def test_a_wait_begun_while_leading_is_still_failed_when_leadership_moves(tmp_pa
     replica, last = leading_replica(tmp_path)
 
     async def wait_then_move() -> bool:
-        waiting = asyncio.ensure_future(replica.wait_for_commit(last, 5.0))
+        waiting = asyncio.ensure_future(replica.wait_for_commit(last, 1, 5.0))
         await asyncio.sleep(0)  # the wait begins while we lead
         replica.apply_state(PartitionState(replicas=[0, 1], leader=1, leader_epoch=2, isr=[0, 1]), 0)
         return await waiting
@@ -66,7 +66,57 @@ def test_a_wait_begun_while_leading_resumes_when_replicated(tmp_path: Path) -> N
     replica, last = leading_replica(tmp_path)
 
     async def wait_then_replicate() -> bool:
-        waiting = asyncio.ensure_future(replica.wait_for_commit(last, 5.0))
+        waiting = asyncio.ensure_future(replica.wait_for_commit(last, 1, 5.0))
+        await asyncio.sleep(0)
+        replica.on_follower_fetch(1, last + 1, 0)
+        return await waiting
+
+    assert asyncio.run(wait_then_replicate()) is True
+
+
+# Leadership lost and regained between the append and the wait: the wait registers on the new
+# leadership, so the question is whether the record at the offset is still this append.
+
+
+def regain_after_follower_truncation(replica: Partition, last: int) -> None:
+    """Leadership moves away (epoch 2); as a follower the replica truncates to the new leader's
+    log, which never had the batch, and takes the new leader's records at those offsets; then it
+    leads again (epoch 3). All before the produce's wait begins."""
+    replica.apply_state(PartitionState(replicas=[0, 1], leader=1, leader_epoch=2, isr=[0, 1]), 0)
+    replica.log.truncate_to(0, 0)
+    others = values_batch(5, tag="other", base_offset=0, partition_leader_epoch=2)
+    replica.on_fetched(others, leader_hw=0, leader_log_start=0, now_ms=0)
+    assert replica.log.log_end_offset > last  # the offset exists again, holding another record
+    replica.apply_state(PartitionState(replicas=[0, 1], leader=0, leader_epoch=3, isr=[0, 1]), 0)
+
+
+def test_a_wait_for_an_append_replaced_while_away_is_refused(tmp_path: Path) -> None:
+    """Fails on the code before: the wait registered on the new leadership, and the high watermark
+    passing the offset acknowledged a write that the truncation had removed."""
+    replica, last = leading_replica(tmp_path)
+    regain_after_follower_truncation(replica, last)
+
+    async def wait_then_replicate() -> bool:
+        waiting = asyncio.ensure_future(replica.wait_for_commit(last, 1, 5.0))
+        await asyncio.sleep(0)
+        replica.on_follower_fetch(1, replica.log.log_end_offset, 0)  # the other record commits
+        return await waiting
+
+    started = time.monotonic()
+    assert asyncio.run(wait_then_replicate()) is False
+    assert time.monotonic() - started < 1.0
+    assert not replica.holds_append(last, 1)
+
+
+def test_a_wait_for_an_append_kept_while_away_commits_under_the_new_epoch(tmp_path: Path) -> None:
+    """Away and back with no truncation (the other replica never led a write): the record is still
+    this append, so its wait resumes when the new leadership's high watermark passes it."""
+    replica, last = leading_replica(tmp_path)
+    replica.apply_state(PartitionState(replicas=[0, 1], leader=1, leader_epoch=2, isr=[0, 1]), 0)
+    replica.apply_state(PartitionState(replicas=[0, 1], leader=0, leader_epoch=3, isr=[0, 1]), 0)
+
+    async def wait_then_replicate() -> bool:
+        waiting = asyncio.ensure_future(replica.wait_for_commit(last, 1, 5.0))
         await asyncio.sleep(0)
         replica.on_follower_fetch(1, last + 1, 0)
         return await waiting

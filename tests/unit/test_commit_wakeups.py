@@ -169,14 +169,16 @@ async def test_wait_for_commit_resumes_within_two_turns_and_times_out(tmp_path: 
     DisklessRpcs(broker).commit_batches_now(commit_body(meta, 1, wait_ms=0))  # type: ignore[arg-type]
     last = replica.log.log_end_offset - 1
 
-    task = asyncio.ensure_future(replica.wait_for_commit(last, 5.0))
+    task = asyncio.ensure_future(replica.wait_for_commit(last, replica.leader_epoch, 5.0))
     await turns_until_done(task, 5)
     followers_catch_up([replica])
     turns = await turns_until_done(task)
 
     assert turns <= MAX_TURNS, f"wait_for_commit took {turns} loop turns"
     assert task.result() is True
-    assert await replica.wait_for_commit(replica.log.log_end_offset, 0.02) is False
+    DisklessRpcs(broker).commit_batches_now(commit_body(meta, 1, wait_ms=0))  # type: ignore[arg-type]
+    unreplicated = replica.log.log_end_offset - 1
+    assert await replica.wait_for_commit(unreplicated, replica.leader_epoch, 0.02) is False  # timed out
     assert replica.pending_commit_waiters() == 0
 
 
