@@ -14,7 +14,7 @@ its fields (``pointer_wire.encode_header``, ~25 bytes for 61).
 Runs are consecutive entries of one topic, so the order of entries, which is the order the leader
 appends them in, is kept exactly; ``expand`` gives back the body the representative built. A body
 with anything this layout does not know travels as it is, and the leader reads both forms (older
-representatives send maps).
+representatives send maps). AwaitReplicated bodies travel in runs the same way (``compact_await``).
 """
 
 from __future__ import annotations
@@ -47,6 +47,37 @@ def _id_in(topic_id: Any) -> Any:
     return str(uuid.UUID(bytes=topic_id)) if isinstance(topic_id, bytes) and len(topic_id) == 16 else topic_id
 
 
+def _add_to_runs(runs: list[list[Any]], entry: dict[str, Any], row: list[Any]) -> None:
+    """Append ``row`` to the run of ``entry``'s topic when it is the last run's, else start one:
+    consecutive entries only, so the order of entries is kept exactly."""
+    if runs and runs[-1][0] == entry["topic"] and runs[-1][1] == entry["topic_id"]:
+        runs[-1][2].append(row)
+    else:
+        runs.append([entry["topic"], entry["topic_id"], [row]])
+
+
+def _wire_runs(runs: list[list[Any]]) -> list[list[Any]]:
+    return [[topic, _id_out(topic_id), rows] for topic, topic_id, rows in runs]
+
+
+def _run_entries(
+    body: dict[str, Any], fields: tuple[str, ...], optional: str | None, what: str
+) -> list[dict[str, Any]]:
+    """The entries of a wire form's runs, as maps (``ValueError`` for a row of another length)."""
+    entries: list[dict[str, Any]] = []
+    lengths = (len(fields), len(fields) + 1) if optional is not None else (len(fields),)
+    for topic, topic_id, rows in body["runs"]:
+        for row in rows:
+            if len(row) not in lengths:
+                raise ValueError(f"malformed {what} entry")
+            entry: dict[str, Any] = {"topic": topic, "topic_id": _id_in(topic_id)}
+            entry.update(zip(fields, row, strict=False))
+            if optional is not None and len(row) > len(fields):
+                entry[optional] = row[-1]
+            entries.append(entry)
+    return entries
+
+
 def compact(body: dict[str, Any]) -> dict[str, Any]:
     """The wire form of a CommitBatches body (the body itself when it has fields this does not know)."""
     entries = body.get("entries")
@@ -64,38 +95,56 @@ def compact(body: dict[str, Any]) -> dict[str, Any]:
         row = [entry["partition"], fields, entry["position"], entry["acks"], entry["leader_epoch"]]
         if _OPTIONAL in entry:
             row.append(entry[_OPTIONAL])
-        if runs and runs[-1][0] == entry["topic"] and runs[-1][1] == entry["topic_id"]:
-            runs[-1][2].append(row)
-        else:
-            runs.append([entry["topic"], entry["topic_id"], [row]])
+        _add_to_runs(runs, entry, row)
     out = {short: body[name] for name, short in _SHORT.items() if name in body}
-    return {"k": encode_key(body["key"]), **out, "runs": [[t, _id_out(i), rows] for t, i, rows in runs]}
+    return {"k": encode_key(body["key"]), **out, "runs": _wire_runs(runs)}
 
 
 def expand(body: dict[str, Any]) -> dict[str, Any]:
     """The body the representative built, from either form (``ValueError`` on a malformed wire form)."""
     if "runs" not in body:
         return body
-    entries: list[dict[str, Any]] = []
-    for topic, topic_id, rows in body["runs"]:
-        for row in rows:
-            if len(row) not in (len(_ENTRY_FIELDS), len(_ENTRY_FIELDS) + 1):
-                raise ValueError("malformed CommitBatches entry")
-            entry: dict[str, Any] = {"topic": topic, "topic_id": _id_in(topic_id)}
-            entry.update(zip(_ENTRY_FIELDS, row, strict=False))
-            try:
-                entry["header"] = decode_header(entry["header"])
-            except Exception as exc:
-                raise ValueError(f"malformed CommitBatches header: {exc}") from None
-            if len(row) > len(_ENTRY_FIELDS):
-                entry[_OPTIONAL] = row[-1]
-            entries.append(entry)
+    entries = _run_entries(body, _ENTRY_FIELDS, _OPTIONAL, "CommitBatches")
+    for entry in entries:
+        try:
+            entry["header"] = decode_header(entry["header"])
+        except Exception as exc:
+            raise ValueError(f"malformed CommitBatches header: {exc}") from None
     try:
         key = decode_key(body["k"])
     except Exception as exc:
         raise ValueError(f"malformed CommitBatches key: {exc}") from None
     out = {name: body[short] for name, short in _SHORT.items() if short in body}
     return {"key": key, **out, "entries": entries}
+
+
+# AwaitReplicated: a representative asks each leader, usually in another AZ, about every acks=all
+# batch its CommitBatches answer did not already report replicated. As maps an entry is ~100 bytes
+# (topic name and id text for three integers); on the wire it is
+#     {"w": max_wait_ms, "runs": [[topic, topic_id, [[partition, offset, leader_epoch], ...]], ...]}
+# with runs and topic ids as in CommitBatches, ~10 bytes an entry.
+_AWAIT_FIELDS = ("partition", "offset", "leader_epoch")
+_AWAIT_ENTRY_KEYS = frozenset({"topic", "topic_id", *_AWAIT_FIELDS})
+
+
+def compact_await(body: dict[str, Any]) -> dict[str, Any]:
+    """The wire form of an AwaitReplicated body (the body itself when it has fields this does not know)."""
+    entries = body.get("entries")
+    if set(body) != {"max_wait_ms", "entries"} or not isinstance(entries, list):
+        return body
+    runs: list[list[Any]] = []
+    for entry in entries:
+        if not isinstance(entry, dict) or set(entry) != _AWAIT_ENTRY_KEYS:
+            return body
+        _add_to_runs(runs, entry, [entry[name] for name in _AWAIT_FIELDS])
+    return {"w": body["max_wait_ms"], "runs": _wire_runs(runs)}
+
+
+def expand_await(body: dict[str, Any]) -> dict[str, Any]:
+    """The body the representative built, from either form (``ValueError`` on a malformed wire form)."""
+    if "runs" not in body:
+        return body
+    return {"max_wait_ms": body["w"], "entries": _run_entries(body, _AWAIT_FIELDS, None, "AwaitReplicated")}
 
 
 # Answers: {"results": [...]} whose every result has one of these key sets travels as

@@ -4,9 +4,9 @@ A request frame has a normal v1 request header (api key, version, correlation id
 whose api key is one of the ``INTERNAL_*`` values below (far from Kafka's own key space, and
 never advertised in ApiVersions), followed by a msgpack map. The response frame is the
 correlation id followed by a msgpack map. Keeping them on the Kafka port means one listener,
-one connection pool and the same per-connection accounting of cross-AZ bytes. CommitBatches
-bodies travel in a compact form (``commit_wire.py``: they cross AZs for every produced batch):
-send with ``pack_request`` and read with ``unpack_request``.
+one connection pool and the same per-connection accounting of cross-AZ bytes. CommitBatches and
+AwaitReplicated bodies travel in a compact form (``commit_wire.py``: they cross AZs for every
+produced batch): send with ``pack_request`` and read with ``unpack_request``.
 """
 
 from __future__ import annotations
@@ -71,10 +71,16 @@ COMPACT_ANSWERS = "ca"
 _COMPACT_ANSWER_APIS = frozenset({INTERNAL_COMMIT_BATCHES, INTERNAL_AWAIT_REPLICATED, INTERNAL_FETCH_POINTERS})
 
 
+_EXPANDERS = {INTERNAL_COMMIT_BATCHES: commit_wire.expand, INTERNAL_AWAIT_REPLICATED: commit_wire.expand_await}
+
+
 def pack_request(api_key: int, body: dict[str, Any]) -> bytes:
-    """An internal request's bytes; CommitBatches bodies in their wire form (``commit_wire``)."""
+    """An internal request's bytes; CommitBatches and AwaitReplicated bodies in their wire form
+    (``commit_wire``)."""
     if api_key == INTERNAL_COMMIT_BATCHES:
         body = commit_wire.compact(body)
+    elif api_key == INTERNAL_AWAIT_REPLICATED:
+        body = commit_wire.compact_await(body)
     if api_key in _COMPACT_ANSWER_APIS:
         body = {**body, COMPACT_ANSWERS: True}
     return pack(body)
@@ -83,9 +89,10 @@ def pack_request(api_key: int, body: dict[str, Any]) -> bytes:
 def unpack_request(api_key: int, data: bytes | memoryview) -> dict[str, Any]:
     """Inverse of ``pack_request`` (reads the plain form too); ``COMPACT_ANSWERS`` stays in the body."""
     body = unpack(data)
-    if api_key == INTERNAL_COMMIT_BATCHES:
+    expand = _EXPANDERS.get(api_key)
+    if expand is not None:
         compact = body.pop(COMPACT_ANSWERS, False)
-        body = commit_wire.expand(body)
+        body = expand(body)
         if compact:
             body[COMPACT_ANSWERS] = True
     return body

@@ -1,4 +1,5 @@
-"""CommitBatches on the wire (protocol/commit_wire.py, through internal.pack_request/unpack_request).
+"""CommitBatches and AwaitReplicated on the wire (protocol/commit_wire.py, through
+internal.pack_request/unpack_request).
 
 A representative sends one CommitBatches per leader broker per WAL flush, two thirds of them to
 another AZ, with an entry per produced batch: its bytes are cross-AZ bytes per batch (issue 10).
@@ -127,11 +128,56 @@ def test_a_dict_form_body_from_an_older_representative_is_read_as_is() -> None:
     assert read(internal.INTERNAL_COMMIT_BATCHES, internal.pack(body)) == body
 
 
-def test_other_rpcs_only_say_they_read_compact_answers() -> None:
-    body = {"entries": [{"topic": "t", "partition": 0, "offset": 3, "leader_epoch": 1}], "max_wait_ms": 5}
+def await_body(items: list[tuple[str, str, int, int, int]], max_wait_ms: int = 5000) -> dict[str, Any]:
+    """An AwaitReplicated body as the representative builds it: (topic, id, partition, offset, epoch)."""
+    entries = [{"topic": t, "topic_id": i, "partition": p, "offset": o, "leader_epoch": e} for t, i, p, o, e in items]
+    return {"max_wait_ms": max_wait_ms, "entries": entries}
+
+
+def test_an_await_replicated_entry_on_the_wire_is_a_few_bytes() -> None:
+    """Every acks=all batch whose CommitBatches answer came before its replication is asked about
+    again: at 1,000 partitions these requests were 13% of the bytes crossing AZs, ~100 bytes an
+    entry as maps."""
+    topic_id = str(uuid.uuid4())
+    for count in (1, 30):
+        body = await_body([("bench-diskless", topic_id, i * 37 % 1000, 123_456 + i, 7) for i in range(count)])
+        wire = internal.pack_request(internal.INTERNAL_AWAIT_REPLICATED, body)
+        bound = 50 + count * 12  # a topic name and id, the wait; three integers an entry
+        assert len(wire) <= bound, f"{count} entries: {len(wire)} bytes > {bound} (maps {len(internal.pack(body))})"
+        assert read(internal.INTERNAL_AWAIT_REPLICATED, wire) == body
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.lists(
+        st.tuples(_topics, st.integers(0, 2**31 - 1), st.integers(-1, 2**63 - 1), st.integers(-1, 2**31 - 1)),
+        max_size=10,
+    ),
+    st.integers(0, 2**31 - 1),
+)
+def test_the_leader_gets_the_await_replicated_body_in_its_order(items: list[tuple], wait: int) -> None:
+    body = await_body([(t, i, p, o, e) for (t, i), p, o, e in items], wait)
     wire = internal.pack_request(internal.INTERNAL_AWAIT_REPLICATED, body)
-    assert internal.unpack(wire) == {**body, internal.COMPACT_ANSWERS: True}
     assert read(internal.INTERNAL_AWAIT_REPLICATED, wire) == body
+
+
+def test_await_replicated_bodies_it_cannot_shorten_or_older_ones_are_read_as_they_are() -> None:
+    odd = {"entries": [{"topic": "t", "partition": 0, "offset": 3, "leader_epoch": 1}], "max_wait_ms": 5}
+    wire = internal.pack_request(internal.INTERNAL_AWAIT_REPLICATED, odd)  # no topic id: as it is
+    assert internal.unpack(wire) == {**odd, internal.COMPACT_ANSWERS: True}
+    assert read(internal.INTERNAL_AWAIT_REPLICATED, wire) == odd
+    plain = await_body([("t", str(uuid.uuid4()), 1, 10, 2)])
+    assert read(internal.INTERNAL_AWAIT_REPLICATED, internal.pack(plain)) == plain  # an older representative
+
+
+def test_a_malformed_await_replicated_row_is_refused() -> None:
+    wire = internal.pack({"w": 5, "runs": [["t", b"x" * 16, [[0, 1]]]]})
+    try:
+        internal.unpack_request(internal.INTERNAL_AWAIT_REPLICATED, wire)
+    except ValueError as exc:
+        assert "AwaitReplicated" in str(exc)
+    else:
+        raise AssertionError("a two-field row was accepted")
 
 
 def success(offset: int) -> dict[str, Any]:
