@@ -49,6 +49,10 @@ UNWATCHED_CHANGES = Counter(
     "Partition changes found by the periodic check instead of a watch (a bug; stays 0), by the party watching",
     ["party"],
 )
+REPLICA_FETCH_UNAPPLIED = Counter(
+    "diskless_replica_fetch_unapplied_total",
+    "Partition answers of replica fetches a follower could not apply (corrupt or undecodable; stays 0)",
+)
 REPLICA_FETCHES = Counter(
     "diskless_replica_fetches_total", "Replica fetches served, by kind (full or incremental session fetch)", ["kind"]
 )

@@ -30,7 +30,7 @@ from kio.static.primitive import i32
 
 from diskless.aio import cancel_and_wait
 from diskless.cluster.metadata import BrokerInfo
-from diskless.metrics import UNWATCHED_CHANGES
+from diskless.metrics import REPLICA_FETCH_UNAPPLIED, UNWATCHED_CHANGES
 from diskless.protocol import internal
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError, KafkaClientConnection
@@ -102,6 +102,7 @@ class ReplicaFetcher:
         # When the request being answered was sent: the leader's answer describes it as of that
         # moment or later, however long the answer then took to be read (follower_reads).
         self._sent_ms = -1
+        self._unapplied_pause = 0.0  # the pause after an answer some partition could not apply
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -181,8 +182,9 @@ class ReplicaFetcher:
                 # next fetch is full. The answer names no partitions and means nothing about them.
                 log.info("replica fetch session reset", leader=self.leader_id, error=error.name)
                 continue
-            if self._handle(response):
-                await asyncio.sleep(0.1)  # leadership moving: give the metadata watch a moment
+            pause = self._handle(response)
+            if pause:
+                await asyncio.sleep(pause)  # leadership moving (the metadata watch's moment), or a bad answer
 
     def _refresh(self, now_ms: int) -> None:
         """Bring the asked partitions and their request entries up to date with the partitions
@@ -293,10 +295,12 @@ class ReplicaFetcher:
             wire = self._wire_ids[topic_id] = _wire_id(topic_id)
         return wire
 
-    def _handle(self, response: object) -> bool:
-        """Apply a fetch response; True if some partition reported a leadership problem."""
+    def _handle(self, response: object) -> float:
+        """Apply a fetch response; how long to pause before the next fetch (0: none): a moment when
+        some partition reported a leadership problem, a backoff growing to a second while some
+        answer cannot be applied (the leader would answer its repeated ask at once)."""
         now = _now_ms()
-        leadership_errors = False
+        leadership_errors = unapplied = False
         readable_moved = False  # a high watermark or last stable offset here moved
         for topic in response.responses:  # type: ignore[attr-defined]
             for data in topic.partitions:
@@ -319,9 +323,19 @@ class ReplicaFetcher:
                         readable_moved = True
                     else:
                         bounds = partition.log.read_bounds
-                        entries = partition.on_fetched(
-                            data.records or b"", data.high_watermark, data.log_start_offset, now, self._sent_ms
-                        )
+                        try:
+                            entries = partition.on_fetched(
+                                data.records or b"", data.high_watermark, data.log_start_offset, now, self._sent_ms
+                            )
+                        except Exception:
+                            # As Kafka's fetcher does with a corrupt answer: this partition takes
+                            # nothing from it and asks again from where it was; the others go on.
+                            # Raised out of here, it would end this fetcher's task, and with it
+                            # replication from this leader, for good.
+                            log.exception("replica fetch answer not applied", topic=asked.topic, partition=asked.index)
+                            REPLICA_FETCH_UNAPPLIED.inc()
+                            unapplied = True
+                            continue
                         # Prefetching serves tail reads; a replica still catching up (a reassignment
                         # copying a long pointer log) would pull every WAL object it points to.
                         if entries and partition.log.log_end_offset >= data.high_watermark:
@@ -350,7 +364,8 @@ class ReplicaFetcher:
         # to the high watermark: records it does not cover yet are no news to them.
         if readable_moved:
             self.on_progress()
-        return leadership_errors
+        self._unapplied_pause = min(max(self._unapplied_pause * 2, 0.05), 1.0) if unapplied else 0.0
+        return max(self._unapplied_pause, 0.1 if leadership_errors else 0.0)
 
 
 def _wire_id(topic_id: str) -> uuid.UUID:

@@ -1,0 +1,79 @@
+"""A replica fetch answer a follower cannot apply leaves that partition where it was, and the
+fetcher goes on: the others keep replicating, and the partition takes the next good answer.
+
+Before, the exception (a compact pointer run whose crc32c does not check, say) escaped
+``ReplicaFetcher._handle`` and ended the fetcher's task: replication from that leader stopped for
+good, with nothing but a "Task exception was never retrieved" at garbage collection.
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from pathlib import Path
+from types import SimpleNamespace
+
+from batches import values_batch
+from kio.schema.errors import ErrorCode
+
+from diskless.cluster.metadata import PartitionState
+from diskless.log.config import LogConfig
+from diskless.log.partition_log import PartitionLog
+from diskless.replication.fetcher import ReplicaFetcher
+from diskless.replication.partition import Partition
+
+FOLLOWER, LEADER = 1, 0
+STATE = PartitionState(replicas=[LEADER, FOLLOWER], leader=LEADER, leader_epoch=0, isr=[LEADER, FOLLOWER])
+
+
+def follower_replica(tmp_path: Path, index: int, topic_id: str) -> Partition:
+    partition = Partition("t", index, PartitionLog(str(tmp_path / f"t-{index}"), LogConfig(), 0), FOLLOWER, topic_id)
+    partition.apply_state(STATE, 0)
+    return partition
+
+
+def answer(index: int, records: bytes) -> SimpleNamespace:
+    return SimpleNamespace(
+        partition_index=index,
+        error_code=ErrorCode.none,
+        diverging_epoch=None,
+        records=records,
+        high_watermark=3,
+        log_start_offset=0,
+    )
+
+
+def corrupt_pointer_run() -> bytes:
+    """A compact pointer envelope (base offset -3) whose body decodes to nothing the crc names."""
+    body = b"\x00\x00\x00\x00\x00" + b"\x07" * 20
+    return struct.pack(">qi", -3, len(body)) + body
+
+
+def test_an_answer_a_partition_cannot_apply_leaves_it_and_the_fetcher_goes_on(tmp_path: Path) -> None:
+    topic_id = uuid.uuid4()
+    fetcher = ReplicaFetcher(FOLLOWER, LEADER, lambda node: None, 500, 1 << 20, lambda: None)
+    broken, healthy = (follower_replica(tmp_path, i, str(topic_id)) for i in (0, 1))
+    fetcher.add(broken)
+    fetcher.add(healthy)
+    fetcher._request()
+
+    bad_round = SimpleNamespace(
+        responses=[
+            SimpleNamespace(
+                topic_id=topic_id, partitions=[answer(0, corrupt_pointer_run()), answer(1, values_batch(3))]
+            )
+        ]
+    )
+    pause = fetcher._handle(bad_round)  # raised CorruptEntry before
+
+    assert broken.log.log_end_offset == 0
+    assert healthy.log.log_end_offset == 3
+    assert 0 < pause <= 1.0  # the leader would answer the same ask at once: not a hot loop
+    assert fetcher._handle(bad_round) > pause  # still failing: the pause grows
+
+    fetcher._request()
+    good_round = SimpleNamespace(
+        responses=[SimpleNamespace(topic_id=topic_id, partitions=[answer(0, values_batch(3))])]
+    )
+    assert fetcher._handle(good_round) == 0
+    assert broken.log.log_end_offset == 3
