@@ -50,7 +50,7 @@ from diskless.replication.follower_reads import (
     is_fresh,
     max_staleness_ms,
 )
-from diskless.replication.partition import Partition, wrap_pointers
+from diskless.replication.partition import SHARED_KEYS_FETCHER, Partition, wrap_pointers
 from diskless.storage import pointer, segment_object
 
 from .api_base import EARLIEST, LATEST, MAX_TIMESTAMP, READ_COMMITTED, ApiFamily, _find_partition, _ms
@@ -153,6 +153,7 @@ class FetchApis(ApiFamily):
             request = dataclasses.replace(request, max_bytes=cap)
         max_wait_ms = _ms(request.max_wait)
         deadline = time.monotonic() + max_wait_ms / 1000
+        shares_keys = follower >= 0 and (header.client_id or "").endswith(SHARED_KEYS_FETCHER)
         while True:
             if session is not None:
                 # The session's partitions without a quiet mark, afresh each round: a change while
@@ -170,7 +171,8 @@ class FetchApis(ApiFamily):
                 asked = self._quiet.needing_answer(named, follower, self.broker.now_ms())
             else:
                 asked = named
-            responses, total, has_error, remote, forwards = self._fetch_once(asked)
+            # Per pass: an answer's runs may refer to keys written in other runs of that answer only.
+            responses, total, has_error, remote, forwards = self._fetch_once(asked, {} if shares_keys else None)
             has_error = has_error or bool(unknown)
             if forwards:
                 room = max(getattr(request, "max_bytes", 2**31 - 1) - total, 0)
@@ -418,7 +420,7 @@ class FetchApis(ApiFamily):
         return reader
 
     def _fetch_once(
-        self, request: Any
+        self, request: Any, shared_keys: dict[str, int] | None = None
     ) -> tuple[
         list[dict[str, Any]],
         int,
@@ -554,7 +556,7 @@ class FetchApis(ApiFamily):
                                 remote.append((entry, tiered))
                                 total += tiered.size
                             elif result.kind == POINTERS and follower >= 0:
-                                entry["records"] = wrap_pointers(result.records)
+                                entry["records"] = wrap_pointers(result.records, shared_keys)
                                 total += len(result.records)
                             elif result.kind == POINTERS:
                                 remote.append((entry, result.records))

@@ -37,7 +37,15 @@ from diskless.protocol.client import ClientError, KafkaClientConnection
 from diskless.security.internal_auth import ClusterSecret
 
 from .fetch_session import FetchSessionHandler
-from .partition import FOLLOWER, VERIFY_MS, DivergingEpoch, LeaderContact, Partition
+from .partition import (
+    FOLLOWER,
+    SHARED_KEYS_FETCHER,
+    VERIFY_MS,
+    DivergingEpoch,
+    LeaderContact,
+    Partition,
+    collect_pointer_keys,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -135,7 +143,7 @@ class ReplicaFetcher:
         conn = KafkaClientConnection(
             info.host,
             info.port,
-            internal.broker_client_id(self.node_id, "replica-fetcher"),
+            internal.broker_client_id(self.node_id, SHARED_KEYS_FETCHER),
             local_host=self.local_host,
             credentials=self.credentials,
         )
@@ -295,12 +303,29 @@ class ReplicaFetcher:
             wire = self._wire_ids[topic_id] = _wire_id(topic_id)
         return wire
 
+    @staticmethod
+    def _shared_keys(response: object) -> dict[int, bytes]:
+        """The WAL object keys an answer's pointer runs share (``pointer_wire``'s "Shared keys"),
+        from every run, those of partitions no longer asked for included: a run applied here may
+        use a key written in one that is not."""
+        shared: dict[int, bytes] = {}
+        for topic in response.responses:  # type: ignore[attr-defined]
+            for data in topic.partitions:
+                if data.records:
+                    try:
+                        collect_pointer_keys(data.records, shared)
+                    except Exception:
+                        # A run that uses a key this one should have written fails alone, below.
+                        log.exception("replica fetch answer's keys unreadable", partition=data.partition_index)
+        return shared
+
     def _handle(self, response: object) -> float:
         """Apply a fetch response; how long to pause before the next fetch (0: none): a moment when
         some partition reported a leadership problem, a backoff growing to a second while some
         answer cannot be applied (the leader would answer its repeated ask at once)."""
         now = _now_ms()
         leadership_errors = unapplied = False
+        shared_keys = self._shared_keys(response)
         readable_moved = False  # a high watermark or last stable offset here moved
         for topic in response.responses:  # type: ignore[attr-defined]
             for data in topic.partitions:
@@ -325,7 +350,12 @@ class ReplicaFetcher:
                         bounds = partition.log.read_bounds
                         try:
                             entries = partition.on_fetched(
-                                data.records or b"", data.high_watermark, data.log_start_offset, now, self._sent_ms
+                                data.records or b"",
+                                data.high_watermark,
+                                data.log_start_offset,
+                                now,
+                                self._sent_ms,
+                                shared_keys,
                             )
                         except Exception:
                             # As Kafka's fetcher does with a corrupt answer: this partition takes

@@ -45,31 +45,57 @@ OFFLINE = "offline"
 
 # Replica fetches of a pointers segment carry pointer entries, not record batches. They travel in
 # the same ``records`` field behind this 12-byte envelope: a batch frame whose base offset is
-# negative, which no record batch in a log ever has, followed by the body's length. Base offset -3:
-# the entries in ``storage/pointer_wire.py``'s compact form (they cross AZs for every produced
-# batch); -1: the segment bytes as they are (what older leaders send; -2 is tiering's envelope).
+# negative, which no record batch in a log ever has, followed by the body's length. Base offset -4:
+# the entries in ``storage/pointer_wire.py``'s compact form with the answer's shared key table
+# (for followers that say they read it, ``SHARED_KEYS_FETCHER``); -3: the compact form alone (they
+# cross AZs for every produced batch); -1: the segment bytes as they are (what older leaders send;
+# -2 is tiering's envelope).
 _POINTER_ENVELOPE = struct.Struct(">qi")
 _RAW_MARK = b"\xff" * 8
 _COMPACT_MARK = struct.pack(">q", -3)
+_SHARED_MARK = struct.pack(">q", -4)
+# The replica fetcher's role in its client id: a leader sends shared-key runs (-4) only to a
+# fetcher naming it, so a follower of an older version, mid-upgrade, is never sent a form it
+# would take for record batches.
+SHARED_KEYS_FETCHER = "replica-fetcher-k4"
 
 
-def wrap_pointers(entries: bytes) -> bytes:
-    compact = pointer_wire.encode(entries)
+def wrap_pointers(entries: bytes, shared: dict[str, int] | None = None) -> bytes:
+    """Pointer entries for a replica fetch answer; ``shared``: the answer's key table (-4)."""
+    compact = pointer_wire.encode(entries, shared)
     if compact is None:
         return _POINTER_ENVELOPE.pack(-1, len(entries)) + entries
-    return _POINTER_ENVELOPE.pack(-3, len(compact)) + compact
+    return _POINTER_ENVELOPE.pack(-3 if shared is None else -4, len(compact)) + compact
 
 
-def unwrap_pointers(data: bytes) -> bytes | None:
-    """The pointer entries inside a replica fetch's records, or None for record batches."""
+def _envelope(data: bytes) -> tuple[bytes, memoryview] | None:
+    """(mark, body) of a pointer envelope, or None for record batches."""
     if len(data) < _POINTER_ENVELOPE.size:
         return None
     mark = data[:8]
-    if mark != _RAW_MARK and mark != _COMPACT_MARK:
+    if mark != _RAW_MARK and mark != _COMPACT_MARK and mark != _SHARED_MARK:
         return None
     _, length = _POINTER_ENVELOPE.unpack_from(data, 0)
-    body = data[_POINTER_ENVELOPE.size : _POINTER_ENVELOPE.size + length]
-    return body if mark == _RAW_MARK else pointer_wire.decode(body)
+    return mark, memoryview(data)[_POINTER_ENVELOPE.size : _POINTER_ENVELOPE.size + length]
+
+
+def unwrap_pointers(data: bytes, shared: dict[int, bytes] | None = None) -> bytes | None:
+    """The pointer entries inside a replica fetch's records, or None for record batches.
+    ``shared``: the answer's key table (``collect_pointer_keys``), for -4 runs."""
+    found = _envelope(data)
+    if found is None:
+        return None
+    mark, body = found
+    if mark == _RAW_MARK:
+        return bytes(body)
+    return pointer_wire.decode(body, None if mark == _COMPACT_MARK else ({} if shared is None else shared))
+
+
+def collect_pointer_keys(data: bytes, shared: dict[int, bytes]) -> None:
+    """Add the keys a -4 run writes to its answer's table (before any run of it is unwrapped)."""
+    found = _envelope(data)
+    if found is not None and found[0] == _SHARED_MARK:
+        pointer_wire.collect_keys(found[1], shared)
 
 
 @dataclass(frozen=True, slots=True)
@@ -392,12 +418,19 @@ class Partition:
     # --- follower side --------------------------------------------------------------------------
 
     def on_fetched(
-        self, records: bytes, leader_hw: int, leader_log_start: int, now_ms: int, sent_ms: int = -1
+        self,
+        records: bytes,
+        leader_hw: int,
+        leader_log_start: int,
+        now_ms: int,
+        sent_ms: int = -1,
+        shared_keys: dict[int, bytes] | None = None,
     ) -> bytes | None:
         """Append what the leader sent; returns pointer entries appended (for prefetching).
 
         ``sent_ms`` is when the replica fetch was sent: the leader's state in the answer is at least
         that recent, but an answer read late (this process paused, a slow connection) is no fresher.
+        ``shared_keys``: the answer's WAL object keys (``collect_pointer_keys``).
         """
         tier_state = unwrap_tier_state(records) if records else None
         if tier_state is not None:
@@ -406,7 +439,7 @@ class Partition:
             resume = tier_state["resume"]
             log.info("took the leader's tier state", topic=self.topic, partition=self.index, resume=resume)
             records = b""
-        entries = unwrap_pointers(records) if records else None
+        entries = unwrap_pointers(records, shared_keys) if records else None
         if entries is not None:
             self.log.append_pointers_as_follower(entries, now_ms)
         elif records:

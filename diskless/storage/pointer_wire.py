@@ -15,7 +15,7 @@ Layout (integers big endian; ``uvarint``: unsigned LEB128)::
 
     crc        uint32    crc32c of the segment bytes this decodes to
     keyCount   uvarint
-    keys       keyCount x key
+    keys       keyCount x key (with a shared table: keyCount x (index uvarint, key))
     entries    until the end: kind int8, then
                  1 (pointer): header (below), keyIndex uvarint, offset uvarint
                  2 (inline):  size uvarint, the batch (size bytes)
@@ -31,6 +31,13 @@ Layout (integers big endian; ``uvarint``: unsigned LEB128)::
                baseTimestamp - prev.maxTimestamp, maxTimestamp - baseTimestamp,
                producerId - prev.producerId, producerEpoch, baseSequence, recordCount
                (magic is always 2: another magic is sent uncompacted)
+
+Shared keys: one flush's WAL object holds batches of many partitions, so one
+replica fetch answer names the same key in many runs, one per partition (at 1,000 partitions,
+~31 of a run's ~65 bytes). Encoded with the answer's table, a run writes only the keys no earlier
+run of the answer wrote, each with its index in the table, and refers to the others by index. The
+follower gathers every run's written keys first (``collect_keys``), then decodes each run against
+them, in any order and whichever runs it applies.
 
 ``encode`` returns None for anything it cannot represent exactly (an entry whose pointed size is
 not its header's); the caller then sends the segment bytes as they are.
@@ -207,10 +214,17 @@ def decode_key(data: bytes | memoryview) -> str:
     return key
 
 
-def encode(entries: bytes | bytearray | memoryview) -> bytes | None:
-    """The compact form of a run of whole segment entries (as a pointer read returns them)."""
+def encode(entries: bytes | bytearray | memoryview, shared: dict[str, int] | None = None) -> bytes | None:
+    """The compact form of a run of whole segment entries (as a pointer read returns them).
+
+    With ``shared``, the key table of a whole replica fetch answer (key -> index, filled as its runs
+    are encoded): a key is written once, in the first run of the answer that uses it, with its
+    index, and every other run refers to it (the module's "Shared keys"). The table is only added to
+    when the run is encoded, so a run sent uncompacted leaves no reference to a key written nowhere.
+    """
     view = memoryview(entries)
-    keys: dict[str, int] = {}
+    known = {} if shared is None else shared
+    added: dict[str, int] = {}  # keys this run writes, with their indexes
     body = bytearray()
     prev = _Previous()
     pos = 0
@@ -225,7 +239,9 @@ def encode(entries: bytes | bytearray | memoryview) -> bytes | None:
             if batch_size != 12 + _BATCH_LENGTH.unpack_from(header, 8)[0] or offset < 0:
                 return None
             key = str(view[key_start : key_start + key_length], "utf-8")
-            index = keys.setdefault(key, len(keys))
+            index = known.get(key)
+            if index is None:
+                index = added.setdefault(key, len(known) + len(added))
             body.append(KIND_POINTER)
             if not _encode_header(header, prev, body):
                 return None
@@ -240,9 +256,13 @@ def encode(entries: bytes | bytearray | memoryview) -> bytes | None:
             return None
         pos += size
     out = bytearray(_CRC.pack(crc32c.crc32c(view)))
-    _uvarint(len(keys), out)
-    for key in keys:
+    _uvarint(len(added), out)
+    for key, index in added.items():
+        if shared is not None:
+            _uvarint(index, out)
         _encode_key(key, out)
+    if shared is not None:
+        shared.update(added)
     return bytes(out + body)
 
 
@@ -251,18 +271,38 @@ def _framed(kind: int, body: bytes) -> bytes:
     return _FRAME.pack(ENTRY_FRAME_SIZE - 4 + len(body), crc, kind) + body
 
 
-def decode(data: bytes | bytearray | memoryview) -> bytes:
-    """The leader's segment bytes back from ``encode``'s output; ``CorruptEntry`` if they do not check."""
+def _read_keys(view: memoryview, shared: dict[int, bytes] | None) -> tuple[dict[int, bytes], int]:
+    """The key table after the crc, as each key's length and text in a segment entry: this run's
+    own (indexes in order), or with ``shared`` its written keys added to the answer's table."""
+    count, pos = _read_uvarint(view, _CRC.size)
+    keys: dict[int, bytes] = {} if shared is None else shared
+    for position in range(count):
+        index = position
+        if shared is not None:
+            index, pos = _read_uvarint(view, pos)
+        key, pos = _decode_key(view, pos)
+        raw = key.encode()
+        keys[index] = _KEY_LENGTH.pack(len(raw)) + raw
+    return keys, pos
+
+
+def collect_keys(data: bytes | bytearray | memoryview, shared: dict[int, bytes]) -> None:
+    """Add the keys a run encoded with a shared table writes to ``shared`` (the answer's table,
+    gathered from all its runs before any is decoded: a run may use a key another run wrote)."""
+    view = memoryview(data)
+    if len(view) < _CRC.size:
+        raise CorruptEntry("compact pointer entries shorter than their crc")
+    _read_keys(view, shared)
+
+
+def decode(data: bytes | bytearray | memoryview, shared: dict[int, bytes] | None = None) -> bytes:
+    """The leader's segment bytes back from ``encode``'s output; ``CorruptEntry`` if they do not
+    check. ``shared``: the answer's key table (``collect_keys``) for a run encoded with one."""
     view = memoryview(data)
     if len(view) < _CRC.size:
         raise CorruptEntry("compact pointer entries shorter than their crc")
     (expected,) = _CRC.unpack_from(view, 0)
-    count, pos = _read_uvarint(view, _CRC.size)
-    keys: list[bytes] = []
-    for _ in range(count):
-        key, pos = _decode_key(view, pos)
-        raw = key.encode()
-        keys.append(_KEY_LENGTH.pack(len(raw)) + raw)
+    keys, pos = _read_keys(view, shared)
     out: list[bytes] = []
     prev = _Previous()
     while pos < len(view):
@@ -272,14 +312,15 @@ def decode(data: bytes | bytearray | memoryview) -> bytes:
             header, pos = _decode_header(view, pos, prev)
             index, pos = _read_uvarint(view, pos)
             offset, pos = _read_uvarint(view, pos)
-            if index >= len(keys) or offset >= 2**63:
+            key = keys.get(index)
+            if key is None or offset >= 2**63:
                 raise CorruptEntry("bad key reference or offset in compact pointer entries")
             size = 12 + _BATCH_LENGTH.unpack_from(header, 8)[0]
             try:
                 location = _LOCATION.pack(offset, size)
             except struct.error:
                 raise CorruptEntry(f"impossible batch size {size} in compact pointer entries") from None
-            out.append(_framed(KIND_POINTER, header + keys[index] + location))
+            out.append(_framed(KIND_POINTER, header + key + location))
         elif kind == KIND_INLINE:
             size, pos = _read_uvarint(view, pos)
             batch = bytes(view[pos : pos + size])

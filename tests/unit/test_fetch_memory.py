@@ -77,7 +77,7 @@ async def test_forwarded_partitions_share_the_fetch_max_bytes(monkeypatch: pytes
     # each the partition's own limit (the response's total was 0 when each was planned).
     forwards = [(entry, "t", entry["partition"], 0, min(PARTITION_MAX, max_bytes), 2) for entry in entries]
 
-    def fetch_once(request: Any) -> Any:
+    def fetch_once(request: Any, shared_keys: dict[str, int] | None = None) -> Any:
         return [{"topic": "t", "partitions": entries}], 0, False, [], forwards
 
     monkeypatch.setattr(apis, "_fetch_once", fetch_once)
@@ -118,7 +118,7 @@ async def test_the_broker_caps_a_consumer_fetch_at_fetch_max_bytes(monkeypatch: 
     broker = SimpleNamespace(config=SimpleNamespace(fetch_max_bytes=cap), now_ms=lambda: 0, wal_reader=None)
     apis = FetchApis(broker)  # type: ignore[arg-type]
 
-    def fetch_once(request: Any) -> Any:
+    def fetch_once(request: Any, shared_keys: dict[str, int] | None = None) -> Any:
         asked.append(request.max_bytes)
         return [], 0, True, [], []
 

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from diskless.protocol import records
-from diskless.replication.partition import unwrap_pointers, wrap_pointers
+from diskless.replication.partition import collect_pointer_keys, unwrap_pointers, wrap_pointers
 from diskless.storage import pointer
 from diskless.storage.wal_format import wal_object_key
 
@@ -108,6 +108,83 @@ def test_round_trip_gives_the_leaders_segment_bytes_exactly(items: list[tuple]) 
         offset += 1 + (item[3] if item[0] == "pointer" else 0) % 1000
     entries = b"".join(out)
     assert unwrap_pointers(wrap_pointers(entries)) == entries
+
+
+# --- one key table for a whole replica fetch answer ---------------------------------------------
+
+
+def _answer_runs(partitions: int, keys: list[str]) -> list[bytes]:
+    """One run per partition, as a flush of one WAL object (or a few) reaches many partitions."""
+    return [_entry(100 + p, keys[p % len(keys)], 1100 * p) for p in range(partitions)]
+
+
+def _shared_answer(runs: list[bytes]) -> list[bytes]:
+    shared: dict[str, int] = {}
+    return [wrap_pointers(run, shared) for run in runs]
+
+
+def test_an_answer_writes_each_key_once_across_its_partitions() -> None:
+    """At 1,000 partitions a follower's answer holds ~one batch a partition, most from the same few
+    WAL objects: without a shared table every run wrote its key (~31 bytes of ~65)."""
+    keys = [wal_object_key(T0, "az-1", 1), wal_object_key(T0 + 3, "az-2", 2)]
+    runs = _answer_runs(30, keys)
+    alone = sum(len(wrap_pointers(run)) for run in runs)
+    together = _shared_answer(runs)
+    saved = alone - sum(len(run) for run in together)
+    assert saved >= (len(runs) - len(keys)) * 25, (alone, saved)
+    table: dict[int, bytes] = {}
+    for wrapped in together:
+        collect_pointer_keys(wrapped, table)
+    assert len(table) == len(keys)
+    assert [unwrap_pointers(wrapped, table) for wrapped in together] == runs
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.lists(st.tuples(_keys, st.integers(0, 2**40)), min_size=1, max_size=4), min_size=1, max_size=8),
+    st.randoms(use_true_random=False),
+)
+def test_any_run_of_an_answer_decodes_with_the_answers_table_in_any_order(runs_spec: list, rng: object) -> None:
+    """The follower applies the runs it still asked for, in its own order, after gathering the keys
+    of every run: each decodes to its leader's segment bytes exactly."""
+    runs = []
+    offset = 0
+    for spec in runs_spec:
+        entries = []
+        for key, position in spec:
+            header = _header(offset, value_bytes=5)
+            entries.append(pointer.encode_pointer_entry(header, key, position, records.parse_header(header).size))
+            offset += 1
+        runs.append(b"".join(entries))
+    wrapped = _shared_answer(runs)
+    order = list(range(len(runs)))
+    rng.shuffle(order)  # type: ignore[attr-defined]
+    table: dict[int, bytes] = {}
+    for i in order:
+        collect_pointer_keys(wrapped[i], table)
+    for i in order[: max(1, len(order) // 2)]:
+        assert unwrap_pointers(wrapped[i], table) == runs[i]
+
+
+def test_a_run_sent_uncompacted_adds_no_key_to_the_answers_table() -> None:
+    """A run the compact form cannot carry goes as segment bytes: had its keys entered the table,
+    a later run would refer to a key no run of the answer writes."""
+    key = wal_object_key(T0, "az-1", 1)
+    odd = bytearray(_entry(0, key, 0))
+    odd[-4:] = struct.pack(">i", 1)  # a pointed size that is not its header's
+    shared: dict[str, int] = {}
+    assert wrap_pointers(bytes(odd), shared)[:8] == b"\xff" * 8
+    assert shared == {}
+    later = _entry(1, key, 500)
+    wrapped = wrap_pointers(later, shared)
+    assert unwrap_pointers(wrapped, {}) == later  # it writes the key itself
+
+
+def test_a_run_referring_to_a_key_no_run_wrote_is_refused() -> None:
+    key = wal_object_key(T0, "az-1", 1)
+    _, second = _shared_answer([_entry(0, key, 0), _entry(1, key, 900)])
+    with pytest.raises(pointer.CorruptEntry):
+        unwrap_pointers(second, {})  # the run that wrote the key was not gathered
 
 
 def test_the_uncompact_envelope_of_older_leaders_still_unwraps() -> None:

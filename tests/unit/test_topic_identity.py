@@ -405,14 +405,18 @@ def replicated(name: str, leader: int, follower: int) -> TopicMetadata:
     return TopicMetadata(name, str(uuid.uuid4()), [state], {"diskless.enabled": "true"})
 
 
-async def replica_fetch_round(fetcher: Any, asking: Partition, leader: FetchingBroker) -> tuple[bool, list[Any]]:
+async def replica_fetch_round(
+    fetcher: Any, asking: Partition, leader: FetchingBroker, role: str | None = None
+) -> tuple[float, list[Any]]:
     """One replica fetch through the real codec: the fetcher's request, the leader's Fetch handler,
-    the answer applied by the fetcher. Returns what ``_handle`` returned and the partition answers."""
+    the answer applied by the fetcher. Returns what ``_handle`` returned and the partition answers.
+    ``role``: the fetcher's client id role (default the real fetcher's)."""
     from diskless.protocol import internal
     from diskless.replication.fetcher import FETCH_VERSION
+    from diskless.replication.partition import SHARED_KEYS_FETCHER
 
     header = m.RequestHeader(
-        m.API_FETCH, FETCH_VERSION, 7, internal.broker_client_id(asking.node_id, "replica-fetcher")
+        m.API_FETCH, FETCH_VERSION, 7, internal.broker_client_id(asking.node_id, role or SHARED_KEYS_FETCHER)
     )
     body = fetcher._request()
     request_cls = m._request_type(m.API_FETCH, FETCH_VERSION)
