@@ -121,9 +121,9 @@ class LeaderContact:
 async def wait_for_commits(waits: list[tuple[Partition, int, int]], timeout: float, first: bool) -> list[bool | None]:
     """Wait for acks=all replication of several (replica, last offset, leader epoch of the append;
     see ``Partition.on_commit``): until all are decided, or (``first``) until any is, or
-    ``timeout`` seconds. Per wait: True replicated, False leadership
-    lost, None undecided. One future and one timer for all of them: the caller resumes in the loop
-    turn after the deciding follower fetch, not after a task per wait and a gather."""
+    ``timeout`` seconds. Per wait: True replicated, False refused (leadership lost, the append
+    gone), None undecided. One future and one timer for all of them: the caller resumes in the
+    loop turn after the deciding follower fetch, not after a task per wait and a gather."""
     if not waits:
         return []
     loop = asyncio.get_running_loop()
