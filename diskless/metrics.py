@@ -51,7 +51,9 @@ UNWATCHED_CHANGES = Counter(
 )
 REPLICA_FETCH_UNAPPLIED = Counter(
     "diskless_replica_fetch_unapplied_total",
-    "Partition answers of replica fetches a follower could not apply (corrupt or undecodable; stays 0)",
+    "Replica fetch answers a follower could not apply (stays 0), by scope: one partition's answer "
+    "(corrupt, undecodable, a failed truncation) or a whole round (retried with a fresh session)",
+    ["scope"],
 )
 REPLICA_FETCHES = Counter(
     "diskless_replica_fetches_total", "Replica fetches served, by kind (full or incremental session fetch)", ["kind"]

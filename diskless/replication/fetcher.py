@@ -156,43 +156,60 @@ class ReplicaFetcher:
         return conn
 
     async def _run(self) -> None:
+        """Fetch rounds until stopped. A round that fails unexpectedly (a bug, a disk error outside
+        one partition's answer) is logged and retried after a pause, with a fresh session and
+        connection: nothing restarts this task, so an exception escaping it would end replication
+        from this leader for good."""
         backoff = 0.05
         while not self._stopping:
-            self._refresh(_now_ms())
-            if not self._asked:
-                self._changed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), 1.0)
-                continue
-            if self._conn is None or not self._conn.connected:
-                self._conn = await self._connect()
-                if self._conn is None:
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 1.0)
-                    continue
             try:
-                self._sent_ms = _now_ms()
-                response = await self._conn.request(
-                    m.API_FETCH, FETCH_VERSION, self._request(), timeout=self.wait_max_ms / 1000 + 10
-                )
-                backoff = 0.05
-            except (ClientError, OSError, TimeoutError) as exc:
-                log.info("replica fetch failed", leader=self.leader_id, error=str(exc))
+                backoff = await self._round_trip(backoff)
+            except Exception:
+                log.exception("replica fetch round failed", leader=self.leader_id)
+                REPLICA_FETCH_UNAPPLIED.labels("round").inc()
                 self.session.handle_error()
-                await self._conn.close()
-                self._conn = None
+                if self._conn is not None:
+                    await self._conn.close()
+                    self._conn = None
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
-                continue
-            error = ErrorCode(response.error_code)
-            if not self.session.handle_response(error, response.session_id):
-                # A session error (the leader restarted, evicted it, or an answer was lost): the
-                # next fetch is full. The answer names no partitions and means nothing about them.
-                log.info("replica fetch session reset", leader=self.leader_id, error=error.name)
-                continue
-            pause = self._handle(response)
-            if pause:
-                await asyncio.sleep(pause)  # leadership moving (the metadata watch's moment), or a bad answer
+
+    async def _round_trip(self, backoff: float) -> float:
+        """One round: bring the request up to date, fetch, apply the answer. Returns the pause
+        before the next failed connection or fetch (doubling while they fail, reset by an answer)."""
+        self._refresh(_now_ms())
+        if not self._asked:
+            self._changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), 1.0)
+            return backoff
+        if self._conn is None or not self._conn.connected:
+            self._conn = await self._connect()
+            if self._conn is None:
+                await asyncio.sleep(backoff)
+                return min(backoff * 2, 1.0)
+        try:
+            self._sent_ms = _now_ms()
+            response = await self._conn.request(
+                m.API_FETCH, FETCH_VERSION, self._request(), timeout=self.wait_max_ms / 1000 + 10
+            )
+        except (ClientError, OSError, TimeoutError) as exc:
+            log.info("replica fetch failed", leader=self.leader_id, error=str(exc))
+            self.session.handle_error()
+            await self._conn.close()
+            self._conn = None
+            await asyncio.sleep(backoff)
+            return min(backoff * 2, 1.0)
+        error = ErrorCode(response.error_code)
+        if not self.session.handle_response(error, response.session_id):
+            # A session error (the leader restarted, evicted it, or an answer was lost): the next
+            # fetch is full. The answer names no partitions and means nothing about them.
+            log.info("replica fetch session reset", leader=self.leader_id, error=error.name)
+            return 0.05
+        pause = self._handle(response)
+        if pause:
+            await asyncio.sleep(pause)  # leadership moving (the metadata watch's moment), or a bad answer
+        return 0.05
 
     def _refresh(self, now_ms: int) -> None:
         """Bring the asked partitions and their request entries up to date with the partitions
@@ -319,6 +336,37 @@ class ReplicaFetcher:
                         log.exception("replica fetch answer's keys unreadable", partition=data.partition_index)
         return shared
 
+    def _apply(self, partition: Partition, data: Any, now: int, shared_keys: dict[int, bytes]) -> tuple[bool, bool]:
+        """Apply one partition's answer: (its readable range moved, a leadership error)."""
+        code = data.error_code
+        if code == ErrorCode.none:
+            diverging = data.diverging_epoch
+            if diverging is not None and (diverging.epoch >= 0 or diverging.end_offset >= 0):
+                partition.truncate_on_divergence(DivergingEpoch(diverging.epoch, diverging.end_offset), now)
+                return True, False
+            bounds = partition.log.read_bounds
+            entries = partition.on_fetched(
+                data.records or b"", data.high_watermark, data.log_start_offset, now, self._sent_ms, shared_keys
+            )
+            # Prefetching serves tail reads; a replica still catching up (a reassignment copying a
+            # long pointer log) would pull every WAL object it points to.
+            if entries and partition.log.log_end_offset >= data.high_watermark:
+                self.on_pointers(entries)
+            return partition.log.read_bounds != bounds, False
+        if code == ErrorCode.offset_out_of_range and partition.log.log_end_offset < data.log_start_offset:
+            partition.log.truncate_fully_and_start_at(data.log_start_offset, now)
+            return True, False
+        if code in (
+            ErrorCode.not_leader_or_follower,
+            ErrorCode.fenced_leader_epoch,
+            ErrorCode.unknown_leader_epoch,
+            ErrorCode.unknown_topic_or_partition,
+            ErrorCode.unknown_topic_id,  # one of us has not seen the re-creation yet
+        ):
+            return False, True
+        log.warning("replica fetch error", topic=partition.topic, partition=partition.index, error=code.name)
+        return False, False
+
     def _handle(self, response: object) -> float:
         """Apply a fetch response; how long to pause before the next fetch (0: none): a moment when
         some partition reported a leadership problem, a backoff growing to a second while some
@@ -340,51 +388,19 @@ class ReplicaFetcher:
                 # Answered with an error (or a truncation) it heard nothing this round; answered
                 # with data, on_fetched notes the round.
                 partition.hear_through(self._contact, self._round + 1)
-                code = data.error_code
-                if code == ErrorCode.none:
-                    diverging = data.diverging_epoch
-                    if diverging is not None and (diverging.epoch >= 0 or diverging.end_offset >= 0):
-                        partition.truncate_on_divergence(DivergingEpoch(diverging.epoch, diverging.end_offset), now)
-                        readable_moved = True
-                    else:
-                        bounds = partition.log.read_bounds
-                        try:
-                            entries = partition.on_fetched(
-                                data.records or b"",
-                                data.high_watermark,
-                                data.log_start_offset,
-                                now,
-                                self._sent_ms,
-                                shared_keys,
-                            )
-                        except Exception:
-                            # As Kafka's fetcher does with a corrupt answer: this partition takes
-                            # nothing from it and asks again from where it was; the others go on.
-                            # Raised out of here, it would end this fetcher's task, and with it
-                            # replication from this leader, for good.
-                            log.exception("replica fetch answer not applied", topic=asked.topic, partition=asked.index)
-                            REPLICA_FETCH_UNAPPLIED.inc()
-                            unapplied = True
-                            continue
-                        # Prefetching serves tail reads; a replica still catching up (a reassignment
-                        # copying a long pointer log) would pull every WAL object it points to.
-                        if entries and partition.log.log_end_offset >= data.high_watermark:
-                            self.on_pointers(entries)
-                        if partition.log.read_bounds != bounds:
-                            readable_moved = True
-                elif code == ErrorCode.offset_out_of_range and partition.log.log_end_offset < data.log_start_offset:
-                    partition.log.truncate_fully_and_start_at(data.log_start_offset, now)
-                    readable_moved = True
-                elif code in (
-                    ErrorCode.not_leader_or_follower,
-                    ErrorCode.fenced_leader_epoch,
-                    ErrorCode.unknown_leader_epoch,
-                    ErrorCode.unknown_topic_or_partition,
-                    ErrorCode.unknown_topic_id,  # one of us has not seen the re-creation yet
-                ):
-                    leadership_errors = True
-                else:
-                    log.warning("replica fetch error", topic=asked.topic, partition=asked.index, error=code.name)
+                try:
+                    moved, leadership_error = self._apply(partition, data, now, shared_keys)
+                except Exception:
+                    # As Kafka's fetcher does with a corrupt answer (or a failed truncation): this
+                    # partition takes nothing from it and asks again from where it was; the others
+                    # go on. Raised out of here, it would end this fetcher's task, and with it
+                    # replication from this leader, for good.
+                    log.exception("replica fetch answer not applied", topic=asked.topic, partition=asked.index)
+                    REPLICA_FETCH_UNAPPLIED.labels("partition").inc()
+                    unapplied = True
+                    continue
+                readable_moved = readable_moved or moved
+                leadership_errors = leadership_errors or leadership_error
         # The leader leaves out partitions with nothing new (broker/quiet_fetches.py): for those
         # the answer is news too, as of when the request was sent, and they hear it through our
         # contact (every asked partition listens to it) without a visit to each.

@@ -8,6 +8,7 @@ good, with nothing but a "Task exception was never retrieved" at garbage collect
 
 from __future__ import annotations
 
+import asyncio
 import struct
 import uuid
 from pathlib import Path
@@ -77,3 +78,49 @@ def test_an_answer_a_partition_cannot_apply_leaves_it_and_the_fetcher_goes_on(tm
     )
     assert fetcher._handle(good_round) == 0
     assert broken.log.log_end_offset == 3
+
+
+def test_a_failed_truncation_stays_with_its_partition(tmp_path: Path) -> None:
+    """Not only decoding: a truncation that hits a disk error is that partition's failure, not the
+    end of the fetcher (it raised out of ``_handle`` before)."""
+    topic_id = uuid.uuid4()
+    fetcher = ReplicaFetcher(FOLLOWER, LEADER, lambda node: None, 500, 1 << 20, lambda: None)
+    diverged, healthy = (follower_replica(tmp_path, i, str(topic_id)) for i in (0, 1))
+
+    def disk_error(*args: object) -> None:
+        raise OSError("No space left on device")
+
+    diverged.truncate_on_divergence = disk_error  # type: ignore[method-assign]
+    fetcher.add(diverged)
+    fetcher.add(healthy)
+    fetcher._request()
+    truncate = answer(0, b"")
+    truncate.diverging_epoch = SimpleNamespace(epoch=0, end_offset=0)
+
+    pause = fetcher._handle(
+        SimpleNamespace(
+            responses=[SimpleNamespace(topic_id=topic_id, partitions=[truncate, answer(1, values_batch(3))])]
+        )
+    )
+
+    assert pause > 0
+    assert healthy.log.log_end_offset == 3
+
+
+async def test_a_round_that_fails_unexpectedly_is_retried_not_the_end_of_the_fetcher() -> None:
+    """Whatever escapes a round (a bug in building the request, an error outside one partition's
+    answer) is logged and the next round runs: nothing restarts the task if it ends."""
+    fetcher = ReplicaFetcher(FOLLOWER, LEADER, lambda node: None, 500, 1 << 20, lambda: None)
+    rounds: list[float] = []
+
+    async def round_trip(backoff: float) -> float:
+        rounds.append(backoff)
+        if len(rounds) == 1:
+            raise ValueError("badly formed hexadecimal UUID string")
+        fetcher._stopping = len(rounds) == 3
+        return 0.05
+
+    fetcher._round_trip = round_trip  # type: ignore[method-assign]
+    await asyncio.wait_for(fetcher._run(), 5)
+    assert len(rounds) == 3
+    assert rounds[1] > rounds[0]  # the failed round's pause doubled
