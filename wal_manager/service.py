@@ -85,6 +85,21 @@ def check_config(config: BrokerConfig) -> None:
         )
     if not config.metadata_etcd_endpoints or not config.diskless_s3_endpoint:
         raise ConfigError("the WAL manager needs metadata.etcd.endpoints and diskless.s3.endpoint")
+    try:
+        manager_config(config)
+    except ValueError as exc:
+        # Found here, not when this instance first becomes active: its task would end there,
+        # leaving a process that looks healthy and never collects anything.
+        raise ConfigError(f"wal.manager settings: {exc}") from None
+
+
+def manager_config(config: BrokerConfig) -> ManagerConfig:
+    """The core's configuration (``ValueError`` for settings it cannot work with)."""
+    return ManagerConfig(
+        grace_ms=config.wal_manager_grace_ms,
+        confirm_ms=config.wal_manager_confirm_ms,
+        check_interval_ms=config.wal_manager_check_interval_ms,
+    )
 
 
 class WalManagerService:
@@ -113,13 +128,6 @@ class WalManagerService:
         self.cluster_secret = ClusterSecret(configured_secret(config), internal_client_context(config))
         self._stop = asyncio.Event()
         self.deleted_total = 0
-
-    def _manager_config(self) -> ManagerConfig:
-        return ManagerConfig(
-            grace_ms=self.config.wal_manager_grace_ms,
-            confirm_ms=self.config.wal_manager_confirm_ms,
-            check_interval_ms=self.config.wal_manager_check_interval_ms,
-        )
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -166,11 +174,15 @@ class WalManagerService:
                 continue
             log.info("became the active WAL manager", instance=self.instance)
             ACTIVE.set(1)
-            self.core = WalManagerCore(self._manager_config())
+            self.core = WalManagerCore(manager_config(self.config))
             keepalive = asyncio.create_task(self._keep_alive(lease, ttl / 3))
             active = asyncio.create_task(self._active_loop())
             stopper = asyncio.create_task(self._stop.wait())
             await asyncio.wait([keepalive, active, stopper], return_when="FIRST_COMPLETED")
+            for task, what in ((keepalive, "lease keep-alive"), (active, "active loop")):
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    # cancel_and_wait marks it retrieved: say why this instance steps down.
+                    log.warning("WAL manager step-down", reason=what, error=repr(task.exception()))
             await cancel_and_wait(keepalive, active, stopper)
             self.core = None
             ACTIVE.set(0)
@@ -504,7 +516,13 @@ async def run_service(config: BrokerConfig, ready_file: str | None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     runner = asyncio.create_task(service.run())
-    await stop.wait()
-    await cancel_and_wait(runner)
+    stopper = asyncio.create_task(stop.wait())
+    await asyncio.wait([runner, stopper], return_when="FIRST_COMPLETED")
+    failed = runner.done() and not runner.cancelled() and runner.exception() is not None
+    if failed:
+        # ``run`` only returns when stopped: ended on its own, it would leave a process that looks
+        # healthy and collects nothing. Exit non-zero so that its supervisor starts another.
+        log.error("the WAL manager stopped working", error=repr(runner.exception()))
+    await cancel_and_wait(runner, stopper)
     await service.stop()
-    return 0
+    return 1 if failed else 0

@@ -554,6 +554,15 @@ def main(args: argparse.Namespace) -> int:
             except TierJobError as exc:
                 print(f"diskless tier: {exc}", flush=True)
                 ok = False
+            except Exception as exc:
+                if args.every is None:
+                    raise
+                # A periodic job outlives a failed pass (an executor's S3 error, a broker's odd
+                # answer): ended, tiering would stop, and pointer logs and the WAL objects they
+                # reference would grow until someone restarted it. The next pass starts afresh.
+                log.exception("tier pass failed; trying again at the next interval")
+                print(f"diskless tier: pass failed: {exc!r}", flush=True)
+                ok = False
             if args.every is None:
                 return 0 if ok else 1
             time.sleep(args.every)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from batches import Record, make_batch
 from loghelpers import T0, open_log
 
@@ -70,3 +72,34 @@ def test_every_policy() -> None:
     assert due(Range(0, "t", "tid", 0, 0, 0, 10, 100, T0 - 5000), config, T0)  # old enough
     assert due(Range(0, "t", "tid", 0, 0, 0, 10, 600, T0 - 10), config, T0)  # big enough
     assert not due(Range(0, "t", "tid", 0, 0, 0, 10, 100, -1), config, T0)  # nothing untiered
+
+
+def test_a_periodic_tier_job_outlives_a_failed_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`diskless tier --every N`: an unexpected error in one pass (an executor's S3 failure
+    surfaces as a Py4J error) is reported and the next pass runs; before, it ended the process and
+    tiering stopped until someone restarted it."""
+    import argparse
+
+    from diskless.spark import session, tier_job
+
+    passes: list[str] = []
+    stopped: list[bool] = []
+
+    def run_once(spark: object, settings: object, policy: bool) -> tier_job.TierReport:
+        passes.append("pass")
+        if len(passes) == 1:
+            raise RuntimeError("An error occurred while calling o123.collect")
+        if len(passes) == 3:
+            raise KeyboardInterrupt  # the operator stops it
+        return tier_job.TierReport()
+
+    monkeypatch.setattr(tier_job, "settings_from_args", lambda *args: object())
+    monkeypatch.setattr(tier_job, "run_once", run_once)
+    monkeypatch.setattr(session, "build_session", lambda *args: SimpleNamespace(stop=lambda: stopped.append(True)))
+    monkeypatch.setattr(tier_job.time, "sleep", lambda seconds: None)
+    args = argparse.Namespace(override=[], bootstrap_servers="b:9092", config=None, dev_dir=None, master=None, every=60)
+
+    with pytest.raises(KeyboardInterrupt):
+        tier_job.main(args)
+    assert passes == ["pass"] * 3
+    assert stopped == [True]

@@ -11,7 +11,7 @@ from diskless.config import BrokerConfig
 from diskless.storage.object_store import ObjectInfo
 from diskless.storage.segment_object import segment_keys
 from wal_manager.core import Answer, ManagerConfig, PartitionRef, WalManagerCore
-from wal_manager.service import WalManagerService
+from wal_manager.service import WalManagerService, manager_config
 
 T0 = 1_700_000_000_000
 TID = "6f1c2d3e-0000-4000-8000-000000000001"
@@ -95,7 +95,7 @@ def segment_service(store: SegmentStore) -> WalManagerService:
     svc.store = store  # type: ignore[assignment]
     state = PartitionState(replicas=[1], leader=1, leader_epoch=3, isr=[1])
     svc.metadata.topics["t"] = TopicMetadata("t", TID, [state] * 4, {})
-    svc.core = WalManagerCore(svc._manager_config())
+    svc.core = WalManagerCore(manager_config(svc.config))
 
     async def unreferenced(leader: int, queries: list[tuple[str, PartitionRef]]) -> list[tuple]:  # type: ignore[type-arg]
         return [(key, ref, Answer.UNREFERENCED, 3) for key, ref in queries]

@@ -81,7 +81,7 @@ def service() -> WalManagerService:
     svc.store = MemoryStore()  # type: ignore[assignment]
     state = PartitionState(replicas=[1], leader=1, leader_epoch=3, isr=[1])
     svc.metadata.topics["t"] = TopicMetadata("t", str(TOPIC_ID), [state], {})
-    svc.core = WalManagerCore(svc._manager_config())  # as when it becomes the active instance
+    svc.core = WalManagerCore(wal_manager.service.manager_config(svc.config))  # as when it becomes the active instance
     svc.asked: list[tuple[str, PartitionRef]] = []  # type: ignore[attr-defined]
 
     async def leader_answers(leader: int, queries: list[tuple[str, PartitionRef]]) -> list[tuple]:  # type: ignore[type-arg]
@@ -184,3 +184,19 @@ async def test_a_topic_missing_from_a_lagging_view_is_not_taken_for_deleted(
         await one_pass(service)
         clock[0] += 10
     assert key not in store.objects
+
+
+@pytest.mark.parametrize(
+    "setting", [{"wal_manager_check_interval_ms": 0}, {"wal_manager_confirm_ms": -1}], ids=["check", "confirm"]
+)
+def test_settings_the_core_cannot_work_with_are_refused_at_start(setting: dict[str, int]) -> None:
+    """Before, they passed the startup check and raised only when the instance became active,
+    ending its task there: a process that looked healthy and never collected anything."""
+    from diskless.config import ConfigError
+    from wal_manager.service import check_config
+
+    config = BrokerConfig(
+        metadata_etcd_endpoints="127.0.0.1:2379", diskless_s3_endpoint="http://127.0.0.1:9000", **setting
+    )
+    with pytest.raises(ConfigError, match=r"wal\.manager settings"):
+        check_config(config)
