@@ -44,6 +44,12 @@ CONNECTIONS_BY_AZ_SOURCE = Gauge(
     "diskless_connections_by_az_source", "Open connections by how their client AZ was decided", ["source"]
 )
 FETCH_SESSIONS = Gauge("diskless_fetch_sessions", "KIP-227 fetch sessions this broker keeps for its followers")
+METADATA_APPLY_ERRORS = Counter(
+    "diskless_metadata_apply_errors_total",
+    "Metadata this broker skipped (stays 0), by stage: a stored record it could not read (a damaged "
+    "record, a shape it does not know), or a change it could not apply locally (a log directory)",
+    ["stage"],
+)
 UNWATCHED_CHANGES = Counter(
     "diskless_unwatched_changes_total",
     "Partition changes found by the periodic check instead of a watch (a bug; stays 0), by the party watching",

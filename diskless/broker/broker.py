@@ -36,7 +36,7 @@ from diskless.fetch.read_quota import ReadQuota
 from diskless.fetch.wal_reader import WalCache, WalReader
 from diskless.log.config import LogConfig, effective_values
 from diskless.log.segment import POINTERS, BatchLocation, LogSegment
-from diskless.metrics import EVENT_LOOP_LAG_SECONDS, RETENTION_DELETED_SEGMENTS, serve_metrics
+from diskless.metrics import EVENT_LOOP_LAG_SECONDS, METADATA_APPLY_ERRORS, RETENTION_DELETED_SEGMENTS, serve_metrics
 from diskless.produce.host import RepresentativeHost
 from diskless.produce.representative import Representative
 from diskless.replication.partition import Partition
@@ -374,45 +374,56 @@ class Broker:
 
     async def _on_metadata_change(self, changes: list[RecordKey]) -> None:
         self._metadata_event.set()
-        if self.representative is not None and any(c[0] == "broker" for c in changes):
-            await self.representative.connect_leaders()
-        now = self.now_ms()
-        slice_started = time.monotonic()
-        for change in changes:
-            if time.monotonic() - slice_started > APPLY_SLICE_S:
-                # Safe to interleave with other metadata changes: each change is applied from the
-                # metadata as it is now, not as it was when the change was listed.
-                await asyncio.sleep(0)
-                slice_started = time.monotonic()
-                now = self.now_ms()
-            kind = change[0]
-            if kind == "topic":
-                name = change[1]
-                topic = self.metadata.topics.get(name)
-                if topic is None:
-                    self.replicas.delete_topic(name)
-                else:
-                    # Also drops replicas of an older incarnation of the name (a deletion we may
-                    # never have seen, e.g. across a lost watch): they must not serve the new one.
-                    self.replicas.on_topic(topic, self.log_config(topic))
-            elif kind == "partition":
-                topic = self.metadata.topics.get(change[1])
-                index = int(change[2])
-                if topic is not None and index < len(topic.partitions) and topic.partitions[index].replicas:
-                    hosted = self.replicas.apply(topic, index, self.log_config(topic), now)
-                    self.operations.partition_changed(topic.partitions[index])
-                    for shell in (self.groups, self.txns):
-                        if topic.name == shell.topic:
-                            shell.on_partition(index, hosted)
-            elif kind == "broker-config":
-                self.operations.apply_dynamic_configs()
-            elif kind == "controller" and self.metadata.controller_id == -1 and self.clustered:
-                await self._campaign()
-            elif kind == "broker" and self.clustered and self._is_controller():
-                await self._reconcile()
-        self.replicas.log_role_summary()
-        if self.representative is not None:
-            self.representative.leaders_changed()  # commits waiting for a leader may go now
+        try:
+            if self.representative is not None and any(c[0] == "broker" for c in changes):
+                await self.representative.connect_leaders()
+            now = self.now_ms()
+            slice_started = time.monotonic()
+            for change in changes:
+                if time.monotonic() - slice_started > APPLY_SLICE_S:
+                    # Safe to interleave with other metadata changes: each change is applied from
+                    # the metadata as it is now, not as it was when the change was listed.
+                    await asyncio.sleep(0)
+                    slice_started = time.monotonic()
+                    now = self.now_ms()
+                try:
+                    await self._apply_change(change, now)
+                except Exception:
+                    # One change that fails here (a log directory that cannot be created, a bug)
+                    # must not drop the changes listed after it.
+                    log.exception("metadata change not applied", change=change)
+                    METADATA_APPLY_ERRORS.labels("apply").inc()
+            self.replicas.log_role_summary()
+        finally:
+            if self.representative is not None:
+                self.representative.leaders_changed()  # commits waiting for a leader may go now
+
+    async def _apply_change(self, change: RecordKey, now: int) -> None:
+        kind = change[0]
+        if kind == "topic":
+            name = change[1]
+            topic = self.metadata.topics.get(name)
+            if topic is None:
+                self.replicas.delete_topic(name)
+            else:
+                # Also drops replicas of an older incarnation of the name (a deletion we may never
+                # have seen, e.g. across a lost watch): they must not serve the new one.
+                self.replicas.on_topic(topic, self.log_config(topic))
+        elif kind == "partition":
+            topic = self.metadata.topics.get(change[1])
+            index = int(change[2])
+            if topic is not None and index < len(topic.partitions) and topic.partitions[index].replicas:
+                hosted = self.replicas.apply(topic, index, self.log_config(topic), now)
+                self.operations.partition_changed(topic.partitions[index])
+                for shell in (self.groups, self.txns):
+                    if topic.name == shell.topic:
+                        shell.on_partition(index, hosted)
+        elif kind == "broker-config":
+            self.operations.apply_dynamic_configs()
+        elif kind == "controller" and self.metadata.controller_id == -1 and self.clustered:
+            await self._campaign()
+        elif kind == "broker" and self.clustered and self._is_controller():
+            await self._reconcile()
 
     # --- diskless data ---------------------------------------------------------------------------
 

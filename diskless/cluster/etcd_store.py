@@ -35,6 +35,7 @@ import structlog
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from diskless.aio import cancel_and_wait
+from diskless.metrics import METADATA_APPLY_ERRORS
 
 from .lease import LeaseFence
 from .lease_keeper import LeaseKeeper
@@ -44,6 +45,7 @@ from .metadata import (
     PartitionState,
     RecordKey,
     TopicMetadata,
+    UnreadableRecord,
     apply_record,
     broker_record,
     is_initial,
@@ -168,8 +170,19 @@ class EtcdMetadataStore:
             self.revisions[path] = revision
             if path.startswith("topics/"):
                 self.created[path] = created
-            apply_record(self.metadata, path, value)
+            self._apply(path, value)
         return int(result.header.revision)
+
+    def _apply(self, path: str, value: bytes | None) -> list[RecordKey]:
+        """Apply one record; one this broker cannot read is logged and counted, and the others are
+        applied (KRaft brokers count such records the same way and go on). Raised, it would stop a
+        load half-way, with the brokers and topics already cleared."""
+        try:
+            return apply_record(self.metadata, path, value)
+        except UnreadableRecord as exc:
+            log.error("metadata record not applied", path=path, error=str(exc))
+            METADATA_APPLY_ERRORS.labels("read").inc()
+            return []
 
     async def _resync(self) -> tuple[int, list[RecordKey]]:
         """After a lost watch: reload everything and report every key as changed."""
@@ -216,7 +229,7 @@ class EtcdMetadataStore:
             self.revisions[path] = kv.mod_revision
             if path.startswith("topics/"):
                 self.created[path] = kv.create_revision
-        changed = apply_record(self.metadata, path, None if deleted else kv.value)
+        changed = self._apply(path, None if deleted else kv.value)
         if changed:
             await self._notify(changed)
         if self.fence is not None:

@@ -8,12 +8,14 @@ etcd. The JSON form is the same in both places.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -334,12 +336,32 @@ def partition_record(state: PartitionState, topic_id: str) -> bytes:
 RecordKey = tuple[str, ...]
 
 
+class UnreadableRecord(ValueError):
+    """A stored metadata record this version cannot read (malformed, or a shape it does not know)."""
+
+
+def _known_fields(cls: type, raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` without the fields ``cls`` does not have: a newer version may add fields to its
+    records (its broker registration, a partition state) while older brokers still read them,
+    as Kafka's tagged fields allow during a rolling upgrade."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {key: value for key, value in raw.items() if key in names}
+
+
 def apply_record(metadata: ClusterMetadata, path: str, value: bytes | None) -> list[RecordKey]:
     """Apply one stored record (``brokers/1``, ``topics/t``, ``partitions/t/0``, ``controller``).
 
     ``value`` None means the record was deleted. Returns what changed (a new topic's record also
-    brings its partitions), empty if the record is not ours.
+    brings its partitions), empty if the record is not ours. ``UnreadableRecord`` for a record it
+    cannot read, with the metadata left as it was for that key: the caller goes on with the others.
     """
+    try:
+        return _apply_record(metadata, path, value)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise UnreadableRecord(f"{path}: {exc!r}") from exc
+
+
+def _apply_record(metadata: ClusterMetadata, path: str, value: bytes | None) -> list[RecordKey]:
     metadata.generation += 1
     parts = path.split("/")
     if parts[0] != "partitions":
@@ -349,7 +371,7 @@ def apply_record(metadata: ClusterMetadata, path: str, value: bytes | None) -> l
         if value is None:
             metadata.brokers.pop(node_id, None)
         else:
-            metadata.brokers[node_id] = BrokerInfo(**json.loads(value))
+            metadata.brokers[node_id] = BrokerInfo(**_known_fields(BrokerInfo, json.loads(value)))
         return [("broker", parts[1])]
     if parts[0] == "controller" and len(parts) == 1:
         metadata.controller_id = -1 if value is None else int(json.loads(value)["node_id"])
@@ -391,7 +413,7 @@ def apply_record(metadata: ClusterMetadata, path: str, value: bytes | None) -> l
         raw = json.loads(value)
         if raw.pop("topic_id", topic.topic_id) != topic.topic_id:
             return []  # a state decided for an earlier incarnation of the name
-        topic.partitions[index] = PartitionState(**raw)
+        topic.partitions[index] = PartitionState(**_known_fields(PartitionState, raw))
         return [("partition", parts[1], parts[2])]
     return []
 

@@ -82,3 +82,66 @@ def test_records_written_before_assignments_lived_in_the_topic_record() -> None:
         json.dumps({"replicas": [0, 1], "leader": 0, "leader_epoch": 0, "isr": [0, 1]}).encode(),
     )
     assert reader.topics["t"].partitions[1] == state
+
+
+def test_fields_a_newer_version_adds_to_its_records_are_ignored() -> None:
+    """Mid-upgrade, a newer broker registers (or a newer controller writes a partition state) with
+    a field this version does not know. Before, ``BrokerInfo(**raw)`` raised TypeError and the
+    record, and on a full load every record after it, was lost."""
+    reader = cluster()
+    newer = json.dumps({"node_id": 7, "host": "h7", "port": 9092, "rack": "az-1", "cpu_class": "arm"}).encode()
+    assert apply_record(reader, "brokers/7", newer) == [("broker", "7")]
+    assert reader.brokers[7] == BrokerInfo(7, "h7", 9092, "az-1")
+
+    topic = cluster().create_topic("t", 1, 3, {}, validate_only=True)
+    apply_record(reader, "topics/t", topic_record(topic))
+    state = json.loads(partition_record(topic.partitions[0], topic.topic_id))
+    state["elr"] = [1]  # KIP-966's eligible leader replicas, say
+    apply_record(reader, "partitions/t/0", json.dumps(state).encode())
+    assert reader.topics["t"].partitions[0] == topic.partitions[0]
+
+
+def test_a_record_it_cannot_read_is_refused_alone() -> None:
+    import pytest
+
+    from diskless.cluster.metadata import UnreadableRecord
+
+    reader = cluster()
+    for path, value in [("brokers/9", b"{not json"), ("brokers/9", b'{"host": "h"}'), ("controller", b"[]")]:
+        with pytest.raises(UnreadableRecord, match=path):
+            apply_record(reader, path, value)
+    assert sorted(reader.brokers) == [0, 1, 2]
+
+
+async def test_a_load_skips_a_record_it_cannot_read_and_keeps_the_rest() -> None:
+    """A full load clears the local copy, then applies every record: one bad record stopped it
+    half-way, leaving the broker without the brokers and topics after it."""
+    from types import SimpleNamespace
+
+    from diskless.cluster.etcd_store import EtcdMetadataStore
+
+    topic = cluster().create_topic("t", 2, 3, {}, validate_only=True)
+    stored = {
+        "brokers/0": json.dumps({"node_id": 0, "host": "h0", "port": 9092}).encode(),
+        "brokers/1": b"{damaged",
+        "brokers/2": json.dumps({"node_id": 2, "host": "h2", "port": 9092}).encode(),
+        "topics/t": topic_record(topic),
+    }
+    metadata = ClusterMetadata("c")
+    store = EtcdMetadataStore("127.0.0.1:2379", "c", metadata)
+
+    class Result(list):  # type: ignore[type-arg]
+        """What aetcd's get_prefix gives: the key-values, and the revision they were read at."""
+
+        header = SimpleNamespace(revision=5)
+
+    async def get_prefix(prefix: bytes) -> Result:
+        return Result(
+            SimpleNamespace(key=prefix + path.encode(), value=value, mod_revision=5, create_revision=5)
+            for path, value in stored.items()
+        )
+
+    store.client = SimpleNamespace(get_prefix=get_prefix)  # type: ignore[assignment]
+    assert await store._load() == 5
+    assert sorted(metadata.brokers) == [0, 2]
+    assert metadata.topics["t"].partitions == topic.partitions

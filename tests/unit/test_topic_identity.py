@@ -280,6 +280,30 @@ async def test_broker_resync_replaces_the_log_of_a_topic_recreated_while_the_wat
     await broker.replicas.close()
 
 
+async def test_a_metadata_change_that_fails_does_not_drop_the_ones_after_it(tmp_path: Path) -> None:
+    """One change that cannot be applied (here a topic whose log directory cannot be made) is
+    logged and counted; before, its exception ended the whole list and the partitions after it
+    were never hosted until some later change named them again."""
+    from diskless.broker.broker import Broker
+
+    broker = Broker(BrokerConfig(node_id=NODE, log_dirs=str(tmp_path / "broker")))
+    broken, fine = topic("broken"), topic("fine")
+    broker.metadata.topics.update(broken=broken, fine=fine)
+    applied = broker.replicas.apply
+
+    def apply(meta: TopicMetadata, index: int, config: object, now: int) -> object:
+        if meta.name == "broken":
+            raise OSError(28, "No space left on device")
+        return applied(meta, index, config, now)  # type: ignore[arg-type]
+
+    broker.replicas.apply = apply  # type: ignore[method-assign]
+    await broker._on_metadata_change([("partition", "broken", "0"), ("partition", "fine", "0")])
+
+    assert ("fine", 0) in broker.replicas.partitions
+    assert ("broken", 0) not in broker.replicas.partitions
+    await broker.replicas.close()
+
+
 # --- the window between a metadata change and its application -------------------------------------
 
 
