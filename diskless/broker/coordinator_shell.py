@@ -30,6 +30,9 @@ log = structlog.get_logger(__name__)
 CoreT = TypeVar("CoreT")
 
 
+FAILED_TICK_RETRY_S = 1.0  # after a timer pass that raised
+
+
 class CoordinatorShell(Generic[CoreT]):
     topic = ""  # set by subclasses
 
@@ -155,7 +158,15 @@ class CoordinatorShell(Generic[CoreT]):
 
     def _fire(self) -> None:
         self._timer = None
-        self.tick(self.now_ms())
+        try:
+            self.tick(self.now_ms())
+        except Exception:
+            # Left unarmed, no session or transaction timeout would fire until some request came
+            # (a group whose members all went silent never would); armed at the earliest deadline,
+            # one the failed tick did not move would fire again at once, in a loop.
+            log.exception("coordinator timers failed; trying again shortly", topic=self.topic)
+            self._timer = asyncio.get_running_loop().call_later(FAILED_TICK_RETRY_S, self._fire)
+            return
         self.wake()
 
     # --- following leadership of the internal topic's partitions ----------------------------------

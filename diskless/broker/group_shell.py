@@ -61,8 +61,16 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
         return meta.name if meta is not None else None
 
     def tick(self, now_ms: int) -> None:
+        """Every coordinator's timers, each even when one before it raised (the first error is
+        raised after all ran: the shell retries the pass)."""
+        failed: Exception | None = None
         for core in list(self.cores.values()):
-            core.tick(now_ms)
+            try:
+                core.tick(now_ms)
+            except Exception as exc:
+                failed = failed or exc
+        if failed is not None:
+            raise failed
 
     # --- transactional offsets (TxnOffsetCommit) ---------------------------------------------------
 
