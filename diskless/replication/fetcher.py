@@ -351,7 +351,12 @@ class ReplicaFetcher:
             # Prefetching serves tail reads; a replica still catching up (a reassignment copying a
             # long pointer log) would pull every WAL object it points to.
             if entries and partition.log.log_end_offset >= data.high_watermark:
-                self.on_pointers(entries)
+                try:
+                    self.on_pointers(entries)
+                except Exception:
+                    # Best effort: the entries are appended, and a read fetches what was not
+                    # prefetched. Its readers must still hear that the range moved.
+                    log.exception("prefetch failed", topic=partition.topic, partition=partition.index)
             return partition.log.read_bounds != bounds, False
         if code == ErrorCode.offset_out_of_range and partition.log.log_end_offset < data.log_start_offset:
             partition.log.truncate_fully_and_start_at(data.log_start_offset, now)

@@ -124,3 +124,32 @@ async def test_a_round_that_fails_unexpectedly_is_retried_not_the_end_of_the_fet
     await asyncio.wait_for(fetcher._run(), 5)
     assert len(rounds) == 3
     assert rounds[1] > rounds[0]  # the failed round's pause doubled
+
+
+def test_a_failed_prefetch_leaves_the_append_and_its_news(tmp_path: Path) -> None:
+    """Prefetching the appended pointers' objects is best effort: when it fails the entries stay
+    appended, the answer counts as applied, and readers still hear that the range moved."""
+    from diskless.replication.partition import wrap_pointers
+    from diskless.storage import pointer
+
+    def failing_prefetch(entries: bytes) -> None:
+        raise RuntimeError("prefetch bug")
+
+    progress: list[bool] = []
+    topic_id = uuid.uuid4()
+    fetcher = ReplicaFetcher(
+        FOLLOWER, LEADER, lambda node: None, 500, 1 << 20, lambda: progress.append(True), failing_prefetch
+    )
+    replica = follower_replica(tmp_path, 0, str(topic_id))
+    fetcher.add(replica)
+    fetcher._request()
+    header = values_batch(3)[:61]
+    entries = pointer.encode_pointer_entry(header, "wal/object.wal", 8, 12 + int.from_bytes(header[8:12]))
+
+    pause = fetcher._handle(
+        SimpleNamespace(responses=[SimpleNamespace(topic_id=topic_id, partitions=[answer(0, wrap_pointers(entries))])])
+    )
+
+    assert pause == 0
+    assert replica.log.log_end_offset == 3 and replica.log.references("wal/object.wal")
+    assert progress == [True]
