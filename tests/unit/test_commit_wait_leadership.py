@@ -62,16 +62,22 @@ def test_a_wait_begun_while_leading_is_still_failed_when_leadership_moves(tmp_pa
     assert time.monotonic() - started < 1.0
 
 
-def test_a_wait_begun_while_leading_resumes_when_replicated(tmp_path: Path) -> None:
-    replica, last = leading_replica(tmp_path)
+def wait_then_replicate(replica: Partition, last: int, follower_offset: int) -> bool:
+    """Begin the wait for the append at epoch 1 ending at ``last``, then let the follower fetch at
+    ``follower_offset`` (moving the high watermark there): what the wait answers."""
 
-    async def wait_then_replicate() -> bool:
+    async def run() -> bool:
         waiting = asyncio.ensure_future(replica.wait_for_commit(last, 1, 5.0))
-        await asyncio.sleep(0)
-        replica.on_follower_fetch(1, last + 1, 0)
+        await asyncio.sleep(0)  # the wait begins
+        replica.on_follower_fetch(1, follower_offset, 0)
         return await waiting
 
-    assert asyncio.run(wait_then_replicate()) is True
+    return asyncio.run(run())
+
+
+def test_a_wait_begun_while_leading_resumes_when_replicated(tmp_path: Path) -> None:
+    replica, last = leading_replica(tmp_path)
+    assert wait_then_replicate(replica, last, last + 1) is True
 
 
 # Leadership lost and regained between the append and the wait: the wait registers on the new
@@ -96,14 +102,8 @@ def test_a_wait_for_an_append_replaced_while_away_is_refused(tmp_path: Path) -> 
     replica, last = leading_replica(tmp_path)
     regain_after_follower_truncation(replica, last)
 
-    async def wait_then_replicate() -> bool:
-        waiting = asyncio.ensure_future(replica.wait_for_commit(last, 1, 5.0))
-        await asyncio.sleep(0)
-        replica.on_follower_fetch(1, replica.log.log_end_offset, 0)  # the other record commits
-        return await waiting
-
     started = time.monotonic()
-    assert asyncio.run(wait_then_replicate()) is False
+    assert wait_then_replicate(replica, last, replica.log.log_end_offset) is False  # the other record commits
     assert time.monotonic() - started < 1.0
     assert not replica.holds_append(last, 1)
 
@@ -114,11 +114,4 @@ def test_a_wait_for_an_append_kept_while_away_commits_under_the_new_epoch(tmp_pa
     replica, last = leading_replica(tmp_path)
     replica.apply_state(PartitionState(replicas=[0, 1], leader=1, leader_epoch=2, isr=[0, 1]), 0)
     replica.apply_state(PartitionState(replicas=[0, 1], leader=0, leader_epoch=3, isr=[0, 1]), 0)
-
-    async def wait_then_replicate() -> bool:
-        waiting = asyncio.ensure_future(replica.wait_for_commit(last, 1, 5.0))
-        await asyncio.sleep(0)
-        replica.on_follower_fetch(1, last + 1, 0)
-        return await waiting
-
-    assert asyncio.run(wait_then_replicate()) is True
+    assert wait_then_replicate(replica, last, last + 1) is True
