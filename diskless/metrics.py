@@ -125,6 +125,9 @@ DISKLESS_WAL_OBJECT_BYTES = Histogram(
 )
 DISKLESS_FLUSH_SECONDS = Histogram("diskless_flush_seconds", "WAL flush: upload plus commits, per object")
 DISKLESS_COMMIT_RPCS = Counter("diskless_commit_rpcs_total", "CommitBatches sent by representatives", ["target"])
+DISKLESS_COMMIT_RPCS_IN_FLIGHT = Gauge(
+    "diskless_commit_rpcs_in_flight", "CommitBatches a representative sent to remote leaders and has no answer to yet"
+)
 DISKLESS_COMMIT_SECONDS = Histogram("diskless_commit_seconds", "Leader-side commit of one CommitBatches request")
 # Where a diskless produce's time goes, per batch, from the representative's view (issue 10).
 # Stages in order: admission (waiting for room under diskless.produce.buffer.max.bytes), linger

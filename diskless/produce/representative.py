@@ -51,7 +51,13 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from kio.schema.errors import ErrorCode
 
-from diskless.metrics import DISKLESS_COMMIT_RPCS, DISKLESS_FLUSH_SECONDS, DISKLESS_WAL_OBJECT_BYTES, PRODUCE_STAGE
+from diskless.metrics import (
+    DISKLESS_COMMIT_RPCS,
+    DISKLESS_COMMIT_RPCS_IN_FLIGHT,
+    DISKLESS_FLUSH_SECONDS,
+    DISKLESS_WAL_OBJECT_BYTES,
+    PRODUCE_STAGE,
+)
 from diskless.protocol import internal, records
 from diskless.protocol.client import KafkaClientConnection
 from diskless.storage.hedging import HedgePolicy
@@ -529,6 +535,7 @@ class Representative:
         self._spawn(self._await_answer(send, conn, future))
 
     async def _await_answer(self, send: Send, conn: Any, future: asyncio.Future[Any]) -> None:
+        DISKLESS_COMMIT_RPCS_IN_FLIGHT.inc()
         try:
             answer = await conn.wait(future, timeout=COMMIT_ANSWER_TIMEOUT_S)
         except Exception as exc:
@@ -540,6 +547,8 @@ class Representative:
             except Exception:  # a bug must not leave these batches in flight forever (their chains would stall)
                 log.exception("handling a commit answer failed")
                 self.pipeline.failed(send.ids, STORAGE_ERROR, _now_ms())
+        finally:
+            DISKLESS_COMMIT_RPCS_IN_FLIGHT.dec()
         self._pump()
 
     def _on_answer(self, send: Send, answer: Any) -> None:

@@ -291,29 +291,43 @@ async def kill_mid_flush(broker: Any, committing: bool, timeout: float = 30.0) -
         assert time.monotonic() < deadline, "never caught the representative in the middle of a flush"
 
 
-async def kill_with_commits_unanswered(victim: Any, leaders: list[Any], timeout: float = 10.0) -> float:
-    """SIGKILL ``victim`` (a representative) right after it uploaded a WAL object and sent that
-    flush's commits to other leaders, before any of them could answer: the leaders are paused
-    (SIGSTOP) meanwhile, so the commits wait in their sockets. Returns the remote commit RPCs the
-    victim had sent. Sampling the victim's metrics and killing it while its commits are merely
-    in flight missed the window in every round under load, since commits are answered in a few ms.
+async def kill_with_commits_unanswered(victim: Any, leaders: list[Any], timeout: float = 30.0) -> float:
+    """SIGKILL ``victim`` (a representative) while commits it sent to other leaders have no answer: the
+    leaders are paused (SIGSTOP) meanwhile, so the commits wait in their sockets. Returns the remote
+    commit RPCs the victim had sent. Sampling the victim's metrics and killing it while its commits are
+    merely in flight missed the window in every round under load, since commits are answered in a few ms.
+
+    A pause can also catch no commit: the producer keeps one request in flight per broker, and when that
+    request waits only for the paused followers' replication of a partition the victim leads, nothing
+    new is sent. Then the leaders are resumed and paused again once the producer is moving.
     """
     pids = [leader.pid for leader in leaders]
-    before = metric(await asyncio.to_thread(victim.metrics), "diskless_commit_rpcs_total", target="remote")
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        # Kept short: paused brokers keep their leases and leadership (a flush comes every linger).
-        deadline = time.monotonic() + timeout
-        while True:
-            sent = metric(await asyncio.to_thread(victim.metrics), "diskless_commit_rpcs_total", target="remote")
-            if sent > before:
-                victim.kill()
-                return sent
-            assert time.monotonic() < deadline, "the representative sent no commit to a paused leader"
-    finally:
+    deadline = time.monotonic() + timeout
+    while True:
         for pid in pids:
-            os.kill(pid, signal.SIGCONT)
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            paused_at = time.monotonic()
+            # Kept short: paused brokers keep their leases and leadership (a flush comes every linger).
+            while (sampled_at := time.monotonic()) < paused_at + 3.0:
+                samples = await asyncio.to_thread(victim.metrics)
+                # An answer already in the victim's socket when the leaders stopped is read within
+                # milliseconds: only a commit still unanswered a while after the pause is one that waits.
+                if sampled_at > paused_at + 0.2 and metric(samples, "diskless_commit_rpcs_in_flight") > 0:
+                    victim.kill()
+                    return metric(samples, "diskless_commit_rpcs_total", target="remote")
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        assert time.monotonic() < deadline, "no pause caught a commit of the representative unanswered"
+        sent = metric(await asyncio.to_thread(victim.metrics), "diskless_commit_rpcs_total", target="remote")
+        await asyncio.to_thread(
+            wait_until,
+            lambda: metric(victim.metrics(), "diskless_commit_rpcs_total", target="remote") > sent,
+            max(deadline - time.monotonic(), 1.0),
+            0.05,
+            "the representative sent no commit after the leaders resumed",
+        )
 
 
 def isr_complete(bootstrap: str, topic: str, replicas: int) -> bool:
