@@ -107,10 +107,20 @@ class FetchApis(ApiFamily):
         return FetchSessionCache(self.broker.config.max_incremental_fetch_session_cache_slots)
 
     async def fetch(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        # A follower reads shared-key pointer runs when its client id says so (partition.py).
+        shares_keys = getattr(request, "replica_id", -1) >= 0 and (header.client_id or "").endswith(SHARED_KEYS_FETCHER)
+        # Topics named by id from v13 (KIP-516).
+        return await self._fetch(request, by_id=header.api_version >= 13, shares_keys=shares_keys)
+
+    async def replica_fetch(self, request: Any) -> dict[str, Any]:
+        """A follower's fetch in the compact form (``protocol/replica_fetch_wire.py``): a Fetch v13
+        request from a follower that reads shared-key pointer runs."""
+        return await self._fetch(request, by_id=True, shares_keys=True)
+
+    async def _fetch(self, request: Any, by_id: bool, shares_keys: bool) -> dict[str, Any]:
         session_id = getattr(request, "session_id", 0)
         session_epoch = getattr(request, "session_epoch", -1)
         follower = getattr(request, "replica_id", -1)
-        by_id = header.api_version >= 13  # topics named by id (KIP-516)
         answer_session = 0
         session: FetchSession | None = None
         if follower >= 0 and by_id:
@@ -153,7 +163,6 @@ class FetchApis(ApiFamily):
             request = dataclasses.replace(request, max_bytes=cap)
         max_wait_ms = _ms(request.max_wait)
         deadline = time.monotonic() + max_wait_ms / 1000
-        shares_keys = follower >= 0 and (header.client_id or "").endswith(SHARED_KEYS_FETCHER)
         while True:
             if session is not None:
                 # The session's partitions without a quiet mark, afresh each round: a change while

@@ -51,7 +51,7 @@ from diskless.metrics import (
     REQUESTS,
     child,
 )
-from diskless.protocol import error_responses, internal
+from diskless.protocol import error_responses, internal, replica_fetch_wire
 from diskless.protocol import messages as m
 from diskless.protocol.framing import FrameDecoder, FrameError
 from diskless.security.internal_auth import ClusterSecret, InternalAuthState
@@ -267,6 +267,9 @@ class Connection:
         self._count_api("in", header.api_key, len(frame) + 4)
         if not self.zone.decided:
             self._decide_zone(header)
+        if header.api_key == internal.INTERNAL_REPLICA_FETCH:
+            await self._replica_fetch(header, memoryview(frame)[body_pos:])
+            return
         if header.api_key in internal.INTERNAL_APIS:
             try:
                 body = internal.unpack_request(header.api_key, memoryview(frame)[body_pos:])
@@ -326,10 +329,37 @@ class Connection:
             return
         self._write_internal(struct.pack(">i", len(answer)) + answer, "sasl")
 
+    async def _replica_fetch(self, header: m.RequestHeader, body: memoryview) -> None:
+        """A follower's fetch in the compact form (``replica_fetch_wire``), answered in request
+        order like the Kafka APIs, by the Fetch handler."""
+        if not self.internal_auth.authenticated:
+            self._log_refusal(header)
+            refusal = {"error_code": ErrorCode.cluster_authorization_failed}
+            await self.pending.put((header, _ready(replica_fetch_wire.encode_answer(header.correlation_id, refusal))))
+            return
+        try:
+            request = replica_fetch_wire.decode_request(body)
+        except replica_fetch_wire.ReplicaFetchWireError as exc:
+            raise m.MalformedRequest(f"undecodable replica fetch: {exc}") from exc
+        child(REQUESTS, str(header.api_key)).inc()
+        await self.pending.put((header, asyncio.ensure_future(self._answer_replica_fetch(header, request))))
+
+    async def _answer_replica_fetch(self, header: m.RequestHeader, request: Any) -> bytes:
+        try:
+            body = await self.server.apis.fetch.replica_fetch(request)
+        except Exception:
+            # As for a Kafka API: an error answer, and the connection goes on.
+            REQUEST_ERRORS.labels(reason="handler_exception").inc()
+            log.exception("replica fetch failed; answering with an error", peer=self.peer)
+            body = {"error_code": ErrorCode.unknown_server_error}
+        return replica_fetch_wire.encode_answer(header.correlation_id, body)
+
     def _answer_auth(self, header: m.RequestHeader, body: dict[str, Any]) -> None:
         """The internal handshake, answered here and now: requests behind it see its outcome."""
         if header.api_key == internal.INTERNAL_AUTH_CHALLENGE:
-            answer, close = self.internal_auth.challenge(), False
+            # With the internal APIs this server answers that older versions do not.
+            answer = {**self.internal_auth.challenge(), internal.SERVED_APIS: sorted(internal.OPTIONAL_APIS)}
+            close = False
         else:
             answer, close = self.internal_auth.prove(body, header.client_id)
             if self.internal_auth.authenticated:

@@ -12,6 +12,7 @@ import hmac
 import io
 import os
 import struct
+from collections.abc import Callable
 from typing import Any
 
 from kio.serial import entity_reader, entity_writer
@@ -24,6 +25,7 @@ from . import messages as m
 from .framing import FrameDecoder, encode_frame
 
 _HEADER = struct.Struct(">hhi")
+_NULL_CLIENT_ID = struct.pack(">h", -1)
 
 
 class ClientError(Exception):
@@ -53,6 +55,9 @@ class KafkaClientConnection:
         self._next_correlation = 0
         self._waiting: dict[int, tuple[asyncio.Future[Any], Any]] = {}
         self._read_task: asyncio.Task[None] | None = None
+        # The optional internal APIs the server answers (``internal.SERVED_APIS``), learnt at the
+        # authentication; none without it.
+        self.served_apis: frozenset[int] = frozenset()
 
     @property
     def connected(self) -> bool:
@@ -85,6 +90,9 @@ class KafkaClientConnection:
         server_nonce = challenge.get("nonce")
         if challenge.get("error_code") or not isinstance(server_nonce, bytes):
             raise ClientError(f"internal authentication refused by the server: {challenge.get('error_code')}")
+        served = challenge.get(internal.SERVED_APIS)
+        if isinstance(served, list):
+            self.served_apis = frozenset(key for key in served if isinstance(key, int))
         client_nonce = os.urandom(NONCE_BYTES)
         proof = client_proof(secret, server_nonce, client_nonce, self.client_id)
         body = {"nonce": client_nonce, "proof": proof}
@@ -109,15 +117,21 @@ class KafkaClientConnection:
                 future.set_exception(exc)
         self._waiting.clear()
 
-    def _send(self, api_key: int, version: int, flexible: bool, body: bytes, decode: Any) -> asyncio.Future[Any]:
-        """Write one request now (so request order on the wire is call order); returns its future."""
+    def _send(
+        self, api_key: int, version: int, flexible: bool, body: bytes, decode: Any, named: bool = True
+    ) -> asyncio.Future[Any]:
+        """Write one request now (so request order on the wire is call order); returns its future.
+        Not ``named``: the header's client id is null."""
         if not self.connected:
             raise ClientError("not connected")
         assert self._writer is not None
         self._next_correlation = (self._next_correlation + 1) & 0x7FFFFFFF
         correlation = self._next_correlation
-        client_id = self.client_id.encode()
-        header = _HEADER.pack(api_key, version, correlation) + struct.pack(">h", len(client_id)) + client_id
+        if named:
+            client_id = self.client_id.encode()
+            header = _HEADER.pack(api_key, version, correlation) + struct.pack(">h", len(client_id)) + client_id
+        else:
+            header = _HEADER.pack(api_key, version, correlation) + _NULL_CLIENT_ID
         if flexible:
             header += b"\x00"
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -156,6 +170,15 @@ class KafkaClientConnection:
             return entity_reader(response_cls)(memoryview(frame)[skip:], 0)[0]
 
         future = self._send(api_key, version, bool(request_cls.__flexible__), out.getvalue(), decode)
+        return await self._await(future, timeout)
+
+    async def request_unnamed(
+        self, api_key: int, body: bytes, decode: Callable[[memoryview], Any], timeout: float = 30.0
+    ) -> Any:
+        """Send an internal request of ``body``'s bytes with no client id (the server knows this
+        connection's from its authentication) and await ``decode`` of the answer after its
+        correlation id."""
+        future = self._send(api_key, 0, False, body, lambda frame: decode(memoryview(frame)[4:]), named=False)
         return await self._await(future, timeout)
 
     def send_internal(self, api_key: int, body: dict[str, Any]) -> asyncio.Future[Any]:

@@ -24,6 +24,8 @@ INTERNAL_FETCH_POINTERS = 32002  # broker without a replica -> leader: pointer e
 INTERNAL_WAL_REFERENCES = 32003  # WAL file manager -> leader: does a partition reference a WAL object
 INTERNAL_WAL_NOTICE = 32004  # representative -> WAL file manager: a WAL object was committed (best effort)
 INTERNAL_AWAIT_REPLICATED = 32005  # representative -> leader: acks=all, are these appends replicated yet
+# follower -> leader: a Fetch in a compact binary form, not msgpack (``replica_fetch_wire.py``)
+INTERNAL_REPLICA_FETCH = 32006
 # KIP-890-style transaction verification of diskless commits (log/txn_verification.py).
 INTERNAL_VERIFY_TXN_PARTITION = 32020  # representative -> leader: a guard for a transactional batch
 INTERNAL_VERIFY_TXN = 32021  # leader -> transaction coordinator: is the partition in the ongoing txn
@@ -32,6 +34,11 @@ INTERNAL_VERIFY_TXN = 32021  # leader -> transaction coordinator: is the partiti
 INTERNAL_AUTH_CHALLENGE = 32030  # -> a fresh server nonce
 INTERNAL_AUTH_PROVE = 32031  # HMAC proof of the secret over both nonces -> the server's proof back
 AUTH_APIS = frozenset({INTERNAL_AUTH_CHALLENGE, INTERNAL_AUTH_PROVE})
+# The challenge's answer lists, under this key, the internal APIs a server answers beyond those
+# every version does (``INTERNAL_APIS``): a client uses one only where the server listed it, so a
+# newer broker keeps working with an older one during a rolling upgrade.
+SERVED_APIS = "apis"
+OPTIONAL_APIS = frozenset({INTERNAL_REPLICA_FETCH})
 INTERNAL_TIERABLE_RANGES = 32010  # tier job -> leader: ranges it may tier next (broker/tier_rpcs.py)
 INTERNAL_TIER_COMMIT = 32011  # tier job -> leader: offsets [a, b] now live in a segment object
 INTERNAL_APIS = frozenset(

@@ -6,8 +6,10 @@ where to truncate after a leader change). They name topics by id (Fetch v13, KIP
 whose metadata shows another incarnation of the name (it has not seen a deletion and re-creation
 yet, or we have not) answers UNKNOWN_TOPIC_ID instead of serving that incarnation's log, whose
 pointers would otherwise land in ours when the leader epochs match (every incarnation starts at
-0). Connection failures back off and retry; partitions move between fetchers when the metadata
-store changes their leader.
+0). To a leader that serves it, a request goes in the compact form of
+``protocol/replica_fetch_wire.py``: the same fields in fewer bytes, which cross AZs for every
+produced batch. Connection failures back off and retry; partitions move between fetchers when the
+metadata store changes their leader.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from kio.static.primitive import i32
 from diskless.aio import cancel_and_wait
 from diskless.cluster.metadata import BrokerInfo
 from diskless.metrics import REPLICA_FETCH_UNAPPLIED, UNWATCHED_CHANGES
-from diskless.protocol import internal
+from diskless.protocol import internal, replica_fetch_wire
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError, KafkaClientConnection
 from diskless.security.internal_auth import ClusterSecret
@@ -190,9 +192,14 @@ class ReplicaFetcher:
                 return min(backoff * 2, 1.0)
         try:
             self._sent_ms = _now_ms()
-            response = await self._conn.request(
-                m.API_FETCH, FETCH_VERSION, self._request(), timeout=self.wait_max_ms / 1000 + 10
-            )
+            timeout = self.wait_max_ms / 1000 + 10
+            if internal.INTERNAL_REPLICA_FETCH in self._conn.served_apis:
+                body = replica_fetch_wire.encode_request(self._request())
+                response = await self._conn.request_unnamed(
+                    internal.INTERNAL_REPLICA_FETCH, body, replica_fetch_wire.decode_answer, timeout
+                )
+            else:  # a leader of a version before the compact form
+                response = await self._conn.request(m.API_FETCH, FETCH_VERSION, self._request(), timeout=timeout)
         except (ClientError, OSError, TimeoutError) as exc:
             log.info("replica fetch failed", leader=self.leader_id, error=str(exc))
             self.session.handle_error()

@@ -1,6 +1,7 @@
 """Internal requests (CommitBatches, replica fetches, ...) are served only to connections that
 proved the cluster secret at their start: an ordinary client connection that sends one gets
-CLUSTER_AUTHORIZATION_FAILED and nothing changes.
+CLUSTER_AUTHORIZATION_FAILED and nothing changes. A broker says at the handshake that it serves
+the compact replica fetch form, and bytes that are none close that connection only.
 
 Real processes: etcd, the embedded S3 server and one broker (a diskless topic with one replica),
 driven by a raw internal-RPC connection as a hostile or confused client would open it.
@@ -8,14 +9,20 @@ driven by a raw internal-RPC connection as a hostile or confused client would op
 
 from __future__ import annotations
 
+import datetime
+import uuid
+
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
+from kio.schema.fetch.v13.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from kio.schema.types import BrokerId
+from kio.static.primitive import i32, i32Timedelta, i64
 from rawclient import Session, build_batch
 from support import wait_until
 
-from diskless.protocol import internal
-from diskless.protocol.client import KafkaClientConnection
+from diskless.protocol import internal, replica_fetch_wire
+from diskless.protocol.client import ClientError, KafkaClientConnection
 from diskless.security.internal_auth import ClusterSecret
 
 pytestmark = pytest.mark.integration
@@ -61,6 +68,27 @@ def commit_body(topic_id: str) -> dict[str, object]:
             }
         ],
     }
+
+
+def compact_replica_fetch(topic_id: str) -> bytes:
+    """A replica fetch of partition 0 from offset 0, in the compact form."""
+    partition = FetchPartition(
+        partition=i32(0),
+        current_leader_epoch=i32(-1),
+        fetch_offset=i64(0),
+        last_fetched_epoch=i32(-1),
+        log_start_offset=i64(-1),
+        partition_max_bytes=i32(1 << 20),
+    )
+    request = FetchRequest(
+        replica_id=BrokerId(5),
+        max_wait=i32Timedelta.parse(datetime.timedelta(0)),
+        min_bytes=i32(1),
+        max_bytes=i32(1 << 20),
+        topics=(FetchTopic(topic_id=uuid.UUID(topic_id), partitions=(partition,)),),
+        forgotten_topics_data=(),
+    )
+    return replica_fetch_wire.encode_request(request)
 
 
 def high_watermark(bootstrap: str) -> int:
@@ -135,15 +163,33 @@ async def test_client_connection_cannot_commit_or_replicate(cluster_factory) -> 
     codes = [p.error_code for t in answer.responses for p in t.partitions]
     assert codes == [CLUSTER_AUTHORIZATION_FAILED], codes
 
-    # The same replica fetch on a connection that proved the secret is served.
+    # So is one in the compact form (replica_fetch_wire), as a whole.
+    compact = compact_replica_fetch(topic_id)
+    conn = KafkaClientConnection(broker.host, broker.port, "rawclient")
+    await conn.connect()
+    try:
+        refused = await conn.request_unnamed(internal.INTERNAL_REPLICA_FETCH, compact, replica_fetch_wire.decode_answer)
+    finally:
+        await conn.close()
+    assert refused.error_code == CLUSTER_AUTHORIZATION_FAILED and not refused.responses, refused
+
+    # The same replica fetches on a connection that proved the secret are served; its handshake
+    # said the broker serves the compact form.
     conn = KafkaClientConnection(broker.host, broker.port, "rawclient", credentials=ClusterSecret(SECRET.encode()))
     await conn.connect()
     try:
         answer = await conn.request(1, 12, replica_fetch)
+        assert internal.INTERNAL_REPLICA_FETCH in conn.served_apis
+        served = await conn.request_unnamed(internal.INTERNAL_REPLICA_FETCH, compact, replica_fetch_wire.decode_answer)
+        # Bytes that are no compact request close this connection only.
+        with pytest.raises(ClientError):
+            await conn.request_unnamed(internal.INTERNAL_REPLICA_FETCH, b"\xff\xff", replica_fetch_wire.decode_answer)
     finally:
         await conn.close()
     codes = [p.error_code for t in answer.responses for p in t.partitions]
     assert codes == [0], codes
+    codes = [p.error_code for t in served.responses for p in t.partitions]
+    assert codes == [0] and str(served.responses[0].topic_id) == topic_id, served
 
     # A connection proving a wrong secret is refused at the handshake.
     conn = KafkaClientConnection(broker.host, broker.port, "rawclient", credentials=ClusterSecret(b"not-the-secret"))

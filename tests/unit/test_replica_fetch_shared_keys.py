@@ -1,6 +1,7 @@
 """A replica fetch answer writes each WAL object key once across its partitions, through the real
-Fetch handler, codec and fetcher; a follower that does not say it reads that form (an older
-version, mid-upgrade) gets every run with its own keys, as before."""
+Fetch handler, codec and fetcher, in the compact replica fetch form and in a Fetch v13 from a
+follower that says it reads shared keys; a follower that does not (an older version, mid-upgrade)
+gets every run with its own keys, as before."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from test_topic_identity import CONFIG, FetchingBroker, now_ms, replica_fetch_ro
 
 from diskless.cluster.metadata import PartitionState, TopicMetadata
 from diskless.replication.fetcher import ReplicaFetcher
-from diskless.replication.partition import Partition, collect_pointer_keys
+from diskless.replication.partition import SHARED_KEYS_FETCHER, Partition, collect_pointer_keys
 
 LEADER, FOLLOWER = 0, 1
 PARTITIONS = 12
@@ -39,7 +40,9 @@ def segment_bytes(replica: Partition) -> bytes:
     return bytes(plog.read(plog.log_start_offset, 1 << 20, max_offset=plog.log_end_offset).records)
 
 
-@pytest.mark.parametrize("role", [None, "replica-fetcher"], ids=["shared-keys", "older-follower"])
+@pytest.mark.parametrize(
+    "role", [None, SHARED_KEYS_FETCHER, "replica-fetcher"], ids=["compact-wire", "shared-keys", "older-follower"]
+)
 async def test_followers_copy_every_partitions_pointers_exactly(tmp_path: Path, role: str | None) -> None:
     leader = FetchingBroker(tmp_path / "leader", LEADER)
     follower = FetchingBroker(tmp_path / "follower", FOLLOWER)
@@ -63,7 +66,7 @@ async def test_followers_copy_every_partitions_pointers_exactly(tmp_path: Path, 
             assert ours.log.log_end_offset == theirs.log.log_end_offset > 0
             assert segment_bytes(ours) == segment_bytes(theirs)
         marks = {bytes(a.records[:8]) for a in answers}
-        if role is None:
+        if role != "replica-fetcher":
             assert marks == {struct.pack(">q", -4)}
             written = []
             for a in answers:  # the keys each run writes itself

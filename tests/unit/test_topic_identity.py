@@ -434,21 +434,24 @@ async def replica_fetch_round(
 ) -> tuple[float, list[Any]]:
     """One replica fetch through the real codec: the fetcher's request, the leader's Fetch handler,
     the answer applied by the fetcher. Returns what ``_handle`` returned and the partition answers.
-    ``role``: the fetcher's client id role (default the real fetcher's)."""
-    from diskless.protocol import internal
+    ``role`` None: the compact form the fetcher sends a leader that serves it (replica_fetch_wire);
+    else a Fetch v13 from a fetcher with that client id role (the real one's: SHARED_KEYS_FETCHER)."""
+    from diskless.protocol import internal, replica_fetch_wire
     from diskless.replication.fetcher import FETCH_VERSION
-    from diskless.replication.partition import SHARED_KEYS_FETCHER
 
-    header = m.RequestHeader(
-        m.API_FETCH, FETCH_VERSION, 7, internal.broker_client_id(asking.node_id, role or SHARED_KEYS_FETCHER)
-    )
-    body = fetcher._request()
-    request_cls = m._request_type(m.API_FETCH, FETCH_VERSION)
-    out = io.BytesIO()
-    m._writer(request_cls)(out, dataclasses.replace(body, max_wait=datetime.timedelta(0)))
-    request, _ = m._reader(request_cls)(memoryview(out.getvalue()), 0)
-    frame = m.encode_response(header, await leader.fetch_apis.fetch(header, request))
-    response, _ = m._reader(m._response_type(m.API_FETCH, FETCH_VERSION))(memoryview(frame)[9:], 0)
+    body = dataclasses.replace(fetcher._request(), max_wait=datetime.timedelta(0))
+    if role is None:
+        request = replica_fetch_wire.decode_request(replica_fetch_wire.encode_request(body))
+        frame = replica_fetch_wire.encode_answer(7, await leader.fetch_apis.replica_fetch(request))
+        response: Any = replica_fetch_wire.decode_answer(memoryview(frame)[8:])
+    else:
+        header = m.RequestHeader(m.API_FETCH, FETCH_VERSION, 7, internal.broker_client_id(asking.node_id, role))
+        request_cls = m._request_type(m.API_FETCH, FETCH_VERSION)
+        out = io.BytesIO()
+        m._writer(request_cls)(out, body)
+        request, _ = m._reader(request_cls)(memoryview(out.getvalue()), 0)
+        frame = m.encode_response(header, await leader.fetch_apis.fetch(header, request))
+        response, _ = m._reader(m._response_type(m.API_FETCH, FETCH_VERSION))(memoryview(frame)[9:], 0)
     answers = [p for t in response.responses for p in t.partitions]
     # As the fetcher's loop: the answer moves its fetch session on (KIP-227) before it is applied.
     assert fetcher.session.handle_response(response.error_code, response.session_id)
