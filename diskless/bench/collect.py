@@ -348,7 +348,8 @@ def api_names() -> dict[str, str]:
 
 def requests_per_broker_per_s(delta: WindowDelta) -> dict[str, float]:
     """Requests each broker handled per second, by API (mean over brokers), most frequent first;
-    Fetch is split into replica fetches and the rest (consumers')."""
+    Fetch is split into replica fetches (from followers of a version before ReplicaFetch) and the
+    rest (consumers')."""
     names = api_names()
     counts: dict[str, float] = {}
     for metrics in delta.metrics.values():
@@ -357,7 +358,8 @@ def requests_per_broker_per_s(delta: WindowDelta) -> dict[str, float]:
             if sample == "diskless_requests_total" and value > 0:
                 name = names.get(labels.get("api", ""), labels.get("api", "?"))
                 counts[name] = counts.get(name, 0.0) + value
-    replica = delta.total("diskless_replica_fetches_total")
+    # Replica fetches in the compact form are ReplicaFetch requests; the rest came as Fetch.
+    replica = max(0.0, delta.total("diskless_replica_fetches_total") - counts.get("ReplicaFetch", 0.0))
     if "Fetch" in counts:
         counts["Fetch (replicas)"] = replica
         counts["Fetch (consumers)"] = max(0.0, counts.pop("Fetch") - replica)

@@ -323,7 +323,7 @@ async def kill_with_commits_unanswered(victim: Any, leaders: list[Any], timeout:
         sent = metric(await asyncio.to_thread(victim.metrics), "diskless_commit_rpcs_total", target="remote")
         await asyncio.to_thread(
             wait_until,
-            lambda: metric(victim.metrics(), "diskless_commit_rpcs_total", target="remote") > sent,
+            lambda sent=sent: metric(victim.metrics(), "diskless_commit_rpcs_total", target="remote") > sent,
             max(deadline - time.monotonic(), 1.0),
             0.05,
             "the representative sent no commit after the leaders resumed",

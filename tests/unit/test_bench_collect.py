@@ -42,6 +42,17 @@ def test_requests_are_per_broker_per_second_with_replica_fetches_apart() -> None
     )
     assert requests_per_broker_per_s(delta) == {"Produce": 15.0, "Fetch (consumers)": 7.0, "Fetch (replicas)": 3.0}
 
+    # Replica fetches in the compact form are counted once, as ReplicaFetch (the handler counts
+    # them among its replica fetches too).
+    delta.metrics[1]['diskless_requests_total{api="32006"}'] = 40.0
+    delta.metrics[2]['diskless_replica_fetches_total{kind="incremental"}'] = 100.0
+    assert requests_per_broker_per_s(delta) == {
+        "Produce": 15.0,
+        "Fetch (consumers)": 7.0,
+        "ReplicaFetch": 2.0,
+        "Fetch (replicas)": 3.0,
+    }
+
 
 def _buckets(stage: str, counts: dict[str, float]) -> dict[str, float]:
     return {f'diskless_produce_stage_seconds_bucket{{le="{le}",stage="{stage}"}}': n for le, n in counts.items()}
