@@ -26,7 +26,7 @@ Request body (after the request header):
     zigzag session_id, session_epoch; uvarint partition_max_bytes (the default of the partitions);
     uvarint topic count, per topic: 16-byte id, uvarint partition count, per partition:
         zigzag partition, current_leader_epoch, fetch_offset, last_fetched_epoch,
-        log_start_offset; uvarint partition_max_bytes (0: the request's default);
+        log_start_offset; uvarint partition_max_bytes + 1 (0: the request's default);
     uvarint forgotten topic count, per topic: 16-byte id, uvarint count, zigzag partitions;
     uvarint rack length, rack (UTF-8).
 Answer body (after the correlation id):
@@ -42,10 +42,11 @@ Answer body (after the correlation id):
 from __future__ import annotations
 
 import datetime
+import functools
 import struct
 import uuid
-from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, NamedTuple, TypeVar
 
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v13.request import FetchPartition, FetchRequest, FetchTopic, ForgottenTopic
@@ -64,6 +65,9 @@ __all__ = [
     "encode_answer",
     "encode_request",
 ]
+
+
+T = TypeVar("T")
 
 
 class ReplicaFetchWireError(ValueError):
@@ -153,7 +157,7 @@ def encode_request(request: FetchRequest) -> bytes:
             z(int(p.fetch_offset), out)
             z(int(p.last_fetched_epoch), out)
             z(int(p.log_start_offset), out)
-            u(0 if p.partition_max_bytes == default_max else int(p.partition_max_bytes), out)
+            u(0 if p.partition_max_bytes == default_max else int(p.partition_max_bytes) + 1, out)
     u(len(request.forgotten_topics_data), out)
     for forgotten in request.forgotten_topics_data:
         out += _id_bytes(forgotten.topic_id)
@@ -171,8 +175,8 @@ def _default_max(topics: Iterable[FetchTopic]) -> int:
     the same of every partition, which then costs one byte each."""
     for topic in topics:
         for p in topic.partitions:
-            return max(int(p.partition_max_bytes), 1)
-    return 1
+            return int(p.partition_max_bytes)
+    return 0
 
 
 def decode_request(data: bytes | memoryview) -> FetchRequest:
@@ -182,6 +186,44 @@ def decode_request(data: bytes | memoryview) -> FetchRequest:
         return _decode_request(buf)
     except IndexError as exc:  # a byte read past the end
         raise ReplicaFetchWireError("truncated replica fetch request") from exc
+
+
+def _read_topics(
+    buf: memoryview, pos: int, item_bytes: int, read_item: Callable[[memoryview, int], tuple[T, int]]
+) -> tuple[list[tuple[uuid.UUID, list[T]]], int]:
+    """A topic list: a count, then per topic its id and a count of items ``read_item`` reads (each
+    at least ``item_bytes`` long)."""
+    count, pos = _read_count(buf, pos, 16 + 1)
+    topics = []
+    for _ in range(count):
+        topic_id, pos = _read_id(buf, pos)
+        n, pos = _read_count(buf, pos, item_bytes)
+        items = []
+        for _ in range(n):
+            item, pos = read_item(buf, pos)
+            items.append(item)
+        topics.append((topic_id, items))
+    return topics, pos
+
+
+def _read_fetch_partition(buf: memoryview, pos: int, default_max: int) -> tuple[FetchPartition, int]:
+    index, pos = _read_i32(buf, pos)
+    current_epoch, pos = _read_i32(buf, pos)
+    fetch_offset, pos = _read_z(buf, pos)
+    last_epoch, pos = _read_i32(buf, pos)
+    log_start, pos = _read_z(buf, pos)
+    part_max, pos = _read_u(buf, pos)  # partition_max_bytes + 1, or 0
+    if part_max > _I32_MAX + 1:
+        raise ReplicaFetchWireError(f"partition_max_bytes {part_max - 1} does not fit an int32")
+    partition = FetchPartition(
+        partition=index,  # type: ignore[arg-type]
+        current_leader_epoch=current_epoch,  # type: ignore[arg-type]
+        fetch_offset=fetch_offset,  # type: ignore[arg-type]
+        last_fetched_epoch=last_epoch,  # type: ignore[arg-type]
+        log_start_offset=log_start,  # type: ignore[arg-type]
+        partition_max_bytes=part_max - 1 if part_max else default_max,  # type: ignore[arg-type]
+    )
+    return partition, pos
 
 
 def _decode_request(buf: memoryview) -> FetchRequest:
@@ -194,40 +236,10 @@ def _decode_request(buf: memoryview) -> FetchRequest:
     session_id, pos = _read_i32(buf, pos)
     session_epoch, pos = _read_i32(buf, pos)
     default_max, pos = _read_i32(buf, pos, signed=False)
-    count, pos = _read_count(buf, pos, 17)
-    topics = []
-    for _ in range(count):
-        topic_id, pos = _read_id(buf, pos)
-        n, pos = _read_count(buf, pos, 6)
-        partitions = []
-        for _ in range(n):
-            index, pos = _read_i32(buf, pos)
-            current_epoch, pos = _read_i32(buf, pos)
-            fetch_offset, pos = _read_z(buf, pos)
-            last_epoch, pos = _read_i32(buf, pos)
-            log_start, pos = _read_z(buf, pos)
-            part_max, pos = _read_i32(buf, pos, signed=False)
-            partitions.append(
-                FetchPartition(
-                    partition=index,  # type: ignore[arg-type]
-                    current_leader_epoch=current_epoch,  # type: ignore[arg-type]
-                    fetch_offset=fetch_offset,  # type: ignore[arg-type]
-                    last_fetched_epoch=last_epoch,  # type: ignore[arg-type]
-                    log_start_offset=log_start,  # type: ignore[arg-type]
-                    partition_max_bytes=part_max or default_max,  # type: ignore[arg-type]
-                )
-            )
-        topics.append(FetchTopic(topic_id=topic_id, partitions=tuple(partitions)))
-    count, pos = _read_count(buf, pos, 17)
-    forgotten = []
-    for _ in range(count):
-        topic_id, pos = _read_id(buf, pos)
-        n, pos = _read_count(buf, pos, 1)
-        indexes = []
-        for _ in range(n):
-            index, pos = _read_i32(buf, pos)
-            indexes.append(index)
-        forgotten.append(ForgottenTopic(topic_id=topic_id, partitions=tuple(indexes)))  # type: ignore[arg-type]
+    fetched, pos = _read_topics(buf, pos, 6, functools.partial(_read_fetch_partition, default_max=default_max))
+    topics = tuple(FetchTopic(topic_id=topic_id, partitions=tuple(partitions)) for topic_id, partitions in fetched)
+    dropped, pos = _read_topics(buf, pos, 1, _read_i32)
+    forgotten = tuple(ForgottenTopic(topic_id=t, partitions=tuple(indexes)) for t, indexes in dropped)  # type: ignore[arg-type]
     rack_len, pos = _read_count(buf, pos, 1)
     try:
         rack = bytes(buf[pos : pos + rack_len]).decode()
@@ -244,8 +256,8 @@ def _decode_request(buf: memoryview) -> FetchRequest:
         isolation_level=isolation_level,  # type: ignore[arg-type]
         session_id=session_id,  # type: ignore[arg-type]
         session_epoch=session_epoch,  # type: ignore[arg-type]
-        topics=tuple(topics),
-        forgotten_topics_data=tuple(forgotten),
+        topics=topics,
+        forgotten_topics_data=forgotten,
         rack_id=rack,
     )
 
@@ -368,16 +380,8 @@ def _decode_answer(buf: memoryview) -> FetchAnswer:
     throttle, pos = _read_i32(buf, 0)
     error, pos = _read_i32(buf, pos)
     session_id, pos = _read_i32(buf, pos)
-    count, pos = _read_count(buf, pos, 17)
-    topics = []
-    for _ in range(count):
-        topic_id, pos = _read_id(buf, pos)
-        n, pos = _read_count(buf, pos, 6)
-        partitions = []
-        for _ in range(n):
-            partition, pos = _decode_partition(buf, pos)
-            partitions.append(partition)
-        topics.append(AnsweredTopic(topic_id, partitions))
+    answered, pos = _read_topics(buf, pos, 6, _decode_partition)
+    topics = [AnsweredTopic(topic_id, partitions) for topic_id, partitions in answered]
     if pos != len(buf):
         raise ReplicaFetchWireError(f"{len(buf) - pos} bytes after the answer")
     return FetchAnswer(throttle, _error(error), session_id, topics)

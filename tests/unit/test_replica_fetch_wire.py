@@ -49,7 +49,7 @@ def fetch_partitions(draw: st.DrawFn, max_bytes: st.SearchStrategy[int]) -> Fetc
 @st.composite
 def fetch_requests(draw: st.DrawFn) -> FetchRequest:
     # Mostly one partition_max_bytes (a replica fetcher's), sometimes a mix.
-    max_bytes = st.just(1 << 20) if draw(st.booleans()) else st.integers(1, 2**31 - 1)
+    max_bytes = st.just(1 << 20) if draw(st.booleans()) else st.integers(0, 2**31 - 1) | st.just(0) | st.just(2**31 - 1)
     topics = draw(
         st.lists(
             st.builds(FetchTopic, topic_id=st.uuids(), partitions=st.lists(fetch_partitions(max_bytes)).map(tuple)),
