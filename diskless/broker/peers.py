@@ -31,6 +31,7 @@ class PeerPool:
         self.lookup = lookup
         self._connections: dict[int, KafkaClientConnection] = {}
         self._locks: dict[int, asyncio.Lock] = {}
+        self._closed = False  # once the broker stops: no new connections (they would be left open)
 
     def connected(self, node_id: int) -> KafkaClientConnection | None:
         """The live connection to ``node_id`` if there is one (no waiting)."""
@@ -46,6 +47,8 @@ class PeerPool:
             conn = self.connected(node_id)
             if conn is not None:
                 return conn
+            if self._closed:
+                raise ClientError("the broker is stopping: no new peer connections")
             info = self.lookup(node_id)
             if info is None:
                 raise ClientError(f"broker {node_id} is not registered")
@@ -63,6 +66,9 @@ class PeerPool:
                 await conn.connect()
             except (OSError, TimeoutError) as exc:
                 raise ClientError(f"cannot reach broker {node_id}: {exc}") from exc
+            if self._closed:  # closed while this one was connecting
+                await conn.close()
+                raise ClientError("the broker is stopping: no new peer connections")
             self._connections[node_id] = conn
             return conn
 
@@ -73,6 +79,9 @@ class PeerPool:
                     await self.get(node_id)
 
     async def close(self) -> None:
-        for conn in self._connections.values():
+        # A snapshot: callers still running (a commit, a forwarded request) may reach ``get``
+        # while each connection closes.
+        self._closed = True
+        connections, self._connections = list(self._connections.values()), {}
+        for conn in connections:
             await conn.close()
-        self._connections.clear()

@@ -270,9 +270,10 @@ class ReplicaManager:
 
     async def close(self) -> None:
         self._closed = True
-        for fetcher in self.fetchers.values():
+        # A snapshot: a metadata change applied while a fetcher stops may add one.
+        fetchers, self.fetchers = list(self.fetchers.values()), {}
+        for fetcher in fetchers:
             await fetcher.stop()
-        self.fetchers.clear()
         with contextlib.suppress(OSError):
             self.checkpoint_high_watermarks()
         for partition in self.partitions.values():

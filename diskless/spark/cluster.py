@@ -221,9 +221,9 @@ class ClusterClient:
         return self.settings
 
     async def close(self) -> None:
-        for conn in self._conns.values():
+        conns, self._conns = list(self._conns.values()), {}  # a snapshot: a caller may still connect
+        for conn in conns:
             await conn.close()
-        self._conns.clear()
 
     async def _connection(self, address: tuple[str, int]) -> KafkaClientConnection:
         conn = self._conns.get(address)

@@ -179,9 +179,9 @@ class Driver:
         self._connecting = asyncio.Lock()  # partitions commit concurrently: one connection per broker
 
     async def close(self) -> None:
-        for conn in self._conns.values():
+        conns, self._conns = list(self._conns.values()), {}  # a snapshot: a caller may still connect
+        for conn in conns:
             await conn.close()
-        self._conns.clear()
 
     async def _conn(self, address: tuple[str, int]) -> KafkaClientConnection:
         async with self._connecting:
