@@ -6,7 +6,9 @@ never advertised in ApiVersions), followed by a msgpack map. The response frame 
 correlation id followed by a msgpack map. Keeping them on the Kafka port means one listener,
 one connection pool and the same per-connection accounting of cross-AZ bytes. CommitBatches and
 AwaitReplicated bodies travel in a compact form (``commit_wire.py``: they cross AZs for every
-produced batch): send with ``pack_request`` and read with ``unpack_request``.
+produced batch): send with ``pack_request`` and read with ``unpack_request``. ReplicaFetch is the
+exception to msgpack: a Fetch in its own binary form (``replica_fetch_wire.py``), answered in
+request order like a Kafka API, and only by servers that list it at the handshake (``SERVED_APIS``).
 """
 
 from __future__ import annotations
