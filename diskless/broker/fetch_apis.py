@@ -115,6 +115,8 @@ class FetchApis(ApiFamily):
     async def replica_fetch(self, request: Any) -> dict[str, Any]:
         """A follower's fetch in the compact form (``protocol/replica_fetch_wire.py``): a Fetch v13
         request from a follower that reads shared-key pointer runs."""
+        if request.replica_id < 0:  # only followers fetch this way
+            return {"throttle_time": 0, "error_code": ErrorCode.invalid_request, "session_id": 0, "responses": []}
         return await self._fetch(request, by_id=True, shares_keys=True)
 
     async def _fetch(self, request: Any, by_id: bool, shares_keys: bool) -> dict[str, Any]:

@@ -332,10 +332,16 @@ class Connection:
     async def _replica_fetch(self, header: m.RequestHeader, body: memoryview) -> None:
         """A follower's fetch in the compact form (``replica_fetch_wire``), answered in request
         order like the Kafka APIs, by the Fetch handler."""
+        refusal = None
         if not self.internal_auth.authenticated:
             self._log_refusal(header)
-            refusal = {"error_code": ErrorCode.cluster_authorization_failed}
-            await self.pending.put((header, _ready(replica_fetch_wire.encode_answer(header.correlation_id, refusal))))
+            refusal = ErrorCode.cluster_authorization_failed
+        elif header.api_version > internal.OPTIONAL_APIS[header.api_key]:
+            # A newer follower's form this broker cannot read; answered in the version it has.
+            refusal = ErrorCode.unsupported_version
+        if refusal is not None:
+            answer = replica_fetch_wire.encode_answer(header.correlation_id, {"error_code": refusal})
+            await self.pending.put((header, _ready(answer)))
             return
         try:
             request = replica_fetch_wire.decode_request(body)
@@ -347,18 +353,19 @@ class Connection:
     async def _answer_replica_fetch(self, header: m.RequestHeader, request: Any) -> bytes:
         try:
             body = await self.server.apis.fetch.replica_fetch(request)
-        except Exception:
+            return replica_fetch_wire.encode_answer(header.correlation_id, body)
+        except Exception as exc:
             # As for a Kafka API: an error answer, and the connection goes on.
             REQUEST_ERRORS.labels(reason="handler_exception").inc()
             log.exception("replica fetch failed; answering with an error", peer=self.peer)
-            body = {"error_code": ErrorCode.unknown_server_error}
-        return replica_fetch_wire.encode_answer(header.correlation_id, body)
+            error = {"error_code": error_responses.code_for(exc)}
+            return replica_fetch_wire.encode_answer(header.correlation_id, error)
 
     def _answer_auth(self, header: m.RequestHeader, body: dict[str, Any]) -> None:
         """The internal handshake, answered here and now: requests behind it see its outcome."""
         if header.api_key == internal.INTERNAL_AUTH_CHALLENGE:
             # With the internal APIs this server answers that older versions do not.
-            answer = {**self.internal_auth.challenge(), internal.SERVED_APIS: sorted(internal.OPTIONAL_APIS)}
+            answer = {**self.internal_auth.challenge(), internal.SERVED_APIS: dict(internal.OPTIONAL_APIS)}
             close = False
         else:
             answer, close = self.internal_auth.prove(body, header.client_id)

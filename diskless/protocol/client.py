@@ -55,9 +55,9 @@ class KafkaClientConnection:
         self._next_correlation = 0
         self._waiting: dict[int, tuple[asyncio.Future[Any], Any]] = {}
         self._read_task: asyncio.Task[None] | None = None
-        # The optional internal APIs the server answers (``internal.SERVED_APIS``), learnt at the
-        # authentication; none without it.
-        self.served_apis: frozenset[int] = frozenset()
+        # The optional internal APIs the server answers, with the highest version of each
+        # (``internal.SERVED_APIS``), learnt at the authentication; none without it.
+        self.served_apis: dict[int, int] = {}
 
     @property
     def connected(self) -> bool:
@@ -73,6 +73,7 @@ class KafkaClientConnection:
             timeout,
         )
         self._read_task = asyncio.create_task(self._read_loop())
+        self.served_apis = {}  # a server reached again may be another version
         if self.credentials is not None:
             try:
                 await self._authenticate(timeout)
@@ -91,8 +92,8 @@ class KafkaClientConnection:
         if challenge.get("error_code") or not isinstance(server_nonce, bytes):
             raise ClientError(f"internal authentication refused by the server: {challenge.get('error_code')}")
         served = challenge.get(internal.SERVED_APIS)
-        if isinstance(served, list):
-            self.served_apis = frozenset(key for key in served if isinstance(key, int))
+        if isinstance(served, dict):
+            self.served_apis = {k: v for k, v in served.items() if isinstance(k, int) and isinstance(v, int)}
         client_nonce = os.urandom(NONCE_BYTES)
         proof = client_proof(secret, server_nonce, client_nonce, self.client_id)
         body = {"nonce": client_nonce, "proof": proof}
@@ -173,12 +174,12 @@ class KafkaClientConnection:
         return await self._await(future, timeout)
 
     async def request_unnamed(
-        self, api_key: int, body: bytes, decode: Callable[[memoryview], Any], timeout: float = 30.0
+        self, api_key: int, body: bytes, decode: Callable[[memoryview], Any], timeout: float = 30.0, version: int = 0
     ) -> Any:
         """Send an internal request of ``body``'s bytes with no client id (the server knows this
         connection's from its authentication) and await ``decode`` of the answer after its
         correlation id."""
-        future = self._send(api_key, 0, False, body, lambda frame: decode(memoryview(frame)[4:]), named=False)
+        future = self._send(api_key, version, False, body, lambda frame: decode(memoryview(frame)[4:]), named=False)
         return await self._await(future, timeout)
 
     def send_internal(self, api_key: int, body: dict[str, Any]) -> asyncio.Future[Any]:

@@ -36,11 +36,12 @@ INTERNAL_VERIFY_TXN = 32021  # leader -> transaction coordinator: is the partiti
 INTERNAL_AUTH_CHALLENGE = 32030  # -> a fresh server nonce
 INTERNAL_AUTH_PROVE = 32031  # HMAC proof of the secret over both nonces -> the server's proof back
 AUTH_APIS = frozenset({INTERNAL_AUTH_CHALLENGE, INTERNAL_AUTH_PROVE})
-# The challenge's answer lists, under this key, the internal APIs a server answers beyond those
-# every version does (``INTERNAL_APIS``): a client uses one only where the server listed it, so a
-# newer broker keeps working with an older one during a rolling upgrade.
+# The challenge's answer maps, under this key, the internal APIs a server answers beyond those
+# every version does (``INTERNAL_APIS``) to the highest version of each it reads: a client uses one
+# only where the server listed it, at a version it listed, so a newer broker keeps working with an
+# older one during a rolling upgrade (as ApiVersions does for Kafka's APIs).
 SERVED_APIS = "apis"
-OPTIONAL_APIS = frozenset({INTERNAL_REPLICA_FETCH})
+OPTIONAL_APIS: dict[int, int] = {INTERNAL_REPLICA_FETCH: 0}
 INTERNAL_TIERABLE_RANGES = 32010  # tier job -> leader: ranges it may tier next (broker/tier_rpcs.py)
 INTERNAL_TIER_COMMIT = 32011  # tier job -> leader: offsets [a, b] now live in a segment object
 INTERNAL_APIS = frozenset(

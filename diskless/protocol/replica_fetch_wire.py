@@ -89,6 +89,7 @@ _ENVELOPE = struct.Struct(">qi")
 _SHARED_MARK = struct.pack(">q", -4)
 
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
+_I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
 _ZERO_ID = bytes(16)
 
 
@@ -98,6 +99,18 @@ def _read_u(buf: memoryview, pos: int) -> tuple[int, int]:
 
 def _read_z(buf: memoryview, pos: int) -> tuple[int, int]:
     return read_zigzag(buf, pos, max_bits=64, error=ReplicaFetchWireError)
+
+
+def _read_i64(buf: memoryview, pos: int) -> tuple[int, int]:
+    value, pos = _read_z(buf, pos)
+    _check_i64(value)
+    return value, pos
+
+
+def _check_i64(value: int) -> None:
+    # A 10-byte varint holds 70 bits; offsets go on into logs and checkpoints as int64s.
+    if not _I64_MIN <= value <= _I64_MAX:
+        raise ReplicaFetchWireError(f"{value} does not fit an int64")
 
 
 def _read_i32(buf: memoryview, pos: int, signed: bool = True) -> tuple[int, int]:
@@ -209,9 +222,9 @@ def _read_topics(
 def _read_fetch_partition(buf: memoryview, pos: int, default_max: int) -> tuple[FetchPartition, int]:
     index, pos = _read_i32(buf, pos)
     current_epoch, pos = _read_i32(buf, pos)
-    fetch_offset, pos = _read_z(buf, pos)
+    fetch_offset, pos = _read_i64(buf, pos)
     last_epoch, pos = _read_i32(buf, pos)
-    log_start, pos = _read_z(buf, pos)
+    log_start, pos = _read_i64(buf, pos)
     part_max, pos = _read_u(buf, pos)  # partition_max_bytes + 1, or 0
     if part_max > _I32_MAX + 1:
         raise ReplicaFetchWireError(f"partition_max_bytes {part_max - 1} does not fit an int32")
@@ -233,6 +246,8 @@ def _decode_request(buf: memoryview) -> FetchRequest:
     max_bytes, pos = _read_i32(buf, pos, signed=False)
     isolation_level = buf[pos]
     pos += 1
+    if isolation_level not in (0, 1):  # read_uncommitted, read_committed
+        raise ReplicaFetchWireError(f"isolation level {isolation_level}")
     session_id, pos = _read_i32(buf, pos)
     session_epoch, pos = _read_i32(buf, pos)
     default_max, pos = _read_i32(buf, pos, signed=False)
@@ -390,9 +405,10 @@ def _decode_answer(buf: memoryview) -> FetchAnswer:
 def _decode_partition(buf: memoryview, pos: int) -> tuple[AnsweredPartition, int]:
     index, pos = _read_i32(buf, pos)
     error, pos = _read_i32(buf, pos)
-    high_watermark, pos = _read_z(buf, pos)
+    high_watermark, pos = _read_i64(buf, pos)
     stable_gap, pos = _read_z(buf, pos)
-    log_start, pos = _read_z(buf, pos)
+    _check_i64(high_watermark - stable_gap)
+    log_start, pos = _read_i64(buf, pos)
     flags = buf[pos]
     pos += 1
     if flags & ~_KNOWN_FLAGS:
@@ -402,14 +418,14 @@ def _decode_partition(buf: memoryview, pos: int) -> tuple[AnsweredPartition, int
         n, pos = _read_count(buf, pos, 2)
         entries = []
         for _ in range(n):
-            producer_id, pos = _read_z(buf, pos)
-            first_offset, pos = _read_z(buf, pos)
+            producer_id, pos = _read_i64(buf, pos)
+            first_offset, pos = _read_i64(buf, pos)
             entries.append((producer_id, first_offset))
         aborted = tuple(entries)
     diverging = None
     if flags & _DIVERGING:
         epoch, pos = _read_i32(buf, pos)
-        end_offset, pos = _read_z(buf, pos)
+        end_offset, pos = _read_i64(buf, pos)
         diverging = Diverging(epoch, end_offset)
     preferred = -1
     if flags & _PREFERRED:

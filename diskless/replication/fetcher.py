@@ -193,7 +193,7 @@ class ReplicaFetcher:
         try:
             self._sent_ms = _now_ms()
             timeout = self.wait_max_ms / 1000 + 10
-            if internal.INTERNAL_REPLICA_FETCH in self._conn.served_apis:
+            if self._conn.served_apis.get(internal.INTERNAL_REPLICA_FETCH, -1) >= 0:
                 body = replica_fetch_wire.encode_request(self._request())
                 response = await self._conn.request_unnamed(
                     internal.INTERNAL_REPLICA_FETCH, body, replica_fetch_wire.decode_answer, timeout

@@ -29,6 +29,7 @@ pytestmark = pytest.mark.integration
 
 TOPIC = "guarded"
 CLUSTER_AUTHORIZATION_FAILED = 31
+UNSUPPORTED_VERSION = 35
 SECRET = "s3cr3t-for-this-test"
 
 
@@ -181,6 +182,14 @@ async def test_client_connection_cannot_commit_or_replicate(cluster_factory) -> 
         answer = await conn.request(1, 12, replica_fetch)
         assert internal.INTERNAL_REPLICA_FETCH in conn.served_apis
         served = await conn.request_unnamed(internal.INTERNAL_REPLICA_FETCH, compact, replica_fetch_wire.decode_answer)
+        # A version this broker does not read is answered with UNSUPPORTED_VERSION in the one it
+        # reads, and the connection goes on.
+        newer = await conn.request_unnamed(
+            internal.INTERNAL_REPLICA_FETCH, compact, replica_fetch_wire.decode_answer, version=1
+        )
+        assert newer.error_code == UNSUPPORTED_VERSION and not newer.responses, newer
+        again = await conn.request_unnamed(internal.INTERNAL_REPLICA_FETCH, compact, replica_fetch_wire.decode_answer)
+        assert [p.error_code for t in again.responses for p in t.partitions] == [0]
         # Bytes that are no compact request close this connection only.
         with pytest.raises(ClientError):
             await conn.request_unnamed(internal.INTERNAL_REPLICA_FETCH, b"\xff\xff", replica_fetch_wire.decode_answer)

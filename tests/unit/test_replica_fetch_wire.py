@@ -261,3 +261,27 @@ def test_an_unknown_error_code_or_flag_is_refused() -> None:
         decode_answer(b"\x00\x00\x00\x01" + topic + b"\x01" + partition + b"\x80")
     with pytest.raises(ReplicaFetchWireError, match="error code"):
         decode_answer(b"\x00\xfe\x7f\x00\x00")  # top-level error 8191: no such code
+
+
+def test_offsets_beyond_int64_and_unknown_isolation_levels_are_refused() -> None:
+    """A 10-byte varint holds 70 bits: an offset past int64 would go on into logs and checkpoints."""
+    from diskless.protocol.varint import write_zigzag
+
+    def partition_answer(high_watermark: int, stable_gap: int) -> bytes:
+        out = bytearray(b"\x00\x00\x00\x01" + bytes(16) + b"\x01\x00\x00")  # one topic, partition 0, no error
+        write_zigzag(high_watermark, out)
+        write_zigzag(stable_gap, out)
+        out += b"\x00\x00"  # log start 0, no flags
+        return bytes(out)
+
+    assert decode_answer(partition_answer(2**63 - 1, 0)).responses[0].partitions[0].high_watermark == 2**63 - 1
+    for high_watermark, gap in ((2**63, 0), (-(2**63) - 1, 0), (2**63 - 1, -1), (0, 2**63 + 1)):
+        with pytest.raises(ReplicaFetchWireError, match="int64"):
+            decode_answer(partition_answer(high_watermark, gap))
+
+    request = bytearray(encode_request(follower_request(0)))
+    at = 1 + 2 + 1 + 4  # after replica id 2, max wait 500 ms, min bytes 1 and max bytes 10 MiB
+    assert request[at] == 0  # read_uncommitted
+    request[at] = 2
+    with pytest.raises(ReplicaFetchWireError, match="isolation"):
+        decode_request(bytes(request))

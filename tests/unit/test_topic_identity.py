@@ -29,7 +29,7 @@ from diskless.config import BrokerConfig
 from diskless.log.config import LogConfig
 from diskless.log.segment import POINTERS
 from diskless.protocol import messages as m
-from diskless.replication.partition import Partition
+from diskless.replication.partition import SHARED_KEYS_FETCHER, Partition
 
 UNKNOWN_TOPIC_OR_PARTITION = 3
 INVALID_REQUEST = 42
@@ -458,7 +458,10 @@ async def replica_fetch_round(
     return fetcher._handle(response), answers
 
 
-async def test_a_follower_of_the_new_incarnation_never_appends_the_old_ones_batches(tmp_path: Path) -> None:
+@pytest.mark.parametrize("wire", [None, SHARED_KEYS_FETCHER], ids=["compact", "fetch-v13"])
+async def test_a_follower_of_the_new_incarnation_never_appends_the_old_ones_batches(
+    tmp_path: Path, wire: str | None
+) -> None:
     """The leader has not seen the deletion yet: its metadata and log are the old incarnation's, at
     the same leader epoch (0) as the new one's. A follower of the new incarnation fetching from it
     must get UNKNOWN_TOPIC_ID, not the old pointers; once the leader has the new incarnation, the
@@ -482,7 +485,7 @@ async def test_a_follower_of_the_new_incarnation_never_appends_the_old_ones_batc
         fetcher = ReplicaFetcher(follower_id, leader_id, lambda node: None, 0, 1 << 20, lambda: None)
         fetcher.add(new_replica)
 
-        backing_off, answers = await replica_fetch_round(fetcher, new_replica, leader)
+        backing_off, answers = await replica_fetch_round(fetcher, new_replica, leader, wire)
 
         assert new_replica.log.log_end_offset == 0 and not new_replica.log.references("wal/old.wal")
         assert [a.error_code for a in answers] == [ErrorCode.unknown_topic_id]
@@ -496,7 +499,7 @@ async def test_a_follower_of_the_new_incarnation_never_appends_the_old_ones_batc
         new_on_leader.log.append_pointer_as_leader(values_batch(5)[:61], "wal/new.wal", 0, 0, now_ms())
         new_on_leader.on_local_append()
 
-        backing_off, answers = await replica_fetch_round(fetcher, new_replica, leader)
+        backing_off, answers = await replica_fetch_round(fetcher, new_replica, leader, wire)
 
         assert [a.error_code for a in answers] == [ErrorCode.none] and not backing_off
         assert new_replica.log.log_end_offset == 5 and new_replica.log.references("wal/new.wal")
@@ -506,7 +509,10 @@ async def test_a_follower_of_the_new_incarnation_never_appends_the_old_ones_batc
         await follower.replicas.close()
 
 
-async def test_a_follower_of_the_old_incarnation_gets_nothing_from_a_leader_of_the_new_one(tmp_path: Path) -> None:
+@pytest.mark.parametrize("wire", [None, SHARED_KEYS_FETCHER], ids=["compact", "fetch-v13"])
+async def test_a_follower_of_the_old_incarnation_gets_nothing_from_a_leader_of_the_new_one(
+    tmp_path: Path, wire: str | None
+) -> None:
     """The other way round: the follower has not seen the deletion; the leader serves the new
     incarnation. Naming the old id, the follower gets UNKNOWN_TOPIC_ID, not the new batches."""
     from kio.schema.errors import ErrorCode
@@ -528,7 +534,7 @@ async def test_a_follower_of_the_old_incarnation_gets_nothing_from_a_leader_of_t
         fetcher = ReplicaFetcher(follower_id, leader_id, lambda node: None, 0, 1 << 20, lambda: None)
         fetcher.add(old_replica)
 
-        backing_off, answers = await replica_fetch_round(fetcher, old_replica, leader)
+        backing_off, answers = await replica_fetch_round(fetcher, old_replica, leader, wire)
 
         assert [a.error_code for a in answers] == [ErrorCode.unknown_topic_id] and backing_off
         assert old_replica.log.log_end_offset == 0
