@@ -184,6 +184,8 @@ class Connection:
         if writer.get_extra_info("ssl_object") is not None and not self.session.sasl:
             self.session.principal = principal_of(writer.get_extra_info("peercert"))
         self._refusal_logged = False
+        # Topic aliases and constant fields of the compact replica fetches read on this connection.
+        self.replica_fetch_state = replica_fetch_wire.ConnectionState()
 
     async def run(self) -> None:
         # Every handler task started from here inherits this connection's zone (client_zone.py).
@@ -332,19 +334,19 @@ class Connection:
     async def _replica_fetch(self, header: m.RequestHeader, body: memoryview) -> None:
         """A follower's fetch in the compact form (``replica_fetch_wire``), answered in request
         order like the Kafka APIs, by the Fetch handler."""
-        refusal = None
         if not self.internal_auth.authenticated:
             self._log_refusal(header)
-            refusal = ErrorCode.cluster_authorization_failed
-        elif header.api_version > internal.OPTIONAL_APIS[header.api_key]:
-            # A newer follower's form this broker cannot read; answered in the version it has.
-            refusal = ErrorCode.unsupported_version
-        if refusal is not None:
-            answer = replica_fetch_wire.encode_answer(header.correlation_id, {"error_code": refusal})
+            refusal = {"error_code": ErrorCode.cluster_authorization_failed}
+            answer = replica_fetch_wire.encode_answer(header.correlation_id, refusal, self.replica_fetch_state)
             await self.pending.put((header, _ready(answer)))
             return
+        if header.api_version > internal.OPTIONAL_APIS[header.api_key]:
+            # A follower uses only the versions this broker listed: another is a form it cannot
+            # read, and the connection's aliases would no longer be in step. As Kafka does with an
+            # unsupported version, the connection is closed.
+            raise m.MalformedRequest(f"unsupported replica fetch version {header.api_version}")
         try:
-            request = replica_fetch_wire.decode_request(body)
+            request = replica_fetch_wire.decode_request(body, self.replica_fetch_state)
         except replica_fetch_wire.ReplicaFetchWireError as exc:
             raise m.MalformedRequest(f"undecodable replica fetch: {exc}") from exc
         child(REQUESTS, str(header.api_key)).inc()
@@ -353,13 +355,13 @@ class Connection:
     async def _answer_replica_fetch(self, header: m.RequestHeader, request: Any) -> bytes:
         try:
             body = await self.server.apis.fetch.replica_fetch(request)
-            return replica_fetch_wire.encode_answer(header.correlation_id, body)
+            return replica_fetch_wire.encode_answer(header.correlation_id, body, self.replica_fetch_state)
         except Exception as exc:
             # As for a Kafka API: an error answer, and the connection goes on.
             REQUEST_ERRORS.labels(reason="handler_exception").inc()
             log.exception("replica fetch failed; answering with an error", peer=self.peer)
             error = {"error_code": error_responses.code_for(exc)}
-            return replica_fetch_wire.encode_answer(header.correlation_id, error)
+            return replica_fetch_wire.encode_answer(header.correlation_id, error, self.replica_fetch_state)
 
     def _answer_auth(self, header: m.RequestHeader, body: dict[str, Any]) -> None:
         """The internal handshake, answered here and now: requests behind it see its outcome."""

@@ -21,22 +21,30 @@ challenge (``internal.SERVED_APIS``), which every broker-to-broker connection st
 follower sends Fetch v13 to a leader that does not (an older version, mid-upgrade). Requests carry
 no client id: the connection's was given at its authentication.
 
+Per connection (``ConnectionState``). A topic id is written whole (16 bytes) once per connection
+and by alias after that, and a request repeats no constant field (replica id, waits, sizes,
+isolation, rack) the previous one on the connection had: at the low rates where framing matters
+most, a follower's request and the leader's answer each name one topic, and these were 16 and ~12
+of their bytes.
+
 Request body (after the request header):
-    zigzag replica_id; uvarint max_wait_ms, min_bytes, max_bytes; byte isolation_level;
-    zigzag session_id, session_epoch; uvarint partition_max_bytes (the default of the partitions);
-    uvarint topic count, per topic: 16-byte id, uvarint partition count, per partition:
+    byte flags (1: the constant fields follow; else they are the previous request's);
+    [zigzag replica_id; uvarint max_wait_ms, min_bytes, max_bytes; byte isolation_level;
+     uvarint partition_max_bytes (the default of the partitions); uvarint rack length, rack];
+    zigzag session_id, session_epoch;
+    uvarint topic count, per topic: topic, uvarint partition count, per partition:
         zigzag partition, current_leader_epoch, fetch_offset, last_fetched_epoch,
         log_start_offset; uvarint partition_max_bytes + 1 (0: the request's default);
-    uvarint forgotten topic count, per topic: 16-byte id, uvarint count, zigzag partitions;
-    uvarint rack length, rack (UTF-8).
+    uvarint forgotten topic count, per topic: topic, uvarint count, zigzag partitions.
 Answer body (after the correlation id):
     zigzag throttle_time_ms, error_code, session_id;
-    uvarint topic count, per topic: 16-byte id, uvarint partition count, per partition:
+    uvarint topic count, per topic: topic, uvarint partition count, per partition:
         zigzag partition_index, error_code, high_watermark,
         high_watermark - last_stable_offset, log_start_offset; byte flags (below);
         [aborted: uvarint count, per entry zigzag producer_id, first_offset]
         [diverging: zigzag epoch, end_offset] [preferred: zigzag read replica]
         [records: uvarint length, bytes].
+A topic is uvarint alias + 1, or 0 and the id's 16 bytes.
 """
 
 from __future__ import annotations
@@ -57,6 +65,7 @@ from .varint import read_uvarint, read_zigzag, write_uvarint, write_zigzag
 __all__ = [
     "AnsweredPartition",
     "AnsweredTopic",
+    "ConnectionState",
     "Diverging",
     "FetchAnswer",
     "ReplicaFetchWireError",
@@ -90,7 +99,7 @@ _SHARED_MARK = struct.pack(">q", -4)
 
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
-_ZERO_ID = bytes(16)
+_ZERO_UUID = uuid.UUID(int=0)
 
 
 def _read_u(buf: memoryview, pos: int) -> tuple[int, int]:
@@ -129,40 +138,109 @@ def _read_count(buf: memoryview, pos: int, least_bytes: int) -> tuple[int, int]:
     return count, pos
 
 
-def _read_id(buf: memoryview, pos: int) -> tuple[uuid.UUID, int]:
+def _uuid(topic_id: Any) -> uuid.UUID:
+    if topic_id is None:
+        return _ZERO_UUID
+    return topic_id if isinstance(topic_id, uuid.UUID) else uuid.UUID(str(topic_id))
+
+
+class ConnectionState:
+    """What one connection's two ends remember between replica fetches, in step: topic aliases and
+    the request's constant fields. Each end keeps one per connection and a new connection starts
+    afresh, so nothing outlives the byte stream that built it.
+
+    Aliases: the follower gives a topic id the next alias the first time one of its requests on
+    the connection names it (written whole, once); the leader, reading the requests in order,
+    gives it the same. From then on both sides write the alias. The leader uses an alias in an
+    answer only once a request defined it, so the follower, which defined it before sending,
+    always knows it; a topic no request named yet (a session carried over from an earlier
+    connection) is written whole.
+    """
+
+    __slots__ = ("aliases", "constants", "ids")
+
+    def __init__(self) -> None:
+        self.ids: list[uuid.UUID] = []  # alias -> topic id
+        self.aliases: dict[uuid.UUID, int] = {}  # topic id -> alias
+        self.constants: tuple[Any, ...] | None = None  # the last request's constant fields
+
+    def define(self, topic_id: uuid.UUID) -> None:
+        if len(self.ids) >= MAX_ALIASES:
+            raise ReplicaFetchWireError(f"more than {MAX_ALIASES} topics named on one connection")
+        self.aliases[topic_id] = len(self.ids)
+        self.ids.append(topic_id)
+
+
+# Bounds what a peer can make the other end remember: far more topics than one leader hosts.
+MAX_ALIASES = 1 << 20
+
+
+def _write_topic(topic_id: Any, out: bytearray, state: ConnectionState, define: bool) -> None:
+    """A topic reference: alias + 1, or 0 and the id's 16 bytes (then aliased if ``define``)."""
+    wire = _uuid(topic_id)
+    alias = state.aliases.get(wire)
+    if alias is not None:
+        write_uvarint(alias + 1, out)
+        return
+    out.append(0)
+    out += wire.bytes
+    if define:
+        state.define(wire)
+
+
+def _read_topic(buf: memoryview, pos: int, state: ConnectionState, define: bool) -> tuple[uuid.UUID, int]:
+    ref, pos = _read_u(buf, pos)
+    if ref:
+        if ref > len(state.ids):
+            raise ReplicaFetchWireError(f"topic alias {ref - 1} was never defined on this connection")
+        return state.ids[ref - 1], pos
     end = pos + 16
     if end > len(buf):
         raise ReplicaFetchWireError("truncated topic id")
-    return uuid.UUID(bytes=bytes(buf[pos:end])), end
-
-
-def _id_bytes(topic_id: Any) -> bytes:
-    if topic_id is None:
-        return _ZERO_ID
-    if isinstance(topic_id, uuid.UUID):
-        return topic_id.bytes
-    return uuid.UUID(str(topic_id)).bytes
+    topic_id = uuid.UUID(bytes=bytes(buf[pos:end]))
+    if define:
+        if topic_id in state.aliases:  # the follower writes a topic whole only once
+            raise ReplicaFetchWireError(f"topic {topic_id} defined twice on this connection")
+        state.define(topic_id)
+    return topic_id, end
 
 
 # --- requests (follower -> leader) -------------------------------------------------------------
 
 
-def encode_request(request: FetchRequest) -> bytes:
-    """The body of an ``INTERNAL_REPLICA_FETCH`` request for a Fetch v13 request entity."""
+def encode_request(request: FetchRequest, state: ConnectionState) -> bytes:
+    """The body of an ``INTERNAL_REPLICA_FETCH`` request for a Fetch v13 request entity, on the
+    connection whose follower-side state is ``state``."""
     out = bytearray()
     u, z = write_uvarint, write_zigzag
-    z(int(request.replica_id), out)
-    u(milliseconds(request.max_wait), out)
-    u(int(request.min_bytes), out)
-    u(int(request.max_bytes), out)
-    out.append(int(request.isolation_level))
+    default_max = _default_max(request.topics)
+    rack = (request.rack_id or "").encode()
+    constants = (
+        int(request.replica_id),
+        milliseconds(request.max_wait),
+        int(request.min_bytes),
+        int(request.max_bytes),
+        int(request.isolation_level),
+        default_max,
+        rack,
+    )
+    if constants == state.constants:
+        out.append(0)
+    else:
+        state.constants = constants
+        out.append(_CONSTANTS)
+        z(constants[0], out)
+        for value in constants[1:4]:
+            u(value, out)
+        out.append(constants[4])
+        u(default_max, out)
+        u(len(rack), out)
+        out += rack
     z(int(request.session_id), out)
     z(int(request.session_epoch), out)
-    default_max = _default_max(request.topics)
-    u(default_max, out)
     u(len(request.topics), out)
     for topic in request.topics:
-        out += _id_bytes(topic.topic_id)
+        _write_topic(topic.topic_id, out, state, define=True)
         u(len(topic.partitions), out)
         for p in topic.partitions:
             z(int(p.partition), out)
@@ -173,14 +251,15 @@ def encode_request(request: FetchRequest) -> bytes:
             u(0 if p.partition_max_bytes == default_max else int(p.partition_max_bytes) + 1, out)
     u(len(request.forgotten_topics_data), out)
     for forgotten in request.forgotten_topics_data:
-        out += _id_bytes(forgotten.topic_id)
+        _write_topic(forgotten.topic_id, out, state, define=True)
         u(len(forgotten.partitions), out)
         for index in forgotten.partitions:
             z(int(index), out)
-    rack = (request.rack_id or "").encode()
-    u(len(rack), out)
-    out += rack
     return bytes(out)
+
+
+# Request flags: the constant fields follow (else they are the previous request's on the connection).
+_CONSTANTS = 0x01
 
 
 def _default_max(topics: Iterable[FetchTopic]) -> int:
@@ -192,24 +271,30 @@ def _default_max(topics: Iterable[FetchTopic]) -> int:
     return 0
 
 
-def decode_request(data: bytes | memoryview) -> FetchRequest:
-    """The Fetch v13 request entity an ``INTERNAL_REPLICA_FETCH`` body stands for."""
+def decode_request(data: bytes | memoryview, state: ConnectionState) -> FetchRequest:
+    """The Fetch v13 request entity an ``INTERNAL_REPLICA_FETCH`` body stands for, read on the
+    connection whose leader-side state is ``state`` (requests in the order they arrived)."""
     buf = memoryview(data)
     try:
-        return _decode_request(buf)
+        return _decode_request(buf, state)
     except IndexError as exc:  # a byte read past the end
         raise ReplicaFetchWireError("truncated replica fetch request") from exc
 
 
 def _read_topics(
-    buf: memoryview, pos: int, item_bytes: int, read_item: Callable[[memoryview, int], tuple[T, int]]
+    buf: memoryview,
+    pos: int,
+    item_bytes: int,
+    read_item: Callable[[memoryview, int], tuple[T, int]],
+    state: ConnectionState,
+    define: bool,
 ) -> tuple[list[tuple[uuid.UUID, list[T]]], int]:
-    """A topic list: a count, then per topic its id and a count of items ``read_item`` reads (each
-    at least ``item_bytes`` long)."""
-    count, pos = _read_count(buf, pos, 16 + 1)
+    """A topic list: a count, then per topic its reference and a count of items ``read_item``
+    reads (each at least ``item_bytes`` long)."""
+    count, pos = _read_count(buf, pos, 2)
     topics = []
     for _ in range(count):
-        topic_id, pos = _read_id(buf, pos)
+        topic_id, pos = _read_topic(buf, pos, state, define)
         n, pos = _read_count(buf, pos, item_bytes)
         items = []
         for _ in range(n):
@@ -239,8 +324,8 @@ def _read_fetch_partition(buf: memoryview, pos: int, default_max: int) -> tuple[
     return partition, pos
 
 
-def _decode_request(buf: memoryview) -> FetchRequest:
-    replica_id, pos = _read_i32(buf, 0)
+def _read_constants(buf: memoryview, pos: int) -> tuple[tuple[Any, ...], int]:
+    replica_id, pos = _read_i32(buf, pos)
     max_wait, pos = _read_i32(buf, pos, signed=False)
     min_bytes, pos = _read_i32(buf, pos, signed=False)
     max_bytes, pos = _read_i32(buf, pos, signed=False)
@@ -248,19 +333,34 @@ def _decode_request(buf: memoryview) -> FetchRequest:
     pos += 1
     if isolation_level not in (0, 1):  # read_uncommitted, read_committed
         raise ReplicaFetchWireError(f"isolation level {isolation_level}")
-    session_id, pos = _read_i32(buf, pos)
-    session_epoch, pos = _read_i32(buf, pos)
     default_max, pos = _read_i32(buf, pos, signed=False)
-    fetched, pos = _read_topics(buf, pos, 6, functools.partial(_read_fetch_partition, default_max=default_max))
-    topics = tuple(FetchTopic(topic_id=topic_id, partitions=tuple(partitions)) for topic_id, partitions in fetched)
-    dropped, pos = _read_topics(buf, pos, 1, _read_i32)
-    forgotten = tuple(ForgottenTopic(topic_id=t, partitions=tuple(indexes)) for t, indexes in dropped)  # type: ignore[arg-type]
     rack_len, pos = _read_count(buf, pos, 1)
     try:
         rack = bytes(buf[pos : pos + rack_len]).decode()
     except UnicodeDecodeError as exc:
         raise ReplicaFetchWireError("rack is not UTF-8") from exc
-    pos += rack_len
+    return (replica_id, max_wait, min_bytes, max_bytes, isolation_level, default_max, rack), pos + rack_len
+
+
+def _decode_request(buf: memoryview, state: ConnectionState) -> FetchRequest:
+    flags = buf[0]
+    if flags & ~_CONSTANTS:
+        raise ReplicaFetchWireError(f"unknown request flags {flags:#x}")
+    if flags & _CONSTANTS:
+        state.constants, pos = _read_constants(buf, 1)
+    elif state.constants is None:
+        raise ReplicaFetchWireError("the first request on a connection must carry its constant fields")
+    else:
+        pos = 1
+    assert state.constants is not None
+    replica_id, max_wait, min_bytes, max_bytes, isolation_level, default_max, rack = state.constants
+    session_id, pos = _read_i32(buf, pos)
+    session_epoch, pos = _read_i32(buf, pos)
+    read_partition = functools.partial(_read_fetch_partition, default_max=default_max)
+    fetched, pos = _read_topics(buf, pos, 6, read_partition, state, define=True)
+    topics = tuple(FetchTopic(topic_id=topic_id, partitions=tuple(partitions)) for topic_id, partitions in fetched)
+    dropped, pos = _read_topics(buf, pos, 1, _read_i32, state, define=True)
+    forgotten = tuple(ForgottenTopic(topic_id=t, partitions=tuple(indexes)) for t, indexes in dropped)  # type: ignore[arg-type]
     if pos != len(buf):
         raise ReplicaFetchWireError(f"{len(buf) - pos} bytes after the request")
     return FetchRequest(
@@ -309,9 +409,10 @@ class FetchAnswer(NamedTuple):
     responses: list[AnsweredTopic]
 
 
-def encode_answer(correlation_id: int, body: Mapping[str, Any]) -> bytes:
+def encode_answer(correlation_id: int, body: Mapping[str, Any], state: ConnectionState) -> bytes:
     """The whole frame (size, correlation id, body) answering a replica fetch with the Fetch
-    handler's dict (keys as in FetchResponse.json, a missing one meaning its default)."""
+    handler's dict (keys as in FetchResponse.json, a missing one meaning its default), on the
+    connection whose leader-side state is ``state``."""
     out = bytearray(8)  # size and correlation id, filled in below
     u, z = write_uvarint, write_zigzag
     z(milliseconds(body.get("throttle_time", 0)), out)
@@ -320,7 +421,7 @@ def encode_answer(correlation_id: int, body: Mapping[str, Any]) -> bytes:
     topics = list(body.get("responses", ()))
     u(len(topics), out)
     for topic in topics:
-        out += _id_bytes(topic.get("topic_id"))
+        _write_topic(topic.get("topic_id"), out, state, define=False)
         partitions = topic.get("partitions", ())
         u(len(partitions), out)
         for p in partitions:
@@ -375,11 +476,12 @@ def _encode_partition(p: Mapping[str, Any], out: bytearray) -> None:
         out += records
 
 
-def decode_answer(data: bytes | memoryview) -> FetchAnswer:
-    """A replica fetch answer's body (after the correlation id)."""
+def decode_answer(data: bytes | memoryview, state: ConnectionState) -> FetchAnswer:
+    """A replica fetch answer's body (after the correlation id), on the connection whose
+    follower-side state is ``state``."""
     buf = memoryview(data)
     try:
-        return _decode_answer(buf)
+        return _decode_answer(buf, state)
     except IndexError as exc:
         raise ReplicaFetchWireError("truncated replica fetch answer") from exc
 
@@ -391,11 +493,11 @@ def _error(code: int) -> ErrorCode:
         raise ReplicaFetchWireError(f"unknown error code {code}") from exc
 
 
-def _decode_answer(buf: memoryview) -> FetchAnswer:
+def _decode_answer(buf: memoryview, state: ConnectionState) -> FetchAnswer:
     throttle, pos = _read_i32(buf, 0)
     error, pos = _read_i32(buf, pos)
     session_id, pos = _read_i32(buf, pos)
-    answered, pos = _read_topics(buf, pos, 6, _decode_partition)
+    answered, pos = _read_topics(buf, pos, 6, _decode_partition, state, define=False)
     topics = [AnsweredTopic(topic_id, partitions) for topic_id, partitions in answered]
     if pos != len(buf):
         raise ReplicaFetchWireError(f"{len(buf) - pos} bytes after the answer")

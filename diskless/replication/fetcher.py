@@ -113,6 +113,9 @@ class ReplicaFetcher:
         # moment or later, however long the answer then took to be read (follower_reads).
         self._sent_ms = -1
         self._unapplied_pause = 0.0  # the pause after an answer some partition could not apply
+        # The compact replica fetch form's state on the connection it was built on (_wire_state).
+        self._wire_conn: KafkaClientConnection | None = None
+        self._wire = replica_fetch_wire.ConnectionState()
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
@@ -194,9 +197,13 @@ class ReplicaFetcher:
             self._sent_ms = _now_ms()
             timeout = self.wait_max_ms / 1000 + 10
             if self._conn.served_apis.get(internal.INTERNAL_REPLICA_FETCH, -1) >= 0:
-                body = replica_fetch_wire.encode_request(self._request())
+                state = self._wire_state(self._conn)
+                body = replica_fetch_wire.encode_request(self._request(), state)
                 response = await self._conn.request_unnamed(
-                    internal.INTERNAL_REPLICA_FETCH, body, replica_fetch_wire.decode_answer, timeout
+                    internal.INTERNAL_REPLICA_FETCH,
+                    body,
+                    lambda view: replica_fetch_wire.decode_answer(view, state),
+                    timeout,
                 )
             else:  # a leader of a version before the compact form
                 response = await self._conn.request(m.API_FETCH, FETCH_VERSION, self._request(), timeout=timeout)
@@ -217,6 +224,12 @@ class ReplicaFetcher:
         if pause:
             await asyncio.sleep(pause)  # leadership moving (the metadata watch's moment), or a bad answer
         return 0.05
+
+    def _wire_state(self, conn: KafkaClientConnection) -> replica_fetch_wire.ConnectionState:
+        """The compact form's state for ``conn``: afresh for every new connection, as the leader's."""
+        if self._wire_conn is not conn:
+            self._wire_conn, self._wire = conn, replica_fetch_wire.ConnectionState()
+        return self._wire
 
     def _refresh(self, now_ms: int) -> None:
         """Bring the asked partitions and their request entries up to date with the partitions

@@ -1,7 +1,8 @@
 """Internal requests (CommitBatches, replica fetches, ...) are served only to connections that
 proved the cluster secret at their start: an ordinary client connection that sends one gets
 CLUSTER_AUTHORIZATION_FAILED and nothing changes. A broker says at the handshake that it serves
-the compact replica fetch form, and bytes that are none close that connection only.
+the compact replica fetch form; a version it did not list, or bytes that are none, close that
+connection only.
 
 Real processes: etcd, the embedded S3 server and one broker (a diskless topic with one replica),
 driven by a raw internal-RPC connection as a hostile or confused client would open it.
@@ -29,7 +30,6 @@ pytestmark = pytest.mark.integration
 
 TOPIC = "guarded"
 CLUSTER_AUTHORIZATION_FAILED = 31
-UNSUPPORTED_VERSION = 35
 SECRET = "s3cr3t-for-this-test"
 
 
@@ -71,8 +71,27 @@ def commit_body(topic_id: str) -> dict[str, object]:
     }
 
 
-def compact_replica_fetch(topic_id: str) -> bytes:
-    """A replica fetch of partition 0 from offset 0, in the compact form."""
+class CompactFetches:
+    """Replica fetches of partition 0 from offset 0 in the compact form, on one connection (the
+    follower's end of its state)."""
+
+    def __init__(self, conn: KafkaClientConnection, topic_id: str) -> None:
+        self.conn, self.request = conn, compact_replica_fetch(topic_id)
+        self.state = replica_fetch_wire.ConnectionState()
+
+    async def send(self, body: bytes | None = None, version: int = 0) -> replica_fetch_wire.FetchAnswer:
+        if body is None:
+            body = replica_fetch_wire.encode_request(self.request, self.state)
+        return await self.conn.request_unnamed(
+            internal.INTERNAL_REPLICA_FETCH,
+            body,
+            lambda view: replica_fetch_wire.decode_answer(view, self.state),
+            version=version,
+        )
+
+
+def compact_replica_fetch(topic_id: str) -> FetchRequest:
+    """A replica fetch of partition 0 from offset 0."""
     partition = FetchPartition(
         partition=i32(0),
         current_leader_epoch=i32(-1),
@@ -89,7 +108,7 @@ def compact_replica_fetch(topic_id: str) -> bytes:
         topics=(FetchTopic(topic_id=uuid.UUID(topic_id), partitions=(partition,)),),
         forgotten_topics_data=(),
     )
-    return replica_fetch_wire.encode_request(request)
+    return request
 
 
 def high_watermark(bootstrap: str) -> int:
@@ -165,11 +184,10 @@ async def test_client_connection_cannot_commit_or_replicate(cluster_factory) -> 
     assert codes == [CLUSTER_AUTHORIZATION_FAILED], codes
 
     # So is one in the compact form (replica_fetch_wire), as a whole.
-    compact = compact_replica_fetch(topic_id)
     conn = KafkaClientConnection(broker.host, broker.port, "rawclient")
     await conn.connect()
     try:
-        refused = await conn.request_unnamed(internal.INTERNAL_REPLICA_FETCH, compact, replica_fetch_wire.decode_answer)
+        refused = await CompactFetches(conn, topic_id).send()
     finally:
         await conn.close()
     assert refused.error_code == CLUSTER_AUTHORIZATION_FAILED and not refused.responses, refused
@@ -181,24 +199,36 @@ async def test_client_connection_cannot_commit_or_replicate(cluster_factory) -> 
     try:
         answer = await conn.request(1, 12, replica_fetch)
         assert internal.INTERNAL_REPLICA_FETCH in conn.served_apis
-        served = await conn.request_unnamed(internal.INTERNAL_REPLICA_FETCH, compact, replica_fetch_wire.decode_answer)
-        # A version this broker does not read is answered with UNSUPPORTED_VERSION in the one it
-        # reads, and the connection goes on.
-        newer = await conn.request_unnamed(
-            internal.INTERNAL_REPLICA_FETCH, compact, replica_fetch_wire.decode_answer, version=1
-        )
-        assert newer.error_code == UNSUPPORTED_VERSION and not newer.responses, newer
-        again = await conn.request_unnamed(internal.INTERNAL_REPLICA_FETCH, compact, replica_fetch_wire.decode_answer)
-        assert [p.error_code for t in again.responses for p in t.partitions] == [0]
-        # Bytes that are no compact request close this connection only.
-        with pytest.raises(ClientError):
-            await conn.request_unnamed(internal.INTERNAL_REPLICA_FETCH, b"\xff\xff", replica_fetch_wire.decode_answer)
+        compact = CompactFetches(conn, topic_id)
+        served = await compact.send()
+        # Further requests on the connection name the topic by its alias, and answers too.
+        again = await compact.send()
+        assert len(compact.state.ids) == 1
     finally:
         await conn.close()
     codes = [p.error_code for t in answer.responses for p in t.partitions]
     assert codes == [0], codes
-    codes = [p.error_code for t in served.responses for p in t.partitions]
-    assert codes == [0] and str(served.responses[0].topic_id) == topic_id, served
+    for fetched in (served, again):
+        codes = [p.error_code for t in fetched.responses for p in t.partitions]
+        assert codes == [0] and str(fetched.responses[0].topic_id) == topic_id, fetched
+
+    # A version the broker did not list, or bytes that are no compact request, close that
+    # connection only (the next one is served).
+    for body, version in ((None, 1), (b"\xff\xff", 0)):
+        conn = KafkaClientConnection(broker.host, broker.port, "rawclient", credentials=ClusterSecret(SECRET.encode()))
+        await conn.connect()
+        try:
+            with pytest.raises(ClientError):
+                await CompactFetches(conn, topic_id).send(body, version)
+        finally:
+            await conn.close()
+    conn = KafkaClientConnection(broker.host, broker.port, "rawclient", credentials=ClusterSecret(SECRET.encode()))
+    await conn.connect()
+    try:
+        fine = await CompactFetches(conn, topic_id).send()
+    finally:
+        await conn.close()
+    assert [p.error_code for t in fine.responses for p in t.partitions] == [0]
 
     # A connection proving a wrong secret is refused at the handshake.
     conn = KafkaClientConnection(broker.host, broker.port, "rawclient", credentials=ClusterSecret(b"not-the-secret"))

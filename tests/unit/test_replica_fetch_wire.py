@@ -19,15 +19,27 @@ from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v13.request import FetchPartition, FetchRequest, FetchTopic, ForgottenTopic
 from test_fetch_response import bodies
 
-from diskless.protocol import fetch_response
+from diskless.protocol import fetch_response, replica_fetch_wire
 from diskless.protocol import messages as m
-from diskless.protocol.replica_fetch_wire import (
-    ReplicaFetchWireError,
-    decode_answer,
-    decode_request,
-    encode_answer,
-    encode_request,
-)
+from diskless.protocol.replica_fetch_wire import ConnectionState, ReplicaFetchWireError
+
+
+# Most tests look at one request or answer, each the first on its connection.
+def encode_request(request: FetchRequest) -> bytes:
+    return replica_fetch_wire.encode_request(request, ConnectionState())
+
+
+def decode_request(data: bytes) -> FetchRequest:
+    return replica_fetch_wire.decode_request(data, ConnectionState())
+
+
+def encode_answer(correlation_id: int, body: dict[str, Any]) -> bytes:
+    return replica_fetch_wire.encode_answer(correlation_id, body, ConnectionState())
+
+
+def decode_answer(data: bytes | memoryview) -> replica_fetch_wire.FetchAnswer:
+    return replica_fetch_wire.decode_answer(data, ConnectionState())
+
 
 i32 = st.integers(-(2**31), 2**31 - 1)
 u31 = st.integers(0, 2**31 - 1)
@@ -242,7 +254,8 @@ def test_garbage_is_refused_with_the_one_error(data: bytes) -> None:
 
 
 def test_a_hostile_count_is_refused_before_anything_is_allocated() -> None:
-    head = bytes([2, 0, 1, 0, 0, 0, 0, 1])  # replica, max wait, min/max bytes, isolation, session, epoch, max
+    # constants follow: replica, max wait, min/max bytes, isolation, default max, empty rack; session, epoch
+    head = bytes([1, 2, 0, 1, 0, 0, 1, 0, 0, 0])
     huge = b"\xff\xff\xff\xff\x0f"  # 2**32 - 1 topics
     with pytest.raises(ReplicaFetchWireError, match="count"):
         decode_request(head + huge)
@@ -251,7 +264,7 @@ def test_a_hostile_count_is_refused_before_anything_is_allocated() -> None:
 
 
 def test_an_unknown_error_code_or_flag_is_refused() -> None:
-    topic = uuid.uuid4().bytes
+    topic = b"\x00" + uuid.uuid4().bytes  # written whole
     partition = bytes([0, 0, 0, 0, 0])  # index, error, high watermark, stable gap, log start
     assert (
         decode_answer(b"\x00\x00\x00\x01" + topic + b"\x01" + partition + b"\x00").responses[0].partitions[0].error_code
@@ -268,7 +281,7 @@ def test_offsets_beyond_int64_and_unknown_isolation_levels_are_refused() -> None
     from diskless.protocol.varint import write_zigzag
 
     def partition_answer(high_watermark: int, stable_gap: int) -> bytes:
-        out = bytearray(b"\x00\x00\x00\x01" + bytes(16) + b"\x01\x00\x00")  # one topic, partition 0, no error
+        out = bytearray(b"\x00\x00\x00\x01\x00" + bytes(16) + b"\x01\x00\x00")  # one topic, partition 0, no error
         write_zigzag(high_watermark, out)
         write_zigzag(stable_gap, out)
         out += b"\x00\x00"  # log start 0, no flags
@@ -280,8 +293,54 @@ def test_offsets_beyond_int64_and_unknown_isolation_levels_are_refused() -> None
             decode_answer(partition_answer(high_watermark, gap))
 
     request = bytearray(encode_request(follower_request(0)))
-    at = 1 + 2 + 1 + 4  # after replica id 2, max wait 500 ms, min bytes 1 and max bytes 10 MiB
+    at = 1 + 1 + 2 + 1 + 4  # after the flags, replica id 2, max wait 500 ms, min bytes 1 and max bytes 10 MiB
     assert request[at] == 0  # read_uncommitted
     request[at] = 2
     with pytest.raises(ReplicaFetchWireError, match="isolation"):
         decode_request(bytes(request))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(fetch_requests(), min_size=1, max_size=6), st.data())
+def test_a_connections_requests_and_answers_read_back_through_its_aliases(
+    requests: list[FetchRequest], data: st.DataObject
+) -> None:
+    """Requests in order on one connection, each followed by an answer naming topics some request
+    named (by alias) and some none did (whole): both ends read exactly what the other wrote."""
+    follower, leader = ConnectionState(), ConnectionState()
+    named: list[uuid.UUID] = []
+    for request in requests:
+        assert (
+            replica_fetch_wire.decode_request(replica_fetch_wire.encode_request(request, follower), leader) == request
+        )
+        named += [t.topic_id for t in request.topics] + [t.topic_id for t in request.forgotten_topics_data]
+        ids = data.draw(st.lists(st.sampled_from(named) | st.uuids(), max_size=3) if named else st.lists(st.uuids()))
+        body = {"responses": [{"topic_id": topic_id, "partitions": [{"partition_index": 0}]} for topic_id in ids]}
+        frame = replica_fetch_wire.encode_answer(1, body, leader)
+        assert [t.topic_id for t in replica_fetch_wire.decode_answer(memoryview(frame)[8:], follower).responses] == ids
+    assert follower.ids == leader.ids and len(set(follower.ids)) == len(follower.ids)
+
+
+def test_a_connection_writes_a_topic_id_and_the_constant_fields_once() -> None:
+    follower, leader = ConnectionState(), ConnectionState()
+    request = follower_request(1)
+    first = replica_fetch_wire.encode_request(request, follower)
+    second = replica_fetch_wire.encode_request(request, follower)
+    assert len(first) - len(second) >= 16 + 8, (len(first), len(second))  # the id (16 bytes) and constants
+    assert replica_fetch_wire.decode_request(first, leader) == request
+    assert replica_fetch_wire.decode_request(second, leader) == request
+    quiet = {"responses": [{"topic_id": request.topics[0].topic_id, "partitions": [{"partition_index": 0}]}]}
+    assert len(replica_fetch_wire.encode_answer(1, quiet, leader)) + 16 == len(encode_answer(1, quiet))
+
+    # What only a broken or hostile peer sends: refused, never guessed.
+    with pytest.raises(ReplicaFetchWireError, match="constant fields"):
+        decode_request(second)  # the first request on a connection without them
+    forgetful = ConnectionState()  # has the constants, not the alias
+    forgetful.constants = leader.constants
+    with pytest.raises(ReplicaFetchWireError, match="never defined"):
+        replica_fetch_wire.decode_request(second, forgetful)
+    with pytest.raises(ReplicaFetchWireError, match="defined twice"):
+        replica_fetch_wire.decode_request(first, leader)  # the same id written whole again
+    answer = replica_fetch_wire.encode_answer(1, quiet, leader)
+    with pytest.raises(ReplicaFetchWireError, match="never defined"):
+        decode_answer(memoryview(answer)[8:])  # an alias this follower never gave

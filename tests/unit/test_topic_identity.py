@@ -441,9 +441,12 @@ async def replica_fetch_round(
 
     body = dataclasses.replace(fetcher._request(), max_wait=datetime.timedelta(0))
     if role is None:
-        request = replica_fetch_wire.decode_request(replica_fetch_wire.encode_request(body))
-        frame = replica_fetch_wire.encode_answer(7, await leader.fetch_apis.replica_fetch(request))
-        response: Any = replica_fetch_wire.decode_answer(memoryview(frame)[8:])
+        # A connection per round: each end's state starts afresh.
+        follower_side, leader_side = replica_fetch_wire.ConnectionState(), replica_fetch_wire.ConnectionState()
+        request = replica_fetch_wire.decode_request(replica_fetch_wire.encode_request(body, follower_side), leader_side)
+        answer = await leader.fetch_apis.replica_fetch(request)
+        frame = replica_fetch_wire.encode_answer(7, answer, leader_side)
+        response: Any = replica_fetch_wire.decode_answer(memoryview(frame)[8:], follower_side)
     else:
         header = m.RequestHeader(m.API_FETCH, FETCH_VERSION, 7, internal.broker_client_id(asking.node_id, role))
         request_cls = m._request_type(m.API_FETCH, FETCH_VERSION)
