@@ -165,10 +165,11 @@ class ConnectionState:
         self.constants: tuple[Any, ...] | None = None  # the last request's constant fields
 
     def define(self, topic_id: uuid.UUID) -> None:
-        if len(self.ids) >= MAX_ALIASES:
-            raise ReplicaFetchWireError(f"more than {MAX_ALIASES} topics named on one connection")
-        self.aliases[topic_id] = len(self.ids)
-        self.ids.append(topic_id)
+        """Give ``topic_id`` the next alias, unless the table is full: then it stays written whole
+        (both ends see the same count, so they skip the same ids)."""
+        if len(self.ids) < MAX_ALIASES:
+            self.aliases[topic_id] = len(self.ids)
+            self.ids.append(topic_id)
 
 
 # Bounds what a peer can make the other end remember: far more topics than one leader hosts.

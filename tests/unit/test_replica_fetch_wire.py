@@ -344,3 +344,17 @@ def test_a_connection_writes_a_topic_id_and_the_constant_fields_once() -> None:
     answer = replica_fetch_wire.encode_answer(1, quiet, leader)
     with pytest.raises(ReplicaFetchWireError, match="never defined"):
         decode_answer(memoryview(answer)[8:])  # an alias this follower never gave
+
+
+def test_a_full_alias_table_writes_further_topics_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(replica_fetch_wire, "MAX_ALIASES", 1)
+    follower, leader = ConnectionState(), ConnectionState()
+    for _ in range(2):
+        request = follower_request(1)  # a new topic id each time
+        assert (
+            replica_fetch_wire.decode_request(replica_fetch_wire.encode_request(request, follower), leader) == request
+        )
+        assert (
+            replica_fetch_wire.decode_request(replica_fetch_wire.encode_request(request, follower), leader) == request
+        )
+    assert len(follower.ids) == len(leader.ids) == 1
