@@ -300,8 +300,8 @@ def test_offsets_beyond_int64_and_unknown_isolation_levels_are_refused() -> None
         decode_request(bytes(request))
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(fetch_requests(), min_size=1, max_size=6), st.data())
+@settings(max_examples=100, deadline=None)
+@given(st.lists(fetch_requests(), min_size=1, max_size=5), st.data())
 def test_a_connections_requests_and_answers_read_back_through_its_aliases(
     requests: list[FetchRequest], data: st.DataObject
 ) -> None:
