@@ -7,7 +7,7 @@ log start offset as int64, empty lists, tags), and 12 on the envelope of a point
 request's header carries the fetcher's 36-byte client id. With ~2 KB batches at 1,000 partitions
 that framing was most of the bytes crossing AZs. Here the same fields are varints, the last stable
 offset is written relative to the high watermark (usually 0: one byte), optional fields are bits
-of a flags byte, and a shared-key pointer run (envelope -4, ``replication/partition.py``) is a flag
+of a flags byte, and a shared-key pointer run (envelope -4, ``storage/pointer_wire.py``) is a flag
 instead of its envelope.
 
 Same semantics. Only the bytes differ: the leader reads a request into the very Fetch v13 request
@@ -59,7 +59,9 @@ from typing import Any, NamedTuple, TypeVar
 from kio.schema.errors import ErrorCode
 from kio.schema.fetch.v13.request import FetchPartition, FetchRequest, FetchTopic, ForgottenTopic
 
-from .response_wire import I32, milliseconds
+from diskless.storage import pointer_wire
+
+from .response_wire import milliseconds
 from .varint import read_uvarint, read_zigzag, write_uvarint, write_zigzag
 
 __all__ = [
@@ -93,9 +95,6 @@ _RECORDS_NULL = 0x20  # records are null
 _POINTER_RUN = 0x40  # the records are a shared-key pointer run, written without its envelope
 _KNOWN_FLAGS = 0x7F
 
-# The 12-byte envelope of a shared-key pointer run: base offset -4, then the body's length.
-_ENVELOPE = struct.Struct(">qi")
-_SHARED_MARK = struct.pack(">q", -4)
 
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
@@ -458,9 +457,14 @@ def _encode_partition(p: Mapping[str, Any], out: bytearray) -> None:
         flags |= _RECORDS_NULL
     elif records:
         flags |= _RECORDS
-        if records[:8] == _SHARED_MARK and len(records) >= 12 and I32.unpack_from(records, 8)[0] == len(records) - 12:
+        envelope = pointer_wire.ENVELOPE
+        if (
+            records[:8] == pointer_wire.SHARED_MARK
+            and len(records) >= envelope.size
+            and envelope.unpack_from(records)[1] == len(records) - envelope.size
+        ):
             flags |= _POINTER_RUN
-            records = memoryview(records)[12:]
+            records = memoryview(records)[envelope.size :]
     out.append(flags)
     if flags & _ABORTED:
         u(len(aborted), out)
@@ -538,7 +542,7 @@ def _decode_partition(buf: memoryview, pos: int) -> tuple[AnsweredPartition, int
         size, pos = _read_count(buf, pos, 1)
         body = buf[pos : pos + size]
         pos += size
-        records = _ENVELOPE.pack(-4, size) + body if flags & _POINTER_RUN else bytes(body)
+        records = pointer_wire.ENVELOPE.pack(-4, size) + body if flags & _POINTER_RUN else bytes(body)
     answered = AnsweredPartition(
         index,
         _error(error),

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import struct
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
@@ -43,17 +42,9 @@ FOLLOWER = "follower"
 OFFLINE = "offline"
 
 
-# Replica fetches of a pointers segment carry pointer entries, not record batches. They travel in
-# the same ``records`` field behind this 12-byte envelope: a batch frame whose base offset is
-# negative, which no record batch in a log ever has, followed by the body's length. Base offset -4:
-# the entries in ``storage/pointer_wire.py``'s compact form with the answer's shared key table
-# (for followers that say they read it, ``SHARED_KEYS_FETCHER``); -3: the compact form alone (they
-# cross AZs for every produced batch); -1: the segment bytes as they are (what older leaders send;
-# -2 is tiering's envelope).
-_POINTER_ENVELOPE = struct.Struct(">qi")
-_RAW_MARK = b"\xff" * 8
-_COMPACT_MARK = struct.pack(">q", -3)
-_SHARED_MARK = struct.pack(">q", -4)
+# Pointer entries travel in a replica fetch answer's ``records`` behind an envelope
+# (``pointer_wire.ENVELOPE``): -4 with the answer's shared key table, for followers that say they
+# read it (``SHARED_KEYS_FETCHER``), -3 compact alone, -1 the segment bytes as they are.
 # The replica fetcher's role in its client id: a leader sends shared-key runs (-4) only to a
 # fetcher naming it, so a follower of an older version, mid-upgrade, is never sent a form it
 # would take for record batches.
@@ -64,37 +55,26 @@ def wrap_pointers(entries: bytes, shared: dict[str, int] | None = None) -> bytes
     """Pointer entries for a replica fetch answer; ``shared``: the answer's key table (-4)."""
     compact = pointer_wire.encode(entries, shared)
     if compact is None:
-        return _POINTER_ENVELOPE.pack(-1, len(entries)) + entries
-    return _POINTER_ENVELOPE.pack(-3 if shared is None else -4, len(compact)) + compact
-
-
-def _envelope(data: bytes) -> tuple[bytes, memoryview] | None:
-    """(mark, body) of a pointer envelope, or None for record batches."""
-    if len(data) < _POINTER_ENVELOPE.size:
-        return None
-    mark = data[:8]
-    if mark != _RAW_MARK and mark != _COMPACT_MARK and mark != _SHARED_MARK:
-        return None
-    _, length = _POINTER_ENVELOPE.unpack_from(data, 0)
-    return mark, memoryview(data)[_POINTER_ENVELOPE.size : _POINTER_ENVELOPE.size + length]
+        return pointer_wire.ENVELOPE.pack(-1, len(entries)) + entries
+    return pointer_wire.ENVELOPE.pack(-3 if shared is None else -4, len(compact)) + compact
 
 
 def unwrap_pointers(data: bytes, shared: dict[int, bytes] | None = None) -> bytes | None:
     """The pointer entries inside a replica fetch's records, or None for record batches.
     ``shared``: the answer's key table (``collect_pointer_keys``), for -4 runs."""
-    found = _envelope(data)
+    found = pointer_wire.enveloped(data)
     if found is None:
         return None
     mark, body = found
-    if mark == _RAW_MARK:
+    if mark == pointer_wire.RAW_MARK:
         return bytes(body)
-    return pointer_wire.decode(body, None if mark == _COMPACT_MARK else ({} if shared is None else shared))
+    return pointer_wire.decode(body, None if mark == pointer_wire.COMPACT_MARK else ({} if shared is None else shared))
 
 
 def collect_pointer_keys(data: bytes, shared: dict[int, bytes]) -> None:
     """Add the keys a -4 run writes to its answer's table (before any run of it is unwrapped)."""
-    found = _envelope(data)
-    if found is not None and found[0] == _SHARED_MARK:
+    found = pointer_wire.enveloped(data)
+    if found is not None and found[0] == pointer_wire.SHARED_MARK:
         pointer_wire.collect_keys(found[1], shared)
 
 

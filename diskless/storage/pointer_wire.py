@@ -66,6 +66,27 @@ from .pointer import (
 )
 from .wal_format import parse_wal_object_key, wal_object_key
 
+# Replica fetches of a pointers segment carry pointer entries, not record batches. They travel in
+# the same ``records`` field behind this 12-byte envelope: a batch frame whose base offset is
+# negative, which no record batch in a log ever has, followed by the body's length. Base offset -4:
+# the entries in this module's compact form with the answer's shared key table (for followers that
+# say they read it); -3: the compact form alone (they cross AZs for every produced batch); -1: the
+# segment bytes as they are (what older leaders send; -2 is tiering's envelope).
+ENVELOPE = struct.Struct(">qi")
+RAW_MARK, COMPACT_MARK, SHARED_MARK = (struct.pack(">q", mark) for mark in (-1, -3, -4))
+
+
+def enveloped(data: bytes | memoryview) -> tuple[bytes, memoryview] | None:
+    """(mark, body) of a pointer envelope, or None for record batches."""
+    if len(data) < ENVELOPE.size:
+        return None
+    mark = bytes(data[:8])
+    if mark != RAW_MARK and mark != COMPACT_MARK and mark != SHARED_MARK:
+        return None
+    _, length = ENVELOPE.unpack_from(data, 0)
+    return mark, memoryview(data)[ENVELOPE.size : ENVELOPE.size + length]
+
+
 _CRC = struct.Struct(">I")
 # baseOffset, batchLength, partitionLeaderEpoch, magic, crc, attributes, lastOffsetDelta,
 # baseTimestamp, maxTimestamp, producerId, producerEpoch, baseSequence, recordCount
