@@ -211,6 +211,7 @@ class ClusterClient:
         self._conns: dict[tuple[str, int], KafkaClientConnection] = {}
         self._leaders: dict[tuple[str, int], int] = {}
         self._secret_resolved = settings.secret is not None
+        self._closed = False
 
     async def with_secret(self) -> Settings:
         """``settings`` carrying the resolved cluster secret, for executors (resolved once, here)."""
@@ -221,11 +222,14 @@ class ClusterClient:
         return self.settings
 
     async def close(self) -> None:
+        self._closed = True  # a caller still running gets no new connection (it would stay open)
         conns, self._conns = list(self._conns.values()), {}  # a snapshot: a caller may still connect
         for conn in conns:
             await conn.close()
 
     async def _connection(self, address: tuple[str, int]) -> KafkaClientConnection:
+        if self._closed:
+            raise ClientError("the cluster client is closed")
         conn = self._conns.get(address)
         if conn is not None and conn.connected:
             return conn
@@ -237,6 +241,9 @@ class ClusterClient:
             await conn.connect(timeout=min(5.0, self.settings.timeout_s))
         except (OSError, TimeoutError) as exc:
             raise ClientError(f"cannot reach broker at {address[0]}:{address[1]}: {exc or type(exc).__name__}") from exc
+        if self._closed:  # closed while this one connected
+            await conn.close()
+            raise ClientError("the cluster client is closed")
         self._conns[address] = conn
         return conn
 

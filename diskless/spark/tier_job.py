@@ -177,8 +177,10 @@ class Driver:
         self.brokers: dict[int, tuple[str, int]] = {}
         self._conns: dict[tuple[str, int], KafkaClientConnection] = {}
         self._connecting = asyncio.Lock()  # partitions commit concurrently: one connection per broker
+        self._closed = False
 
     async def close(self) -> None:
+        self._closed = True  # a caller still running gets no new connection (it would stay open)
         conns, self._conns = list(self._conns.values()), {}  # a snapshot: a caller may still connect
         for conn in conns:
             await conn.close()
@@ -188,6 +190,8 @@ class Driver:
             return await self._open(address)
 
     async def _open(self, address: tuple[str, int]) -> KafkaClientConnection:
+        if self._closed:
+            raise TierJobError("the tier job's driver is closed")
         conn = self._conns.get(address)
         if conn is not None and conn.connected:
             return conn
@@ -203,6 +207,9 @@ class Driver:
             await conn.connect(timeout=min(5.0, self.settings.timeout_s))
         except (OSError, TimeoutError, ClientError) as exc:
             raise TierJobError(f"cannot reach broker at {address[0]}:{address[1]}: {exc!r}") from exc
+        if self._closed:  # closed while this one connected
+            await conn.close()
+            raise TierJobError("the tier job's driver is closed")
         self._conns[address] = conn
         return conn
 
