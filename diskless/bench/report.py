@@ -292,6 +292,16 @@ def _slow_s3(options: dict[str, Any]) -> str:
     return f" through the chaos proxy, {slow[0]:g} of requests held {slow[1] * 1000:g} ms (--s3-slow)"
 
 
+def _machine_speed(result: dict[str, Any]) -> str:
+    speed = result.get("machine_speed")
+    if not speed:
+        return ""
+    return (
+        f" Machine speed: {speed['python_ms']:g} ms of CPU for the fixed Python workload of"
+        " `diskless/bench/machine_speed.py` (lower is faster; compare runs of other days by it)."
+    )
+
+
 def markdown(result: dict[str, Any]) -> str:
     o = result["options"]
     lines = [
@@ -305,7 +315,7 @@ def markdown(result: dict[str, Any]) -> str:
         f" {o.get('producers_per_az', 1)} producer(s) and one consumer per AZ;"
         f" fixed rate {o['rate']} records/s per AZ{' (quick mode)' if o['quick'] else ''}."
         f" {result['cpus']} CPUs, load average {result['load_average']['at_start'][0]:g} at the start"
-        f" and {result['load_average']['at_end'][0]:g} at the end (1 minute).",
+        f" and {result['load_average']['at_end'][0]:g} at the end (1 minute).{_machine_speed(result)}",
         "",
         "## Targets",
         "",

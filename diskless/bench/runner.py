@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from diskless.bench import machine_speed
 from diskless.bench.cluster import az_env, azs_of, build_shim, create_topics, spawn_loadgen, start_cluster
 from diskless.bench.collect import (
     OBJECT_BYTES,
@@ -547,6 +548,9 @@ def run_bench(options: BenchOptions, out: TextIO = sys.stdout) -> int:
     progress = Progress(out)
     progress.line(f"diskless bench: results in {result_dir}")
     load_at_start = [round(x, 2) for x in os.getloadavg()]
+    # Before anything of the bench runs: the machine's own speed, to compare runs of other days.
+    speed = machine_speed.measure()
+    progress.line(f"  machine speed: a fixed Python workload took {speed['python_ms']:g} ms of CPU")
     overrides = options.broker_settings()
     cluster: DevCluster | None = None
     proxies: list[S3FaultProxy] = []
@@ -638,6 +642,7 @@ def run_bench(options: BenchOptions, out: TextIO = sys.stdout) -> int:
             # Everything shares this machine's cores: other work running meanwhile moves every figure.
             "load_average": {"at_start": load_at_start, "at_end": [round(x, 2) for x in os.getloadavg()]},
             "cpus": os.cpu_count(),
+            "machine_speed": speed,
             "s3_baseline": baseline,
             "kinds": kinds,
             "brokers": brokers,

@@ -93,6 +93,8 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
     assert low <= high and "the rise's 90% interval" in lagging["note"]
     assert "by consumer AZ" in lagging["note"] and "the reader in az-1" in lagging["note"]
     table = (run / "result.md").read_text()
+    assert result["machine_speed"]["python_ms"] > 0  # measured before the cluster started
+    assert f"Machine speed: {result['machine_speed']['python_ms']:g} ms of CPU" in table
     assert "| target | phase | measured | limit | result | note |" in table
     assert "## Requests per broker per second, by API" in table
     assert "loop on CPU / waiting ms/s (per wake-up ms); S3 waiting ms/s" in table

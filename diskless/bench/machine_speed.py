@@ -1,0 +1,68 @@
+"""How fast this machine runs Python today: a fixed workload timed before the cluster starts.
+
+Every figure of ``diskless bench`` is bound by CPU on small machines, and the same machine is not
+equally fast from day to day (a VM shares its host). Issue 10's notes compared runs of different
+days and could not tell a slower machine from slower code without re-running old commits side by
+side (session 16: commit 65f6584, 93 commits older, gave the same low-rate p99 as the newest code
+on the same day, 249 ms against 206-268 ms, where its own session had measured 141-152 ms).
+
+The workload is interpreter work of the kind a broker does per request (struct headers, varints,
+dicts, small bytes objects, a crc32c) and depends on nothing in the project, so code changes never
+move it: only the machine does. Its CPU time is taken as the quickest of several rounds (another
+process running meanwhile would only lengthen a round), and the wall time of the same round says
+whether the machine was busy while it was measured.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from typing import Any
+
+import crc32c
+
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+ROUNDS = 15
+UNITS_PER_ROUND = 2000
+
+
+def _varint(value: int, out: bytearray) -> None:
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+
+
+def _unit(index: int, table: dict[tuple[str, int], int]) -> int:
+    """One request's worth of interpreter work; returns something that depends on all of it."""
+    header = _HEADER.pack(index, 1000, 3, 2, 0, 0, 1, 1_700_000_000_000 + index, 1_700_000_000_007, -1, -1, -1, 2)
+    fields = _HEADER.unpack(header)
+    out = bytearray()
+    for value in fields:
+        _varint(value * 2 if value >= 0 else -value * 2 - 1, out)
+    key = ("topic-%d" % (index % 12), index % 12)  # noqa: UP031 - fixed work, not style
+    table[key] = table.get(key, 0) + len(out)
+    parts = [bytes(out), header, str(index).encode()]
+    return crc32c.crc32c(b"".join(parts)) ^ sum(fields[:3])
+
+
+def measure(rounds: int = ROUNDS, units: int = UNITS_PER_ROUND) -> dict[str, Any]:
+    """``python_ms``: CPU ms of the fixed workload, quickest round (lower is a faster machine);
+    ``wall_to_cpu``: that round's wall time over its CPU time (near 1.0 on an idle machine)."""
+    best_cpu = best_wall = float("inf")
+    check = 0
+    for _ in range(rounds):
+        table: dict[tuple[str, int], int] = {}
+        wall, cpu = time.perf_counter(), time.process_time()
+        for index in range(units):
+            check ^= _unit(index, table)
+        cpu = time.process_time() - cpu
+        wall = time.perf_counter() - wall
+        if cpu < best_cpu:
+            best_cpu, best_wall = cpu, wall
+    return {
+        "python_ms": round(best_cpu * 1000, 2),
+        "wall_to_cpu": round(best_wall / best_cpu, 2) if best_cpu > 0 else None,
+        "units": units,
+        "check": check,  # keeps the work observable
+    }
