@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diskless.bench import machine_speed
 from diskless.local.servers import BrokerServer
 
 CLOCK_TICKS = 100  # os.sysconf("SC_CLK_TCK") on Linux; read at import below when available
@@ -147,6 +148,7 @@ class Snapshot:
     s3: dict[str, float] = field(default_factory=dict)  # the S3 server's proc figures
     machine: tuple[int, int] = (0, 0)  # machine_jiffies()
     until: float = 0.0  # wall seconds when it was done (its figures were read in between)
+    speed_ms: float | None = None  # machine_speed.probe() taken with it
 
     def __post_init__(self) -> None:
         self.until = max(self.until, self.at)
@@ -163,6 +165,7 @@ class Sampler:
 
     def take(self) -> Snapshot:
         began = time.time()
+        speed = machine_speed.probe()
         out: dict[int, dict[str, Any]] = {}
         for broker in self.brokers:
             figures: dict[str, Any] = proc_figures(broker.pid) if broker.pid else {}
@@ -172,7 +175,7 @@ class Sampler:
                 figures["metrics"] = {}
             out[broker.node_id] = figures
         s3 = proc_figures(self.s3_pid) if self.s3_pid else {}
-        snapshot = Snapshot(began, out, s3, machine_jiffies(), until=time.time())
+        snapshot = Snapshot(began, out, s3, machine_jiffies(), until=time.time(), speed_ms=speed)
         self.snapshots.append(snapshot)
         return snapshot
 
@@ -202,6 +205,11 @@ class Sampler:
         before = [s for s in snaps if s.at <= start]
         after = [s for s in snaps if s.at >= end]
         return (before[-1] if before else snaps[0]), (after[0] if after else snaps[-1])
+
+    def speed_between(self, start: float, end: float) -> float | None:
+        """The median machine speed (``machine_speed.python_ms``) of the snapshots begun in the window."""
+        speeds = sorted(s.speed_ms for s in list(self.snapshots) if start <= s.at <= end and s.speed_ms is not None)
+        return speeds[len(speeds) // 2] if speeds else None
 
     def series(self) -> dict[str, Any]:
         """RSS and CPU per broker over time (for the JSON and plots)."""

@@ -207,6 +207,7 @@ def _cpu_wait_note(figures: dict[str, Any]) -> str:
         f"; each broker's loop ran {run:.0f} and waited {wait:.0f} ms/s for a CPU"
         + (f" ({per_wakeup:.2f} ms per wake-up)" if per_wakeup is not None else "")
         + (f", machine busy {busy:.2f}" if busy is not None else "")
+        + (f", machine speed {speed:g} ms" if (speed := figures.get("machine_speed_ms")) is not None else "")
     )
 
 
@@ -298,7 +299,8 @@ def _machine_speed(result: dict[str, Any]) -> str:
         return ""
     return (
         f" Machine speed: {speed['python_ms']:g} ms of CPU for the fixed Python workload of"
-        " `diskless/bench/machine_speed.py` (lower is faster; compare runs of other days by it)."
+        " `diskless/bench/machine_speed.py` before the run (lower is faster; it moves within minutes,"
+        " so each phase's target notes give the phase's own median)."
     )
 
 

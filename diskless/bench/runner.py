@@ -452,6 +452,7 @@ def kind_figures(
         f.update(
             window_start=window.start,
             machine_cpu_busy=round(busy / total, 3) if total > 0 else None,
+            machine_speed_ms=sampler.speed_between(window.start, window.end),
             s3_server_cpu_s_per_gb=round(s3_cpu / (megabytes / 1000), 1) if megabytes and a.s3 else None,
             s3_server_wait_ms_per_s=s3_wait,
             broker_cpu_s=round(cpu, 2),

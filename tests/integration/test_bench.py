@@ -76,6 +76,8 @@ def test_bench_quick_writes_every_figure(tmp_path: Path) -> None:
         assert row["result"] in ("pass", "fail") and row["limit"] > result["options"]["linger_ms"]
         if Path("/proc/self/schedstat").exists():
             assert "ms/s for a CPU" in row["note"], row["note"]
+        speed = result["kinds"]["diskless"]["phases"][phase]["machine_speed_ms"]  # probed every second
+        assert speed > 0 and f"machine speed {speed:g} ms" in row["note"], row["note"]
     assert targets[("diskless max throughput >= classic", "max")]["result"] in ("pass", "fail")
     assert targets[("diskless bytes crossing AZs / payload", "all")]["result"] in ("pass", "fail")
     for kind in ("diskless", "classic"):  # the brokers' partition watches missed nothing under load
