@@ -16,11 +16,10 @@ ones ``messages.encode_response`` takes: keys as in FetchResponse.json, a missin
 from __future__ import annotations
 
 import struct
-import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from .response_wire import I32, frame, frame_start, length, milliseconds, string
+from .response_wire import I32, frame, frame_start, length, milliseconds, string, topic_uuid
 
 __all__ = ["FIRST_VERSION", "LAST_VERSION", "KeptPartitionAnswer", "encode_fetch_response"]
 
@@ -30,7 +29,6 @@ FLEXIBLE_FROM = 12
 
 _ABORTED = struct.Struct(">qq")
 _NO_DIVERGENCE = (-1, -1)
-_ZERO_UUID = bytes(16)
 
 
 # The fixed fields that open a partition's answer: index, error, high watermark, last stable
@@ -43,10 +41,7 @@ _DIVERGING = struct.Struct(">BBiqB")
 
 def _topic(entry: Mapping[str, Any], version: int, flexible: bool) -> bytes:
     if version >= 13:
-        topic_id = entry.get("topic_id")
-        if topic_id is None:
-            return _ZERO_UUID
-        return (topic_id if isinstance(topic_id, uuid.UUID) else uuid.UUID(str(topic_id))).bytes
+        return topic_uuid(entry.get("topic_id")).bytes
     return string(str(entry.get("topic", "")), flexible)
 
 

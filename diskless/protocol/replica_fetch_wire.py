@@ -61,7 +61,7 @@ from kio.schema.fetch.v13.request import FetchPartition, FetchRequest, FetchTopi
 
 from diskless.storage import pointer_wire
 
-from .response_wire import milliseconds
+from .response_wire import milliseconds, topic_uuid
 from .varint import read_uvarint, read_zigzag, write_uvarint, write_zigzag
 
 __all__ = [
@@ -98,7 +98,6 @@ _KNOWN_FLAGS = 0x7F
 
 _I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
 _I64_MIN, _I64_MAX = -(2**63), 2**63 - 1
-_ZERO_UUID = uuid.UUID(int=0)
 
 
 def _read_u(buf: memoryview, pos: int) -> tuple[int, int]:
@@ -137,12 +136,6 @@ def _read_count(buf: memoryview, pos: int, least_bytes: int) -> tuple[int, int]:
     return count, pos
 
 
-def _uuid(topic_id: Any) -> uuid.UUID:
-    if topic_id is None:
-        return _ZERO_UUID
-    return topic_id if isinstance(topic_id, uuid.UUID) else uuid.UUID(str(topic_id))
-
-
 class ConnectionState:
     """What one connection's two ends remember between replica fetches, in step: topic aliases and
     the request's constant fields. Each end keeps one per connection and a new connection starts
@@ -177,7 +170,7 @@ MAX_ALIASES = 1 << 20
 
 def _write_topic(topic_id: Any, out: bytearray, state: ConnectionState, define: bool) -> None:
     """A topic reference: alias + 1, or 0 and the id's 16 bytes (then aliased if ``define``)."""
-    wire = _uuid(topic_id)
+    wire = topic_uuid(topic_id)
     alias = state.aliases.get(wire)
     if alias is not None:
         write_uvarint(alias + 1, out)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import datetime
 import struct
+import uuid
 from typing import Any
 
 from .varint import write_uvarint
 
+ZERO_UUID = uuid.UUID(int=0)
 I16 = struct.Struct(">h")
 I32 = struct.Struct(">i")
 
@@ -60,3 +62,11 @@ def frame(out: list[bytes | memoryview]) -> bytes:
     """The frame of the parts ``frame_start`` began: its size, then every part."""
     out[0] = I32.pack(sum(len(part) for part in out))  # the size part is still empty
     return b"".join(out)
+
+
+def topic_uuid(topic_id: Any) -> uuid.UUID:
+    """A handler's topic id (a ``uuid.UUID``, its text, or None for none) as a UUID; none is the
+    zero id, as Kafka writes it."""
+    if topic_id is None:
+        return ZERO_UUID
+    return topic_id if isinstance(topic_id, uuid.UUID) else uuid.UUID(str(topic_id))
