@@ -1,21 +1,18 @@
-"""How fast this machine runs Python today: a fixed workload timed before the cluster starts.
+"""How fast this machine runs Python: a fixed workload, timed before a bench and every second in it.
 
 Every figure of ``diskless bench`` is bound by CPU on small machines, and the same machine is not
-equally fast from day to day (a VM shares its host). Issue 10's notes compared runs of different
-days and could not tell a slower machine from slower code without re-running old commits side by
-side (session 16: commit 65f6584, 93 commits older, gave the same low-rate p99 as the newest code
-on the same day, 249 ms against 206-268 ms, where its own session had measured 141-152 ms).
-
-The speed also moves within minutes: on the same idle machine, six measurements a few seconds
-apart gave 7.9, 8.0, 7.9, 12.7, 12.8 and 8.1 ms. So the bench measures it once before the cluster
-starts and again every second while it runs (``probe``, in the sampler), and each phase reports
-the median of its seconds.
+equally fast from one day, or one minute, to the next (a VM shares its host; its steal time may
+show none of it). Without a measure of the machine, a slower run cannot be told from slower code
+except by running the old commit again beside the new one on the same day. On an idle 2-core VM,
+six measurements a few seconds apart gave 7.9, 8.0, 7.9, 12.7, 12.8 and 8.1 ms. So the bench
+measures once before the cluster starts (``measure``), and its sampler probes every second while
+it runs (``probe``); each phase reports the median of its seconds.
 
 The workload is interpreter work of the kind a broker does per request (struct headers, varints,
 dicts, small bytes objects, a crc32c) and depends on nothing in the project, so code changes never
-move it: only the machine does. Its CPU time is taken as the quickest of several rounds (another
-process running meanwhile would only lengthen a round), and the wall time of the same round says
-whether the machine was busy while it was measured.
+move it: only the machine does. Its CPU time is the quickest of several rounds (another process
+running meanwhile can only lengthen a round). Under the bench's own load a probe also reads the
+cache contention of the machine's other processes: the speed the brokers get.
 """
 
 from __future__ import annotations
@@ -78,6 +75,5 @@ def measure(rounds: int = ROUNDS, units: int = UNITS_PER_ROUND) -> dict[str, Any
 
 
 def probe() -> float:
-    """A quick ``python_ms`` (~4 ms of CPU) for the bench's sampler to take every second: the
-    speed moves within minutes, by up to 1.6x on an idle machine (session 16)."""
+    """A quick ``python_ms`` (~4 ms of CPU) for the bench's sampler to take every second."""
     return float(measure(rounds=PROBE_ROUNDS, units=PROBE_UNITS)["python_ms"])

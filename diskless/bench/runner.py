@@ -549,7 +549,7 @@ def run_bench(options: BenchOptions, out: TextIO = sys.stdout) -> int:
     progress = Progress(out)
     progress.line(f"diskless bench: results in {result_dir}")
     load_at_start = [round(x, 2) for x in os.getloadavg()]
-    # Before anything of the bench runs: the machine's own speed, to compare runs of other days.
+    # Before anything of the bench runs: the machine's own speed, to compare runs of other times by.
     speed = machine_speed.measure()
     progress.line(f"  machine speed: a fixed Python workload took {speed['python_ms']:g} ms of CPU")
     overrides = options.broker_settings()
