@@ -352,7 +352,7 @@ class Connection:
         child(REQUESTS, str(header.api_key)).inc()
         await self.pending.put((header, asyncio.ensure_future(self._answer_replica_fetch(header, request))))
 
-    async def _answer_replica_fetch(self, header: m.RequestHeader, request: Any) -> bytes:
+    async def _answer_replica_fetch(self, header: m.RequestHeader, request: Any) -> bytes | bytearray:
         try:
             body = await self.server.apis.fetch.replica_fetch(request)
             return replica_fetch_wire.encode_answer(header.correlation_id, body, self.replica_fetch_state)

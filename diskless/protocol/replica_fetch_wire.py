@@ -87,7 +87,7 @@ class ReplicaFetchWireError(ValueError):
 
 # Partition answer flags.
 _ABORTED = 0x01  # a list of aborted transactions follows (absent: the empty list)
-_ABORTED_NULL = 0x02  # the list is null (read_committed fetches of old versions; kept for fidelity)
+_ABORTED_NULL = 0x02  # the list is null (what the handler gives for read_uncommitted fetches, as replicas send)
 _DIVERGING = 0x04  # a diverging epoch follows
 _PREFERRED = 0x08  # a preferred read replica follows (absent: -1)
 _RECORDS = 0x10  # records follow (absent: empty)
@@ -402,7 +402,7 @@ class FetchAnswer(NamedTuple):
     responses: list[AnsweredTopic]
 
 
-def encode_answer(correlation_id: int, body: Mapping[str, Any], state: ConnectionState) -> bytes:
+def encode_answer(correlation_id: int, body: Mapping[str, Any], state: ConnectionState) -> bytearray:
     """The whole frame (size, correlation id, body) answering a replica fetch with the Fetch
     handler's dict (keys as in FetchResponse.json, a missing one meaning its default), on the
     connection whose leader-side state is ``state``."""
@@ -420,7 +420,7 @@ def encode_answer(correlation_id: int, body: Mapping[str, Any], state: Connectio
         for p in partitions:
             _encode_partition(p, out)
     struct.pack_into(">ii", out, 0, len(out) - 4, correlation_id)
-    return bytes(out)
+    return out  # written as it is: a bytes() copy would copy every record byte once more
 
 
 def _encode_partition(p: Mapping[str, Any], out: bytearray) -> None:
@@ -451,6 +451,8 @@ def _encode_partition(p: Mapping[str, Any], out: bytearray) -> None:
     elif records:
         flags |= _RECORDS
         envelope = pointer_wire.ENVELOPE
+        # Only an envelope whose stated length is exactly what follows (not ``enveloped``, which
+        # cuts the body to what is there): the flag restores just that one.
         if (
             records[:8] == pointer_wire.SHARED_MARK
             and len(records) >= envelope.size
