@@ -116,7 +116,7 @@ class FetchApis(ApiFamily):
         """A follower's fetch in the compact form (``protocol/replica_fetch_wire.py``): a Fetch v13
         request from a follower that reads shared-key pointer runs."""
         if request.replica_id < 0:  # only followers fetch this way
-            return {"throttle_time": 0, "error_code": ErrorCode.invalid_request, "session_id": 0, "responses": []}
+            return _refused(ErrorCode.invalid_request)
         return await self._fetch(request, by_id=True, shares_keys=True)
 
     async def _fetch(self, request: Any, by_id: bool, shares_keys: bool) -> dict[str, Any]:
@@ -141,24 +141,14 @@ class FetchApis(ApiFamily):
             child(REPLICA_FETCHES, kind).inc()
             child(REPLICA_FETCH_PARTITIONS, kind).inc(sum(len(t.partitions) for t in request.topics))
             if context.error != ErrorCode.none:
-                return {"throttle_time": 0, "error_code": context.error, "session_id": 0, "responses": []}
+                return _refused(context.error)
             session = context.session
             if session is not None:
                 answer_session = session.session_id
         elif session_id != 0:
-            return {
-                "throttle_time": 0,
-                "error_code": ErrorCode.fetch_session_id_not_found,
-                "session_id": 0,
-                "responses": [],
-            }
+            return _refused(ErrorCode.fetch_session_id_not_found)
         elif session_epoch not in (0, -1):
-            return {
-                "throttle_time": 0,
-                "error_code": ErrorCode.invalid_fetch_session_epoch,
-                "session_id": 0,
-                "responses": [],
-            }
+            return _refused(ErrorCode.invalid_fetch_session_epoch)
         cap = self.broker.config.fetch_max_bytes
         if follower < 0 and getattr(request, "max_bytes", 2**31 - 1) > cap:
             # fetch.max.bytes: the batches of a response are held in memory while it is built.
@@ -856,3 +846,8 @@ def _partition_answer(index: int, code: ErrorCode, committed: bool) -> dict[str,
         "preferred_read_replica": -1,
         "records": b"",
     }
+
+
+def _refused(code: ErrorCode) -> dict[str, Any]:
+    """A Fetch answer refusing the whole request (its top-level error code, no partitions)."""
+    return {"throttle_time": 0, "error_code": code, "session_id": 0, "responses": []}

@@ -357,10 +357,8 @@ class Connection:
             body = await self.server.apis.fetch.replica_fetch(request)
             return replica_fetch_wire.encode_answer(header.correlation_id, body, self.replica_fetch_state)
         except Exception as exc:
-            # As for a Kafka API: an error answer, and the connection goes on.
-            REQUEST_ERRORS.labels(reason="handler_exception").inc()
-            log.exception("replica fetch failed; answering with an error", peer=self.peer)
-            error = {"error_code": error_responses.code_for(exc)}
+            # As for a Kafka API (``_respond``): an error answer, and the connection goes on.
+            error = {"error_code": self._handler_failed(header, exc)}
             return replica_fetch_wire.encode_answer(header.correlation_id, error, self.replica_fetch_state)
 
     def _answer_auth(self, header: m.RequestHeader, body: dict[str, Any]) -> None:
@@ -414,14 +412,18 @@ class Connection:
             # As Kafka does: an unexpected failure answers this request with the API's error code
             # (per topic/partition/group where the response has them), and the connection and
             # every request pipelined on it carry on.
-            REQUEST_ERRORS.labels(reason="handler_exception").inc()
-            log.exception("request handler failed; answering with an error", peer=self.peer, api=header.api_key)
+            code = self._handler_failed(header, exc)
             if header.api_key == m.API_PRODUCE and getattr(request, "acks", -1) == 0:
                 # acks=0 producers read no answers: closing is their only signal (Kafka does so).
                 raise CloseConnection(f"acks=0 produce failed: {exc!r}") from exc
-            code = error_responses.code_for(exc)
             body = error_responses.error_response(header.api_key, header.api_version, request, code)
             return m.encode_response(header, body)
+
+    def _handler_failed(self, header: m.RequestHeader, exc: Exception) -> ErrorCode:
+        """Count and log a handler's unexpected failure; the error code its answer carries."""
+        REQUEST_ERRORS.labels(reason="handler_exception").inc()
+        log.error("request handler failed; answering with an error", peer=self.peer, api=header.api_key, exc_info=exc)
+        return error_responses.code_for(exc)
 
     async def _respond_metadata(self, header: m.RequestHeader, request: Any) -> bytes:
         """Metadata answers are reused while the cluster metadata is unchanged (metadata_cache)."""
