@@ -999,6 +999,11 @@ class PartitionLog:
     def truncate_to(self, offset: int, now_ms: int) -> None:
         """Remove everything at or after ``offset`` (a follower diverged from its leader)."""
         if offset >= self.log_end_offset:
+            # No record to remove, but an epoch may start at the log end: this replica led it and
+            # appended nothing before another leader was elected. Kept, every later fetch would
+            # diverge at it again and the replica would never copy another record (as Kafka's
+            # UnifiedLog.truncateTo, the cache is truncated anyway).
+            self.epochs.truncate_from_end(self.log_end_offset)
             return
         self._wal_refs_stale = True
         if self.tiers and self.tiers[-1].entry_offset >= offset:

@@ -447,7 +447,10 @@ class Partition:
             # The leader knows nothing of our epochs: fall back to what is known committed.
             target = self.log.high_watermark
         else:
+            # Our own end of that epoch, or of the last epoch before it when we never had it (the
+            # leader's epoch, started after ours ended): records past it were written in epochs the
+            # leader's log does not have (Kafka's AbstractFetcherThread.getOffsetTruncationState).
             local_epoch, local_end = self.log.epochs.end_offset_for(diverging.epoch, self.log.log_end_offset)
-            target = min(diverging.end_offset, local_end) if local_epoch == diverging.epoch else diverging.end_offset
+            target = diverging.end_offset if local_epoch < 0 else min(diverging.end_offset, local_end)
         target = max(target, self.log.log_start_offset)
         self.log.truncate_to(min(target, self.log.log_end_offset), now_ms)
