@@ -27,6 +27,10 @@ class FollowerProgress:
     log_end_offset: int = UNKNOWN
     last_caught_up_ms: int = 0
     last_sent_hw: int = UNKNOWN  # the high watermark this follower was last told
+    # The leader's log end and the time at this follower's previous fetch: a fetch reaching that
+    # end shows the follower was caught up then (Kafka's lastFetchLeaderLogEndOffset).
+    last_fetch_leader_leo: int = UNKNOWN
+    last_fetch_ms: int = 0
     # While the follower's fetch session holds this partition quiet (broker/quiet_fetches.py), it
     # is caught up at each fetch of that session without being looked at: the session's clock (when
     # it last fetched) stands in for last_caught_up_ms, which takes its value when the mark goes.
@@ -64,6 +68,14 @@ class LeaderState:
         progress.log_end_offset = fetch_offset
         if fetch_offset >= leader_leo:
             progress.last_caught_up_ms = now_ms
+        elif fetch_offset >= progress.last_fetch_leader_leo >= 0:
+            # Behind now only by what the leader appended since the previous fetch, whose answer
+            # this follower has all of: it was caught up at that fetch. Without this, a follower
+            # keeping pace with a leader that appends between every two fetches was never caught
+            # up, and was dropped from the ISR after replica.lag.time.max.ms.
+            progress.last_caught_up_ms = max(progress.last_caught_up_ms, progress.last_fetch_ms)
+        progress.last_fetch_leader_leo = leader_leo
+        progress.last_fetch_ms = now_ms
         return self.maybe_advance_hw(leader_leo)
 
     def maybe_advance_hw(self, leader_leo: int) -> bool:
