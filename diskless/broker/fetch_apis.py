@@ -38,7 +38,7 @@ from diskless.metrics import (
 from diskless.protocol import internal, records
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError
-from diskless.replication.fetch_session import FetchSession, FetchSessionCache
+from diskless.replication.fetch_session import INITIAL_EPOCH, FetchSession, FetchSessionCache
 from diskless.replication.follower_reads import (
     FORWARD,
     OUT_OF_RANGE,
@@ -125,6 +125,9 @@ class FetchApis(ApiFamily):
         follower = getattr(request, "replica_id", -1)
         answer_session = 0
         session: FetchSession | None = None
+        if follower >= 0 and session_epoch == INITIAL_EPOCH:
+            # A follower starting over may have lost our last answers: its full fetch hears all.
+            self._quiet.forget_follower(follower)
         if follower >= 0 and by_id:
             # Replica fetches get KIP-227 sessions: an incremental fetch names only the partitions
             # that moved, and is served as the session's whole set (replication/fetch_session.py).

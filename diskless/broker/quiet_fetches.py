@@ -20,7 +20,8 @@ watermark, log start, leader epoch, ISR or role) or the follower's position move
 mark: each fetch checks only the partitions without one. A quiet fetch changes nothing for a
 marked partition but the follower's caught-up time, which the session's clock stands for
 (``FollowerProgress.quiet_clock``). No refresh is needed inside a session: a lost answer breaks
-its epoch and the follower starts over with a full fetch.
+its epoch and the follower starts over with a full fetch, which forgets what this follower was
+answered before (``forget_follower``): it is answered in full.
 
 Every ``VERIFY_MS`` a session's marks are checked against their partitions anyway (``holds``):
 a mark that no longer holds is a change that fired no watch. It is counted
@@ -237,6 +238,13 @@ class QuietReplicaFetches:
             last_answered_ms=answered_ms if epoch == replica.leader_epoch else -1,
         )
         return is_quiet(view, now_ms)
+
+    def forget_follower(self, follower: int) -> None:
+        """``follower`` starts a fetch session afresh (KIP-227 epoch 0): the last answers it may
+        have lost with its connection, so none of them counts as heard and its first fetch is
+        answered in full (the high watermark it missed included), as Kafka answers a full fetch."""
+        for key in [k for k in self._answered if k[0] == follower]:
+            del self._answered[key]
 
     def forget_topic(self, topic: str) -> None:
         for key in [k for k in self._answered if k[1] == topic]:

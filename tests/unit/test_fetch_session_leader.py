@@ -348,3 +348,27 @@ async def test_a_failing_watch_neither_cuts_a_change_short_nor_stops_the_other_w
     replica.watch("other", lambda: fired.append("other"))
     produce_pointer(replica, "wal/c.wal")  # the append completes
     assert replica.log.log_end_offset == 3 and fired == ["other"]
+
+
+async def test_a_high_watermark_sent_in_a_lost_answer_reaches_the_follower_that_starts_over(pair: Pair) -> None:
+    """The leader's answer carrying a new high watermark is lost with the connection; the follower
+    starts over with a full fetch in a new session. Before the fix the leader still took that
+    watermark as heard and left the partition out of every later answer (quiet), so the follower,
+    and the consumers it serves, kept the old one until the partition next changed."""
+    await pair.until_quiet()
+    leader = leader_replica(pair, 3)
+    produce_pointer(leader, "wal/a.wal")
+    await pair.round()  # the follower copies the entry; the leader still has its fetch offset at 0
+    assert pair.replicas[3].log.log_end_offset == 3
+
+    # The next fetch (offset 3) moves the high watermark to 3; its answer carries it, and is lost.
+    header = m.RequestHeader(m.API_FETCH, FETCH_VERSION, 9, internal.broker_client_id(1, "replica-fetcher"))
+    body = dataclasses.replace(pair.fetcher._request(), max_wait=datetime.timedelta(0))
+    lost = await pair.leader.fetch_apis.fetch(header, body)
+    assert leader.log.high_watermark == 3
+    assert any(p["partition_index"] == 3 for t in lost["responses"] for p in t["partitions"])
+    pair.fetcher.session.handle_error()  # the connection dropped: the next fetch is full
+
+    for _ in range(5):
+        await pair.round()
+    assert pair.replicas[3].log.high_watermark == 3
