@@ -137,6 +137,8 @@ class _FlushInfo:
     uploaded_at: float = 0.0
     size: int = 0
     uploaded: bool = False
+    put_ended: bool = False
+    released: int = 0  # bytes of its batches answered while its PUT still ran (held_bytes)
     remaining: set[int] = field(default_factory=set)
     partitions: set[tuple[str, int]] = field(default_factory=set)
 
@@ -173,6 +175,9 @@ class Representative:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._manager_conn: KafkaClientConnection | None = None
         self._closed = False
+        # Bytes of batches answered (a failed earlier flush fails the later ones of its partitions)
+        # while their own flush's PUT still runs: the PUT holds them until it ends.
+        self._released_uploading = 0
         # Per (topic id, partition, producer id): batches in arrival order, held while the first
         # of them is being verified, so that verification never reorders a producer's batches.
         self._verifying: dict[tuple[str, int, int], deque[_Item]] = {}
@@ -275,8 +280,9 @@ class Representative:
 
     @property
     def held_bytes(self) -> int:
-        """Buffered bytes plus bytes of batches without an ordering outcome (the bounded quantity)."""
-        return self.buffer.size + self.pipeline.in_flight_bytes
+        """Buffered bytes plus bytes of batches without an ordering outcome or still in a running
+        PUT (the bounded quantity)."""
+        return self.buffer.size + self.pipeline.in_flight_bytes + self._released_uploading
 
     def _buffer(self, item: _Item) -> None:
         item.buffered = time.monotonic()
@@ -358,6 +364,16 @@ class Representative:
         info = self._flushes.get(sequence)
         if info is None:
             return  # failed already (reset after a bug)
+        try:
+            await self._put_flush(sequence, batches, info)
+        finally:
+            info.put_ended = True
+            if info.released:
+                self._released_uploading -= info.released
+                info.released = 0
+                self._admit_waiting()
+
+    async def _put_flush(self, sequence: int, batches: list[BufferedBatch], info: _FlushInfo) -> None:
         created = _now_ms()
         key = wal_object_key(created, self.az, self.host.node_id)
         try:
@@ -593,6 +609,9 @@ class Representative:
         info = self._flushes.get(item.flush)
         if info is None:
             return
+        if not info.put_ended:
+            info.released += len(item.batch.data)
+            self._released_uploading += len(item.batch.data)
         info.remaining.discard(item.batch.token)
         if info.remaining:
             return
