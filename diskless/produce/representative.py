@@ -321,7 +321,7 @@ class Representative:
             info.remaining.add(batch.token)
             info.partitions.add((batch.topic_id, batch.partition))
         self.pipeline.add_flush(flush.sequence, [(b.token, (b.topic_id, b.partition), b.data) for b in flush.batches])
-        self._spawn(self._upload(flush.sequence, flush.batches))
+        self._spawn(self._upload(flush.sequence, flush.batches, info))
 
     async def close(self) -> None:
         self._flush_now()
@@ -360,12 +360,12 @@ class Representative:
 
     # --- one flush's upload ----------------------------------------------------------------------
 
-    async def _upload(self, sequence: int, batches: list[BufferedBatch]) -> None:
-        info = self._flushes.get(sequence)
-        if info is None:
-            return  # failed already (reset after a bug)
+    async def _upload(self, sequence: int, batches: list[BufferedBatch], info: _FlushInfo) -> None:
         try:
-            await self._put_flush(sequence, batches, info)
+            # Not when every batch of it failed already (an earlier flush's failure, or a reset
+            # after a bug) before this task began: there is nothing left to commit.
+            if self._flushes.get(sequence) is info:
+                await self._put_flush(sequence, batches, info)
         finally:
             info.put_ended = True
             if info.released:
