@@ -39,6 +39,7 @@ class CoordinatorShell(Generic[CoreT]):
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.cores: dict[int, CoreT] = {}
+        self._loaded_epochs: dict[int, int] = {}  # partition -> leader epoch its core was loaded at
         self._timer: asyncio.TimerHandle | None = None
 
     # --- what subclasses define ------------------------------------------------------------------
@@ -61,6 +62,10 @@ class CoordinatorShell(Generic[CoreT]):
 
     def tick(self, now_ms: int) -> None:
         """Run the cores' timers (subclasses override)."""
+
+    def appended(self, key: str, entries: list[tuple[bytes, bytes | None]], producer: tuple[int, int] | None) -> None:
+        """Records were just appended to ``key``'s partition (not yet replicated): called in log
+        order, before any later append (subclasses override)."""
 
     def unload(self, core: CoreT) -> None:
         shutdown = getattr(core, "shutdown", None)
@@ -130,8 +135,11 @@ class CoordinatorShell(Generic[CoreT]):
                 [memoryview(batch)], replica.leader_epoch, now, check_sequence=producer is None
             )
         except records.InvalidBatch as exc:
+            if exc.error == "invalid_producer_epoch":
+                return ErrorCode.invalid_producer_epoch  # a fenced producer's TxnOffsetCommit
             log.error("could not append coordinator records", topic=self.topic, error=str(exc))
             return ErrorCode.unknown_server_error
+        self.appended(key, entries, producer)
         self.broker.on_leader_append(replica)
         epoch = replica.leader_epoch
         if await replica.wait_for_commit(result.last_offset, epoch, 30.0):
@@ -173,13 +181,17 @@ class CoordinatorShell(Generic[CoreT]):
 
     def on_partition(self, index: int, partition: Partition | None) -> None:
         """Called whenever a partition of the internal topic changed state (``None``: not hosted)."""
-        if partition is not None and partition.leader_state is not None:
-            if index not in self.cores:
-                self.cores[index] = self.load(partition)
-                log.info("coordinating", topic=self.topic, partition=index)
-        elif index in self.cores:
+        # The epoch this broker leads the partition at (None: it does not lead it).
+        epoch = partition.leader_epoch if partition is not None and partition.leader_state is not None else None
+        if index in self.cores and self._loaded_epochs.get(index) != epoch:
+            # At a new epoch another broker may have led in between (one this broker never saw,
+            # as across a lost watch) and moved the state on: Kafka loads afresh at every epoch too.
             self.unload(self.cores.pop(index))
             log.info("no longer coordinating", topic=self.topic, partition=index)
+        if partition is not None and epoch is not None and index not in self.cores:
+            self.cores[index] = self.load(partition)
+            self._loaded_epochs[index] = epoch
+            log.info("coordinating", topic=self.topic, partition=index, epoch=epoch)
         self.wake()
 
     @staticmethod

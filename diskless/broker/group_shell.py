@@ -8,10 +8,11 @@ pending until their transaction's marker is written to the same partition.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 
 from diskless.groups.consumer_protocol import ConsumerGroupConfig
 from diskless.groups.coordinator import GroupConfig, GroupCoordinatorCore, OffsetAndMetadata
-from diskless.groups.records import OffsetCommitRecord, decode, partition_for, replay
+from diskless.groups.records import OffsetCommitRecord, OffsetTombstone, decode, partition_for, replay
 from diskless.log.txn_index import CONTROL_COMMIT, control_type
 from diskless.protocol import records
 from diskless.replication.partition import Partition
@@ -73,10 +74,44 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
             raise failed
 
     # --- transactional offsets (TxnOffsetCommit) ---------------------------------------------------
+    #
+    # Kafka's rule: of the records for one group's partition, the one appended last counts; a
+    # transactional one counts from its COMMIT marker on. So pending offsets are tracked as they
+    # are appended, in log order: a plain commit (or tombstone) appended later supersedes them.
+
+    def appended(self, key: str, entries: list[tuple[bytes, bytes | None]], producer: tuple[int, int] | None) -> None:
+        offsets: dict[tuple[str, int], OffsetAndMetadata | None] = {}
+        for record_key, value in entries:
+            decoded = decode(record_key, value)
+            if isinstance(decoded, OffsetCommitRecord):
+                offsets[(decoded.topic, decoded.partition)] = decoded.value
+            elif isinstance(decoded, OffsetTombstone):
+                offsets[(decoded.topic, decoded.partition)] = None
+        if producer is None:
+            self.supersede_pending(key, offsets)
+        else:
+            self.add_pending(key, producer[0], {tp: om for tp, om in offsets.items() if om is not None})
 
     def add_pending(self, group_id: str, producer_id: int, offsets: dict[tuple[str, int], OffsetAndMetadata]) -> None:
+        """Transactional offsets appended: they count once the producer's COMMIT marker follows."""
         key = (self.partition_of(group_id), producer_id)
         self.pending_txn.setdefault(key, {}).setdefault(group_id, {}).update(offsets)
+
+    def supersede_pending(self, group_id: str, partitions: Iterable[tuple[str, int]]) -> None:
+        """A plain commit or tombstone appended for these partitions: pending transactional
+        offsets of the group appended before it no longer count, whatever their marker says."""
+        index = self.partition_of(group_id)
+        partitions = list(partitions)
+        for (pending_index, _), groups in self.pending_txn.items():
+            offsets = groups.get(group_id) if pending_index == index else None
+            for tp in partitions if offsets else ():
+                offsets.pop(tp, None)  # type: ignore[union-attr]
+
+    def pending_partitions(self, group_id: str) -> set[tuple[str, int]]:
+        """The group's partitions with a transactional offset waiting for its transaction's end
+        (OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them)."""
+        index = self.partition_of(group_id)
+        return {tp for (i, _), groups in self.pending_txn.items() if i == index for tp in groups.get(group_id, ())}
 
     def on_marker(self, index: int, producer_id: int, commit: bool) -> None:
         """A transaction ended on offsets partition ``index``: its offsets count now, or never."""
@@ -84,7 +119,15 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
         core = self.cores.get(index)
         if commit and core is not None:
             for group_id, offsets in pending.items():
-                core.apply_offsets(group_id, offsets)
+                if offsets:
+                    core.apply_offsets(group_id, offsets)
+
+    def unload(self, core: GroupCoordinatorCore) -> None:
+        """Pending offsets go with the core: whoever leads next ends those transactions, and a
+        load here later finds their outcome in the log."""
+        for key in [key for key in self.pending_txn if key[0] == core.partition]:
+            del self.pending_txn[key]
+        super().unload(core)
 
     # --- replay --------------------------------------------------------------------------------
 
@@ -105,27 +148,34 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
             ),
             partitions_of=self.partitions_of,
         )
+        for key in [key for key in self.pending_txn if key[0] == partition.index]:
+            del self.pending_txn[key]
         log_start = partition.log.log_start_offset
         entries: list[tuple[bytes, bytes | None]] = []
-        waiting: dict[int, list[tuple[bytes, bytes | None]]] = {}
+        # Transactional records by producer, keyed by record key: a later plain record of the same
+        # key supersedes them (the same rule as ``supersede_pending``).
+        waiting: dict[int, dict[bytes, bytes | None]] = {}
         for raw in self.log_batches(partition):
             header = records.parse_header(raw)
             if header.is_control:
-                done = waiting.pop(header.producer_id, [])
+                done = waiting.pop(header.producer_id, {})
                 if control_type(raw) == CONTROL_COMMIT:
-                    entries.extend(done)
+                    entries.extend(done.items())
                 continue
             batch_entries = [
                 (k, v) for offset, k, v in records.iter_records(raw) if offset >= log_start and k is not None
             ]
             if header.is_transactional:
-                waiting.setdefault(header.producer_id, []).extend(batch_entries)
-            else:
-                entries.extend(batch_entries)
+                waiting.setdefault(header.producer_id, {}).update(batch_entries)
+                continue
+            entries.extend(batch_entries)
+            for open_entries in waiting.values():
+                for key, _ in batch_entries:
+                    open_entries.pop(key, None)
         replay(core, entries)
         for producer_id, open_entries in waiting.items():
             # Still open when we took over: pending until the transaction coordinator's marker.
-            for key, value in open_entries:
+            for key, value in open_entries.items():
                 decoded = decode(key, value)
                 if isinstance(decoded, OffsetCommitRecord):
                     pending = self.pending_txn.setdefault((partition.index, producer_id), {})

@@ -10,6 +10,7 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.protocol import messages as m
+from diskless.protocol import records
 from diskless.replication.partition import Partition, wait_for_commits
 
 from .api_base import ApiFamily
@@ -42,14 +43,21 @@ class TxnApis(ApiFamily):
                     code, plog, replica = self._leader_log(topic.name, index)
                     entry: dict[str, Any] = {"partition_index": index, "error_code": code}
                     if plog is not None and replica is not None:
-                        offset = plog.append_marker_as_leader(
-                            marker.producer_id,
-                            marker.producer_epoch,
-                            bool(marker.transaction_result),
-                            marker.coordinator_epoch,
-                            replica.leader_epoch,
-                            now,
-                        )
+                        try:
+                            offset = plog.append_marker_as_leader(
+                                marker.producer_id,
+                                marker.producer_epoch,
+                                bool(marker.transaction_result),
+                                marker.coordinator_epoch,
+                                replica.leader_epoch,
+                                now,
+                            )
+                        except records.InvalidBatch as exc:
+                            # A stale marker: the transaction it ends is over here already.
+                            log.info("refused transaction marker", topic=topic.name, partition=index, error=str(exc))
+                            entry["error_code"] = ErrorCode[exc.error]
+                            parts.append(entry)
+                            continue
                         self.broker.on_leader_append(replica)
                         waits.append((entry, replica, offset, replica.leader_epoch))
                         if topic.name == OFFSETS_TOPIC:
@@ -91,9 +99,8 @@ class TxnApis(ApiFamily):
                 )
         if code == ErrorCode.none:
             entries = [encode_offset(group_id, t, i, value) for (t, i), value in offsets.items()]
+            # Pending from the append on (GroupShell.appended), as in Kafka, until the marker.
             code = await shell.persist(group_id, entries, (request.producer_id, request.producer_epoch))
-            if code == ErrorCode.none:
-                shell.add_pending(group_id, request.producer_id, offsets)
         topics: dict[str, list[dict[str, Any]]] = {}
         for t, i in offsets:
             topics.setdefault(t, []).append({"partition_index": i, "error_code": code})

@@ -51,7 +51,9 @@ class TxnShell(CoordinatorShell[TransactionCoordinatorCore]):
         from diskless.protocol import records
 
         core = TransactionCoordinatorCore(
-            TxnConfig(max_timeout_ms=self.broker.config.transaction_max_timeout_ms), partition=partition.index
+            TxnConfig(max_timeout_ms=self.broker.config.transaction_max_timeout_ms),
+            partition=partition.index,
+            coordinator_epoch=partition.leader_epoch,
         )
         log_start = partition.log.log_start_offset
         entries = [
@@ -86,7 +88,12 @@ class TxnShell(CoordinatorShell[TransactionCoordinatorCore]):
         return OFFSETS_TOPIC, self.broker.groups.partition_of(group_id)
 
     async def write_markers(
-        self, producer_id: int, producer_epoch: int, committed: bool, partitions: list[tuple[str, int]]
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        committed: bool,
+        partitions: list[tuple[str, int]],
+        coordinator_epoch: int,
     ) -> dict[tuple[str, int], ErrorCode]:
         """WriteTxnMarkers to every leader involved, concurrently; unreachable ones fail (retried)."""
         results: dict[tuple[str, int], ErrorCode] = {}
@@ -111,7 +118,7 @@ class TxnShell(CoordinatorShell[TransactionCoordinatorCore]):
                         "producer_epoch": producer_epoch,
                         "transaction_result": committed,
                         "topics": [{"name": t, "partition_indexes": idx} for t, idx in topics.items()],
-                        "coordinator_epoch": 0,
+                        "coordinator_epoch": coordinator_epoch,
                     }
                 ]
             }

@@ -1217,6 +1217,13 @@ class GroupCoordinatorCore:
         group = self._groups.get(group_id)
         if group is None or group.state is _DEAD:
             return ErrorCode.group_id_not_found, {}
+        consumer_group = self.consumer.group(group_id)
+        if consumer_group is not None:
+            # A KIP-848 group: its offsets live in an Empty classic record, its members here.
+            subscribed = consumer_group.subscribed_topics()
+            return ErrorCode.none, {
+                tp: ErrorCode.group_subscribed_to_topic if tp[0] in subscribed else ErrorCode.none for tp in partitions
+            }
         if group.state is _EMPTY:
             return ErrorCode.none, dict.fromkeys(partitions, ErrorCode.none)
         if group.protocol_type == CONSUMER_PROTOCOL_TYPE:

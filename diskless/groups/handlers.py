@@ -66,6 +66,10 @@ class GroupFacade(Protocol):
         """Append records to the group's ``__consumer_offsets`` partition; NONE once durable."""
         ...
 
+    def pending_partitions(self, group_id: str) -> set[TopicPartition]:
+        """The group's partitions with a transactional offset commit whose transaction has not ended."""
+        ...
+
     def now_ms(self) -> int: ...
 
     def wake(self) -> None:
@@ -423,11 +427,18 @@ async def offset_commit(facade: GroupFacade, header: RequestHeader, request: Any
 
 
 def _fetch_group(
-    facade: GroupFacade, group_id: str, topics: Any, member: tuple[str | None, int] | None = None
+    facade: GroupFacade,
+    group_id: str,
+    topics: Any,
+    member: tuple[str | None, int] | None = None,
+    require_stable: bool = False,
 ) -> tuple[ErrorCode, list[dict[str, Any]]]:
     """(group error, topics) of one group's OffsetFetch; ``topics`` None means all partitions.
 
-    ``member`` is v9's (member id, member epoch), checked for consumer-protocol groups."""
+    ``member`` is v9's (member id, member epoch), checked for consumer-protocol groups. With
+    ``require_stable`` (KIP-447) a partition whose offset a transaction may still change answers
+    UNSTABLE_OFFSET_COMMIT: a consumer taking it over retries rather than start from the offset
+    the transaction is about to move."""
     core = facade.coordinator(group_id)
     if isinstance(core, ErrorCode):
         return core, []
@@ -444,11 +455,14 @@ def _fetch_group(
     else:
         wanted = [(t.name, list(t.partition_indexes)) for t in topics]
         committed = core.fetch_offsets(group_id, [(name, p) for name, parts in wanted for p in parts])
+    unstable = facade.pending_partitions(group_id) if require_stable else set()
     result = []
     for name, parts in wanted:
         entries = []
         for p in parts:
             om = committed.get((name, p))
+            if (name, p) in unstable:
+                om = None
             entries.append(
                 {
                     "partition_index": p,
@@ -456,7 +470,7 @@ def _fetch_group(
                     "committed_offset": om.offset if om else -1,
                     "committed_leader_epoch": om.leader_epoch if om else -1,
                     "metadata": om.metadata if om else "",
-                    "error_code": ErrorCode.none,
+                    "error_code": ErrorCode.unstable_offset_commit if (name, p) in unstable else ErrorCode.none,
                 }
             )
         result.append({"name": name, "partitions": entries})
@@ -464,16 +478,16 @@ def _fetch_group(
 
 
 async def offset_fetch(facade: GroupFacade, header: RequestHeader, request: Any) -> dict[str, Any]:
-    """OffsetFetch v1+; v8+ batches groups. ``require_stable`` needs nothing: no transactional
-    offsets are ever pending here."""
+    """OffsetFetch v1+; v7+ may require stable offsets; v8+ batches groups."""
+    require_stable = bool(getattr(request, "require_stable", False))
     if hasattr(request, "groups"):
         groups = []
         for g in request.groups:
             member = (g.member_id, g.member_epoch) if hasattr(g, "member_epoch") else None
-            error, topics = _fetch_group(facade, g.group_id, g.topics, member)
+            error, topics = _fetch_group(facade, g.group_id, g.topics, member, require_stable)
             groups.append({"group_id": g.group_id, "topics": topics, "error_code": error})
         return {"throttle_time": 0, "groups": groups}
-    error, topics = _fetch_group(facade, request.group_id, request.topics)
+    error, topics = _fetch_group(facade, request.group_id, request.topics, require_stable=require_stable)
     if error is not ErrorCode.none and header.api_version < 2:
         # v0-1 have no top-level error: Kafka reports it on every requested partition.
         topics = [

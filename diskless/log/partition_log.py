@@ -39,7 +39,7 @@ from .config import LogConfig
 from .leader_epoch import LeaderEpochCache
 from .producer_state import ProducerStateManager, load_latest_snapshot, write_snapshot
 from .segment import POINTERS, RECORDS, SUFFIXES, BatchLocation, LogSegment
-from .txn_index import CONTROL_ABORT, CONTROL_COMMIT, AbortedTxn, TxnIndex, control_type, marker_batch
+from .txn_index import CONTROL_ABORT, CONTROL_COMMIT, AbortedTxn, TxnIndex, marker_batch, marker_fields
 from .txn_verification import TxnGuard, TxnVerifier
 
 CLEAN_SHUTDOWN_FILE = ".clean-shutdown"
@@ -195,21 +195,23 @@ class PartitionLog:
                 header = segment._header_at(location.position)
                 if header is None or not header.is_transactional:
                     continue
-                self.txns.on_batch(header, self._marker_of(segment, location) if header.is_control else None)
+                marker = self._marker_of(segment, location) if header.is_control else None
+                self.txns.on_batch(header, marker[0] if marker is not None else None)
         if self._tiered_aborts:
             known = set(self.txns.aborted)
             merged = [a for a in self._tiered_aborts if a.last_offset >= self.log_start_offset and a not in known]
             self.txns.aborted = sorted(self.txns.aborted + merged, key=lambda a: a.last_offset)
 
     @staticmethod
-    def _marker_of(segment: LogSegment, location: BatchLocation) -> int | None:
+    def _marker_of(segment: LogSegment, location: BatchLocation) -> tuple[int, int] | None:
+        """A control batch's marker type and coordinator epoch, read from the segment."""
         raw = segment.read_batch(location)
         if segment.kind == POINTERS:
             entry, _ = pointer.decode_entry(raw, 0)
             if not isinstance(entry, pointer.InlineEntry):
                 return None
             raw = entry.batch
-        return control_type(raw)
+        return marker_fields(raw)
 
     @property
     def high_watermark(self) -> int:
@@ -246,9 +248,15 @@ class PartitionLog:
         snapshot_offset, self.producer_state = load_latest_snapshot(self.directory, self.log_end_offset)
         start = max(snapshot_offset, self.log_start_offset)
         for segment in self._segments_from(start):
-            for _, header in segment.iter_headers(segment.offset_index.lookup(start)):
-                if header.base_offset >= start:
-                    self.producer_state.record(header, header.base_offset, header.max_timestamp)
+            for location in segment.iter_batches(segment.offset_index.lookup(start)):
+                if location.base_offset < start:
+                    continue
+                header = segment._header_at(location.position)
+                if header is None:
+                    continue
+                marker = self._marker_of(segment, location) if header.is_control else None
+                coordinator_epoch = marker[1] if marker is not None else -1
+                self.producer_state.record(header, header.base_offset, header.max_timestamp, coordinator_epoch)
 
     # --- state --------------------------------------------------------------------------------
 
@@ -292,7 +300,10 @@ class PartitionLog:
         offset commits), which carry its id and epoch but no sequence, as in Kafka.
         """
         headers = self.validate_and_prepare(batches, now_ms)
-        for header in headers if check_sequence else ():
+        for header in headers:
+            if not check_sequence:
+                self.producer_state.check_epoch(header)
+                continue
             duplicate = self.producer_state.check(header)
             if duplicate is not None:
                 # A retry of a batch already in the log: answer with where it went, append nothing.
@@ -380,7 +391,7 @@ class PartitionLog:
         if entry is None or header.producer_epoch <= entry.epoch:
             return
         # The marker says who wrote it through the coordinator epoch: -1, not a coordinator.
-        self.append_marker_as_leader(header.producer_id, entry.epoch, False, -1, leader_epoch, now_ms)
+        self.append_marker_as_leader(header.producer_id, entry.epoch, False, -1, leader_epoch, now_ms, fenced=False)
 
     def append_pointers_as_follower(self, data: bytes | memoryview, now_ms: int) -> int:
         """Append pointer entries replicated from the leader; returns the new log end offset."""
@@ -401,14 +412,11 @@ class PartitionLog:
             if tier is not None:
                 self._add_tier(Tier(tier, header.base_offset))
             self._note_pointer(entry)
-            self.producer_state.record(header, header.base_offset, header.max_timestamp)
             marker = None
             if header.is_control:
                 inline, _ = pointer.decode_entry(entry, 0)
-                marker = control_type(inline.batch) if isinstance(inline, pointer.InlineEntry) else None
-            self.txns.on_batch(header, marker)
-            if header.is_control:
-                self.txn_verifier.end(header.producer_id)
+                marker = marker_fields(inline.batch) if isinstance(inline, pointer.InlineEntry) else None
+            self._record_replicated(header, marker)
         return self.log_end_offset
 
     def append_as_follower(self, data: bytes | memoryview, now_ms: int) -> int:
@@ -419,11 +427,17 @@ class PartitionLog:
                 continue
             self.epochs.assign(header.partition_leader_epoch, header.base_offset)
             self._append(batch, header.base_offset, header.last_offset, header.max_timestamp, now_ms)
-            self.producer_state.record(header, header.base_offset, header.max_timestamp)
-            self.txns.on_batch(header, control_type(batch) if header.is_control else None)
-            if header.is_control:
-                self.txn_verifier.end(header.producer_id)
+            self._record_replicated(header, marker_fields(batch) if header.is_control else None)
         return self.log_end_offset
+
+    def _record_replicated(self, header: records.BatchHeader, marker: tuple[int, int] | None) -> None:
+        """Producer and transaction state of a batch a follower appended (``marker``: a control
+        batch's type and coordinator epoch)."""
+        coordinator_epoch = marker[1] if marker is not None else -1
+        self.producer_state.record(header, header.base_offset, header.max_timestamp, coordinator_epoch)
+        self.txns.on_batch(header, marker[0] if marker is not None else None)
+        if header.is_control:
+            self.txn_verifier.end(header.producer_id)
 
     def _restart_inside(self, header: records.BatchHeader, now_ms: int) -> bool:
         """Make room for a replicated batch that holds this empty log's start inside it.
@@ -450,11 +464,16 @@ class PartitionLog:
         coordinator_epoch: int,
         leader_epoch: int,
         now_ms: int,
+        fenced: bool = True,
     ) -> int:
         """Write an end-of-transaction marker (WriteTxnMarkers); returns its offset.
 
-        In a pointers segment the marker is stored inline: it is written by the leader itself
-        and never goes to object storage."""
+        A stale marker (older producer or coordinator epoch) raises records.InvalidBatch, unless
+        ``fenced`` is off: the leader's own marker for a superseded transaction. In a pointers
+        segment the marker is stored inline: it is written by the leader itself and never goes to
+        object storage."""
+        if fenced:
+            self.producer_state.check_marker(producer_id, producer_epoch, coordinator_epoch)
         batch = bytearray(marker_batch(producer_id, producer_epoch, commit, coordinator_epoch, now_ms))
         offset = self.log_end_offset
         self.epochs.assign(leader_epoch, offset)
@@ -464,7 +483,7 @@ class PartitionLog:
             self._append(pointer.encode_inline_entry(batch), offset, offset, now_ms, now_ms, POINTERS)
         else:
             self._append(batch, offset, offset, now_ms, now_ms)
-        self.producer_state.record(header, offset, now_ms)
+        self.producer_state.record(header, offset, now_ms, coordinator_epoch)
         self.txns.on_batch(header, CONTROL_COMMIT if commit else CONTROL_ABORT)
         # The transaction ended here: a commit verified in it must not open or join another.
         self.txn_verifier.end(producer_id)

@@ -1,9 +1,12 @@
 """Idempotent-producer state of one partition, following Kafka's ProducerStateManager rules.
 
-For every producer id the partition remembers its epoch and the metadata of its last five
-batches (sequence range and assigned offsets). Before a leader append, ``check`` says whether a
+For every producer id the partition remembers its epoch, the metadata of its last five batches
+(sequence range and assigned offsets) and the highest coordinator epoch of its transaction
+markers. Before a leader append, ``check`` says whether a
 batch is new, a duplicate of a recent batch (answer with the original offsets, append nothing)
-or invalid (fenced epoch, sequence gap). After the append, ``record`` stores it. State survives
+or invalid (fenced epoch, sequence gap); ``check_epoch`` and ``check_marker`` are the same
+guard for what a coordinator writes for a producer (transactional offsets, end-of-transaction
+markers), which carry no sequence. After the append, ``record`` stores it. State survives
 restarts through snapshots taken at clean shutdown and segment roll, then replay of the log tail.
 """
 
@@ -36,6 +39,8 @@ class BatchMetadata:
 class ProducerEntry:
     epoch: int = NO_EPOCH
     batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=MAX_CACHED_BATCHES))
+    # The newest transaction coordinator that wrote a marker here: an older one has been deposed.
+    coordinator_epoch: int = NO_EPOCH
 
     @property
     def last_seq(self) -> int:
@@ -90,6 +95,39 @@ class ProducerStateManager:
             )
         return None
 
+    def check_epoch(self, header: BatchHeader) -> None:
+        """A batch a coordinator writes on a producer's behalf (TxnOffsetCommit): no sequence to
+        check, but a fenced producer epoch is refused, as Kafka checks coordinator-origin appends."""
+        entry = self.producers.get(header.producer_id)
+        if entry is not None and header.producer_epoch < entry.epoch:
+            raise InvalidBatch(
+                "invalid_producer_epoch",
+                f"producer {header.producer_id} epoch {header.producer_epoch} is older than {entry.epoch}",
+            )
+
+    def check_marker(self, producer_id: int, producer_epoch: int, coordinator_epoch: int) -> None:
+        """A transaction coordinator's end-of-transaction marker (Kafka's appendEndTxnMarker rules).
+
+        A marker at an older producer epoch than this partition has seen ends a transaction that
+        is over: appended, it would end the producer's current one instead (INVALID_PRODUCER_EPOCH).
+        A marker from an older coordinator epoch comes from a deposed coordinator, late: a COMMIT
+        would expose the producer's next transaction before it ends (TRANSACTION_COORDINATOR_FENCED).
+        """
+        entry = self.producers.get(producer_id)
+        if entry is None:
+            return
+        if producer_epoch < entry.epoch:
+            raise InvalidBatch(
+                "invalid_producer_epoch",
+                f"marker of producer {producer_id} at epoch {producer_epoch}, older than {entry.epoch}",
+            )
+        if coordinator_epoch < entry.coordinator_epoch:
+            raise InvalidBatch(
+                "transaction_coordinator_fenced",
+                f"marker of producer {producer_id} from coordinator epoch {coordinator_epoch}, "
+                f"older than {entry.coordinator_epoch}",
+            )
+
     def note_refused(self, header: BatchHeader, error: str) -> None:
         """A leader refused this batch with the retriable ``error`` without appending it, for a
         passing reason: NOT_LEADER_OR_FOLLOWER while fenced (its etcd lease may have lapsed,
@@ -121,14 +159,19 @@ class ProducerStateManager:
                 f"resend from it (got {header.base_sequence})",
             )
 
-    def record(self, header: BatchHeader, first_offset: int, max_timestamp: int) -> None:
-        """Remember an appended batch (leader or follower, or replay during recovery)."""
+    def record(
+        self, header: BatchHeader, first_offset: int, max_timestamp: int, coordinator_epoch: int = NO_EPOCH
+    ) -> None:
+        """Remember an appended batch (leader or follower, or replay during recovery);
+        ``coordinator_epoch`` is a marker's."""
         if header.producer_id == NO_PRODUCER_ID:
             return
         self._refused.pop(header.producer_id, None)  # the gap is closed (or another leader's)
         entry = self.producers.setdefault(header.producer_id, ProducerEntry())
         if header.is_control:
             # Transaction markers carry no sequence; a newer epoch still fences older producers.
+            # (A marker the leader writes itself has coordinator epoch -1: max keeps the fence.)
+            entry.coordinator_epoch = max(entry.coordinator_epoch, coordinator_epoch)
             if header.producer_epoch > entry.epoch:
                 entry.epoch = header.producer_epoch
                 entry.batches.clear()
@@ -154,6 +197,7 @@ class ProducerStateManager:
                 pid: [
                     e.epoch,
                     [[b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.max_timestamp] for b in e.batches],
+                    e.coordinator_epoch,
                 ]
                 for pid, e in self.producers.items()
             }
@@ -162,8 +206,9 @@ class ProducerStateManager:
     @classmethod
     def from_bytes(cls, data: bytes) -> ProducerStateManager:
         state = cls()
-        for pid, (epoch, batches) in msgpack.unpackb(data, strict_map_key=False).items():
-            entry = ProducerEntry(epoch)
+        for pid, (epoch, batches, *rest) in msgpack.unpackb(data, strict_map_key=False).items():
+            # Snapshots written before coordinator epochs were kept have two fields.
+            entry = ProducerEntry(epoch, coordinator_epoch=rest[0] if rest else NO_EPOCH)
             entry.batches.extend(BatchMetadata(*b) for b in batches)
             state.producers[int(pid)] = entry
         return state

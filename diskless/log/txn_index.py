@@ -20,6 +20,7 @@ from diskless.protocol import records
 CONTROL_ABORT = 0
 CONTROL_COMMIT = 1
 _CONTROL_KEY = struct.Struct(">hh")  # version, type
+_MARKER_VALUE = struct.Struct(">hi")  # version, coordinator epoch
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,18 +30,27 @@ class AbortedTxn:
     last_offset: int  # the abort marker's offset
 
 
+def marker_fields(batch: bytes | bytearray | memoryview) -> tuple[int, int] | None:
+    """(COMMIT or ABORT, coordinator epoch) of a control batch's marker record (None if not a
+    marker). The coordinator epoch is -1 when the value is missing (a marker the leader wrote)."""
+    for _, key, value in records.iter_records(bytes(batch)):
+        if key is not None and len(key) >= _CONTROL_KEY.size:
+            kind = _CONTROL_KEY.unpack_from(key, 0)[1]
+            epoch = _MARKER_VALUE.unpack_from(value, 0)[1] if value and len(value) >= _MARKER_VALUE.size else -1
+            return kind, epoch
+    return None
+
+
 def control_type(batch: bytes | bytearray | memoryview) -> int | None:
     """COMMIT or ABORT for a control batch's marker record (None if not a marker)."""
-    for _, key, _ in records.iter_records(bytes(batch)):
-        if key is not None and len(key) >= _CONTROL_KEY.size:
-            return _CONTROL_KEY.unpack_from(key, 0)[1]
-    return None
+    fields = marker_fields(batch)
+    return None if fields is None else fields[0]
 
 
 def marker_batch(producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int, now_ms: int) -> bytes:
     """A control batch carrying one end-of-transaction marker, as the leader writes it."""
     key = _CONTROL_KEY.pack(0, CONTROL_COMMIT if commit else CONTROL_ABORT)
-    value = struct.pack(">hi", 0, coordinator_epoch)
+    value = _MARKER_VALUE.pack(0, coordinator_epoch)
     attributes = records.TRANSACTIONAL_FLAG | records.CONTROL_FLAG
     return records.build_batch([(key, value)], now_ms, producer_id, producer_epoch, -1, attributes)
 

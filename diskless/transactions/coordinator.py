@@ -129,6 +129,7 @@ class MarkerWork:
     committed: bool
     partitions: tuple[TopicPartition, ...]
     metadata: TransactionMetadata
+    coordinator_epoch: int  # sent with the markers: partition leaders refuse older ones
 
 
 class NeedProducerId(enum.Enum):
@@ -143,6 +144,9 @@ InitOutcome = ErrorCode | Transit | NeedProducerId
 
 # Marker results after which a partition needs no more marker: written, or the partition is gone.
 _MARKER_DONE = frozenset({ErrorCode.none, ErrorCode.unknown_topic_or_partition})
+# Marker results saying this coordinator is deposed: a newer one (or a newer producer epoch) has
+# been at the partition.
+_MARKER_FENCED = frozenset({ErrorCode.transaction_coordinator_fenced, ErrorCode.invalid_producer_epoch})
 
 
 @dataclass(slots=True, eq=False)
@@ -166,9 +170,12 @@ class _Entry:
 class TransactionCoordinatorCore:
     """The transactional ids of one ``__transaction_state`` partition."""
 
-    def __init__(self, config: TxnConfig | None = None, partition: int = 0) -> None:
+    def __init__(self, config: TxnConfig | None = None, partition: int = 0, coordinator_epoch: int = 0) -> None:
         self.config = config or TxnConfig()
         self.partition = partition
+        # The leader epoch of the transaction-state partition this core was loaded at (Kafka's
+        # coordinator epoch): partition leaders fence markers of a deposed coordinator by it.
+        self.coordinator_epoch = coordinator_epoch
         self._txns: dict[str, _Entry] = {}
         self._unloaded = False
 
@@ -488,6 +495,7 @@ class TransactionCoordinatorCore:
             meta.state is TxnState.PREPARE_COMMIT,
             tuple(sorted(entry.unmarked)),
             meta,
+            self.coordinator_epoch,
         )
 
     def markers_written(
@@ -502,6 +510,10 @@ class TransactionCoordinatorCore:
         for tp, error in results.items():
             if error in _MARKER_DONE:
                 entry.unmarked.discard(tp)
+        if any(error in _MARKER_FENCED for error in results.values()):
+            # Deposed: the newer coordinator finishes this transaction. As Kafka does, stop
+            # sending; the work stays claimed until this core is unloaded.
+            return None
         if entry.unmarked:
             entry.claimed = False
             entry.retry_at_ms = now_ms + self.config.marker_retry_backoff_ms

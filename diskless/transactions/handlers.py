@@ -74,10 +74,16 @@ class TxnFacade(Protocol):
         ...
 
     async def write_markers(
-        self, producer_id: int, producer_epoch: int, committed: bool, partitions: list[tuple[str, int]]
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        committed: bool,
+        partitions: list[tuple[str, int]],
+        coordinator_epoch: int,
     ) -> dict[tuple[str, int], ErrorCode]:
         """Write a COMMIT/ABORT control marker to each partition (WriteTxnMarkers to each leader).
-        NONE (or UNKNOWN_TOPIC_OR_PARTITION: gone) means done; anything else is retried later.
+        NONE (or UNKNOWN_TOPIC_OR_PARTITION: gone) means done; TRANSACTION_COORDINATOR_FENCED or
+        INVALID_PRODUCER_EPOCH that this coordinator is deposed; anything else is retried later.
         Missing partitions count as failed."""
         ...
 
@@ -156,7 +162,7 @@ async def complete_transaction(facade: TxnFacade, core: TransactionCoordinatorCo
     if work.partitions:
         try:
             results = await facade.write_markers(
-                work.producer_id, work.producer_epoch, work.committed, list(work.partitions)
+                work.producer_id, work.producer_epoch, work.committed, list(work.partitions), work.coordinator_epoch
             )
         except Exception:
             log.exception("could not write transaction markers", transactional_id=transactional_id)

@@ -228,3 +228,21 @@ def test_offsets_with_member_epochs_and_group_types() -> None:
     # ...and a ConsumerGroupHeartbeat on a classic group with members is GROUP_ID_NOT_FOUND.
     core.join_group(GROUP, replies[1].member_id, None, "consumer", [("range", b"")], 10_000, 10_000, 0, replies.append)
     assert Member(core, "b", clock).heartbeat().error is ErrorCode.group_id_not_found
+
+
+def test_offset_delete_keeps_offsets_of_topics_members_subscribe_to() -> None:
+    """Kafka's OffsetDelete on a consumer group: GROUP_SUBSCRIBED_TO_TOPIC for a subscribed topic
+    (the members consume from those offsets); others, and all once the group is empty, go."""
+    core, clock = make_core(), Clock()
+    a = Member(core, "a", clock)
+    converge([a])
+    offsets = {(TOPIC, 0): OffsetAndMetadata(5), ("other", 0): OffsetAndMetadata(7)}
+    assert core.commit_offsets(GROUP, a.epoch, "a", None, offsets, clock.now) is ErrorCode.none
+
+    errors = core.delete_offsets(GROUP, [(TOPIC, 0), ("other", 0)])
+    assert errors == {(TOPIC, 0): ErrorCode.group_subscribed_to_topic, ("other", 0): ErrorCode.none}
+    assert set(core.fetch_offsets(GROUP)) == {(TOPIC, 0)}
+
+    a.heartbeat(member_epoch=-1)  # the last member leaves
+    assert core.delete_offsets(GROUP, [(TOPIC, 0)]) == {(TOPIC, 0): ErrorCode.none}
+    assert core.fetch_offsets(GROUP) == {}

@@ -82,7 +82,12 @@ class FakeFacade:
         return OFFSETS, group_partition_for(group_id, 50)
 
     async def write_markers(
-        self, producer_id: int, producer_epoch: int, committed: bool, partitions: list[tuple[str, int]]
+        self,
+        producer_id: int,
+        producer_epoch: int,
+        committed: bool,
+        partitions: list[tuple[str, int]],
+        coordinator_epoch: int,
     ) -> dict[tuple[str, int], ErrorCode]:
         if self.hold is not None:
             await self.hold.wait()
