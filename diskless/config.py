@@ -334,6 +334,14 @@ class BrokerConfig:
     offsets_topic_num_partitions: int = field(default=50, metadata=_prop("offsets.topic.num.partitions"))
     offsets_topic_replication_factor: int = field(default=3, metadata=_prop("offsets.topic.replication.factor"))
     offsets_retention_minutes: int = field(default=10080, metadata=_prop("offsets.retention.minutes"))
+    offsets_retention_check_interval_ms: int = field(
+        default=600000,
+        metadata=_prop(
+            "offsets.retention.check.interval.ms",
+            "How often the group coordinator expires offsets and appends live ones again "
+            "(at least four times per offsets.retention.minutes).",
+        ),
+    )
     group_initial_rebalance_delay_ms: int = field(default=3000, metadata=_prop("group.initial.rebalance.delay.ms"))
     group_min_session_timeout_ms: int = field(default=6000, metadata=_prop("group.min.session.timeout.ms"))
     group_max_session_timeout_ms: int = field(default=1800000, metadata=_prop("group.max.session.timeout.ms"))

@@ -34,6 +34,7 @@ from diskless.cluster.producer_ids import ProducerIdBlock
 from diskless.config import BrokerConfig
 from diskless.fetch.read_quota import ReadQuota
 from diskless.fetch.wal_reader import WalCache, WalReader
+from diskless.groups.offsets_upkeep import check_interval_ms
 from diskless.log.config import LogConfig, effective_values
 from diskless.log.segment import POINTERS, BatchLocation, LogSegment
 from diskless.metrics import EVENT_LOOP_LAG_SECONDS, METADATA_APPLY_ERRORS, RETENTION_DELETED_SEGMENTS, serve_metrics
@@ -242,6 +243,10 @@ class Broker:
         self._tasks.append(
             asyncio.create_task(self._every(self.config.replica_lag_time_max_ms / 2000, self._shrink_isrs))
         )
+        offsets_check_ms = check_interval_ms(
+            self.config.offsets_retention_check_interval_ms, self.config.offsets_retention_minutes * 60_000
+        )
+        self._tasks.append(asyncio.create_task(self._every(offsets_check_ms / 1000, self.groups.maintain)))
         self._tasks.append(asyncio.create_task(self._sample_loop_lag()))
         log.info(
             "broker started",

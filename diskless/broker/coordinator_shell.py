@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 import structlog
@@ -63,9 +64,11 @@ class CoordinatorShell(Generic[CoreT]):
     def tick(self, now_ms: int) -> None:
         """Run the cores' timers (subclasses override)."""
 
-    def appended(self, key: str, entries: list[tuple[bytes, bytes | None]], producer: tuple[int, int] | None) -> None:
-        """Records were just appended to ``key``'s partition (not yet replicated): called in log
-        order, before any later append (subclasses override)."""
+    def appended(
+        self, key: str, entries: list[tuple[bytes, bytes | None]], producer: tuple[int, int] | None, now_ms: int
+    ) -> None:
+        """Records were just appended to ``key``'s partition at ``now_ms`` (not yet replicated):
+        called in log order, before any later append (subclasses override)."""
 
     def unload(self, core: CoreT) -> None:
         shutdown = getattr(core, "shutdown", None)
@@ -113,12 +116,17 @@ class CoordinatorShell(Generic[CoreT]):
         return core if core is not None else ErrorCode.coordinator_load_in_progress
 
     async def persist(
-        self, key: str, entries: list[tuple[bytes, bytes | None]], producer: tuple[int, int] | None = None
+        self,
+        key: str,
+        entries: list[tuple[bytes, bytes | None]],
+        producer: tuple[int, int] | None = None,
+        on_append: Callable[[], None] | None = None,
     ) -> ErrorCode:
         """Append records to the key's partition and wait until they are replicated.
 
         With ``producer`` (id, epoch) the batch is transactional: it counts only once its
-        transaction's commit marker follows it in the same log.
+        transaction's commit marker follows it in the same log. ``on_append`` runs right after
+        the append, before anything else can append: state that must follow log order.
         """
         replica = self.broker.replicas.partitions.get((self.topic, self.partition_of(key)))
         if replica is None or replica.leader_state is None:
@@ -139,7 +147,9 @@ class CoordinatorShell(Generic[CoreT]):
                 return ErrorCode.invalid_producer_epoch  # a fenced producer's TxnOffsetCommit
             log.error("could not append coordinator records", topic=self.topic, error=str(exc))
             return ErrorCode.unknown_server_error
-        self.appended(key, entries, producer)
+        self.appended(key, entries, producer, now)
+        if on_append is not None:
+            on_append()
         self.broker.on_leader_append(replica)
         epoch = replica.leader_epoch
         if await replica.wait_for_commit(result.last_offset, epoch, 30.0):

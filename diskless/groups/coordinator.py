@@ -1253,16 +1253,24 @@ class GroupCoordinatorCore:
             for tp in partitions:
                 group.offsets.pop(tp, None)
 
-    def expired_offsets(self, now_ms: int, retention_ms: int) -> dict[str, list[TopicPartition]]:
+    def expired_offsets(
+        self, now_ms: int, retention_ms: int, group_ids: Iterable[str] | None = None
+    ) -> dict[str, list[TopicPartition]]:
         """Offsets that offsets.retention.ms lets go, per Kafka's rules (KIP-211).
 
         An Empty group that has had members loses all its offsets ``retention_ms`` after it became
         Empty; a group that never had members (simple consumers) loses each offset that long after
         its commit; a consumer group with members loses offsets of topics it no longer subscribes
-        to. The shell persists tombstones, then calls ``remove_offsets``.
+        to. The shell persists tombstones, then calls ``remove_offsets``. ``group_ids`` limits the
+        look to those groups.
         """
         expired: dict[str, list[TopicPartition]] = {}
-        for group in self._groups.values():
+        groups = (
+            self._groups.values()
+            if group_ids is None
+            else [g for g in (self._groups.get(i) for i in group_ids) if g is not None]
+        )
+        for group in groups:
             if group.state is _DEAD:
                 continue
             consumer_group = self.consumer.group(group.group_id)

@@ -1,0 +1,71 @@
+"""Keeping committed offsets alive in a time-retained ``__consumer_offsets`` partition.
+
+Kafka compacts ``__consumer_offsets``: the latest record of every key stays, however old, and
+offsets leave only when the coordinator expires them (KIP-211) and writes their tombstones.
+diskless logs have time and size retention but no compaction, so ``__consumer_offsets`` keeps its
+records ``offsets.retention.minutes``; an offset committed once and then left alone (an idle
+partition of a busy group) would be gone from the log after that, and with it from any coordinator
+that replays the log after a failover, while the live one still serves it.
+
+So the coordinator keeps the rule itself. It knows when the latest record of each live offset was
+appended; every ``offsets.retention.check.interval.ms`` it appends again, unchanged, each one older
+than half the retention. The argument: a record is deleted only with its segment, no earlier than
+the retention after the record's own timestamp; a live offset's latest record is at most half the
+retention plus one check interval old (the check interval is capped at a quarter of the
+retention), so it is never deleted while it is the latest; a replay therefore finds every live
+offset. Offsets that KIP-211 expires are not appended again but tombstoned, as in Kafka.
+
+An appended-again record must not overtake a newer one: the shell skips a group while any append
+of its own is in flight (a commit appended but not yet applied to the core would be overwritten by
+the older value), and a partition with a pending transactional offset (a plain record appended
+after it supersedes it). Both are retried at the next check, long before the deadline.
+
+Sans-IO: the shell reports appends and asks what is due; time is passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from .coordinator import OffsetAndMetadata, TopicPartition
+
+OffsetKey = tuple[str, TopicPartition]  # (group id, (topic, partition))
+
+
+def check_interval_ms(configured_ms: int, retention_ms: int) -> int:
+    """How often to look: the configured interval, but at least four times per retention."""
+    return max(1, min(configured_ms, retention_ms // 4))
+
+
+class OffsetsUpkeep:
+    """When the latest record of each live offset of one ``__consumer_offsets`` partition was appended."""
+
+    def __init__(self) -> None:
+        self.written_ms: dict[OffsetKey, int] = {}
+
+    def wrote(self, group_id: str, tp: TopicPartition, at_ms: int) -> None:
+        self.written_ms[(group_id, tp)] = at_ms
+
+    def removed(self, group_id: str, tp: TopicPartition) -> None:
+        self.written_ms.pop((group_id, tp), None)
+
+    def group_removed(self, group_id: str) -> None:
+        for key in [key for key in self.written_ms if key[0] == group_id]:
+            del self.written_ms[key]
+
+    def due(
+        self,
+        offsets: Mapping[str, Mapping[TopicPartition, OffsetAndMetadata]],
+        now_ms: int,
+        retention_ms: int,
+        skip: Callable[[str, TopicPartition], bool],
+    ) -> dict[str, dict[TopicPartition, OffsetAndMetadata]]:
+        """The live offsets (group -> partition -> value) whose latest record is older than half
+        the retention and must be appended again. Offsets never seen appended count as old."""
+        due: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
+        for group_id, group_offsets in offsets.items():
+            for tp, value in group_offsets.items():
+                old = now_ms - self.written_ms.get((group_id, tp), -(2**62)) > retention_ms // 2
+                if old and not skip(group_id, tp):
+                    due.setdefault(group_id, {})[tp] = value
+        return due

@@ -1,0 +1,180 @@
+"""Committed offsets outlive ``__consumer_offsets``' time retention while they are live, and leave
+when Kafka's rules (KIP-211) expire them (see ``diskless/groups/offsets_upkeep.py``).
+
+The partition log here is real, with the topic's retention; "failover" is a fresh shell loading
+the same log. Time is the test's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+
+from kio.schema.errors import ErrorCode
+from loghelpers import T0
+
+from diskless.broker.group_shell import GroupShell
+from diskless.config import BrokerConfig
+from diskless.groups.coordinator import GroupState, OffsetAndMetadata
+from diskless.groups.offsets_upkeep import OffsetsUpkeep, check_interval_ms
+from diskless.groups.records import encode_offset
+from diskless.log.config import LogConfig
+from diskless.log.partition_log import PartitionLog
+
+DAY = 86_400_000
+RETENTION_MS = 7 * DAY  # offsets.retention.minutes' default
+SUBSCRIPTION = b"\x00\x00" + b"\x00\x00\x00\x01" + b"\x00\x01t" + b"\x00\x00\x00\x00"  # consumer protocol v0: ["t"]
+
+
+class OffsetsPartition:
+    """The one ``__consumer_offsets`` partition, led by this broker; ``gate`` holds replication."""
+
+    def __init__(self, directory: Path) -> None:
+        self.index = 0
+        self.log = PartitionLog(str(directory), LogConfig(retention_ms=RETENTION_MS), T0)
+        self.leader_epoch = 0
+        self.leader_state: object | None = object()
+        self.gate: asyncio.Event | None = None
+
+    async def wait_for_commit(self, offset: int, epoch: int, timeout: float) -> bool:
+        if self.gate is not None:
+            await self.gate.wait()
+        self.log.high_watermark = self.log.log_end_offset
+        return True
+
+    def leads_at(self, epoch: int) -> bool:
+        return True
+
+
+class Cluster:
+    def __init__(self, tmp_path: Path) -> None:
+        self.now = T0
+        self.partition = OffsetsPartition(tmp_path / "co-0")
+        leader = SimpleNamespace(leader=1)
+        self.broker = SimpleNamespace(
+            node_id=1,
+            config=BrokerConfig(offsets_topic_num_partitions=1),
+            metadata=SimpleNamespace(topics={}, partition=lambda topic, index: leader),
+            replicas=SimpleNamespace(partitions={("__consumer_offsets", 0): self.partition}),
+            on_leader_append=lambda replica: None,
+        )
+        self.shell = self.new_shell()
+        self.shell.on_partition(0, self.partition)  # type: ignore[arg-type]
+        assert self.shell.topic_configs()["retention.ms"] == str(RETENTION_MS)
+
+    def new_shell(self) -> GroupShell:
+        shell = GroupShell(self.broker)
+        shell.now_ms = lambda: self.now  # type: ignore[method-assign]
+        return shell
+
+    @property
+    def core(self):  # type: ignore[no-untyped-def]
+        return self.shell.cores[0]
+
+    async def commit(self, group: str, tp: tuple[str, int], offset: int) -> None:
+        """OffsetCommit as the handler does it: persist, then apply."""
+        value = OffsetAndMetadata(offset, -1, "", self.now)
+        assert await self.shell.persist(group, [encode_offset(group, tp[0], tp[1], value)]) is ErrorCode.none
+        self.core.apply_offsets(group, {tp: value})
+
+    def advance(self, days: float) -> None:
+        """Time passes; the log rolls and applies its retention, as the broker's task does."""
+        self.now += int(days * DAY)
+        self.partition.log.roll(self.now)
+        self.partition.log.apply_retention(self.now)
+
+    def served(self, group: str) -> dict[tuple[str, int], int]:
+        return {tp: om.offset for tp, om in self.core.fetch_offsets(group).items()}
+
+    def after_failover(self, group: str) -> dict[tuple[str, int], int]:
+        core = self.new_shell().load(self.partition)  # type: ignore[arg-type]
+        return {tp: om.offset for tp, om in core.fetch_offsets(group).items()}
+
+    def stable_group(self, group: str) -> None:
+        """A classic consumer group with one member subscribed to "t", Stable."""
+        replies: list = []
+        self.core.join_group(
+            group, "", None, "consumer", [("range", SUBSCRIPTION)], 10_000, 10_000, self.now, replies.append,
+            require_known_member_id=False,
+        )  # fmt: skip
+        self.core.tick(self.now + 3_000)
+        member = replies[-1].member_id
+        self.core.sync_group(group, 1, member, None, "consumer", "range", {member: b""}, self.now, replies.append)
+        assert self.core.group_state(group) is GroupState.STABLE
+
+
+def test_an_idle_partitions_offset_of_a_stable_group_survives_failover_after_the_retention(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path)
+        cluster.stable_group("g")
+        await cluster.commit("g", ("t", 0), 42)  # then partition 0 stays idle: no new commit
+        for _ in range(30):  # a month, checking every day
+            cluster.advance(1)
+            await cluster.shell.maintain()
+            await cluster.commit("g", ("t", 1), cluster.now // DAY)  # the busy partition
+        assert cluster.partition.log.log_start_offset > 0  # retention did delete old records
+        assert cluster.served("g")[("t", 0)] == 42
+        assert cluster.after_failover("g") == cluster.served("g")
+
+    asyncio.run(scenario())
+
+
+def test_offsets_of_a_group_without_members_expire_with_tombstones(tmp_path: Path) -> None:
+    """KIP-211: a group that never had members (simple consumers) loses each offset the retention
+    after its commit: live and after a failover alike."""
+
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.commit("simple", ("t", 0), 5)
+        cluster.advance(3)
+        await cluster.commit("simple", ("t", 1), 6)
+        cluster.advance(5)  # day 8: the first offset is over a week old, the second is not
+        await cluster.shell.maintain()
+        assert cluster.served("simple") == {("t", 1): 6} == cluster.after_failover("simple")
+        cluster.advance(3)
+        await cluster.shell.maintain()
+        assert cluster.served("simple") == {} == cluster.after_failover("simple")
+        assert "simple" not in cluster.core.group_ids()  # the empty group is forgotten
+
+    asyncio.run(scenario())
+
+
+def test_a_commit_in_flight_is_not_overtaken_by_the_older_value_appended_again(tmp_path: Path) -> None:
+    """The dangerous interleaving: while the pass waits on one group's append, a newer commit of
+    the next group is appended and still replicating; appending that group's core value (the old
+    one) after it would leave the log ending with the old value."""
+
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.commit("a", ("t", 0), 1)
+        await cluster.commit("b", ("t", 0), 1)
+        cluster.advance(4)  # past half the retention: both due to be appended again
+        cluster.partition.gate = asyncio.Event()
+        upkeep = asyncio.create_task(cluster.shell.maintain())
+        await asyncio.sleep(0)  # group a's offsets appended again, replicating
+        newer = asyncio.create_task(cluster.commit("b", ("t", 0), 2))
+        await asyncio.sleep(0)  # appended, replicating
+        cluster.partition.gate.set()
+        await upkeep
+        await newer
+        assert cluster.served("b") == {("t", 0): 2} == cluster.after_failover("b")
+        cluster.partition.gate = None
+        cluster.advance(4)
+        await cluster.shell.maintain()  # nothing in flight now: the new value is appended again
+        cluster.advance(4)
+        assert cluster.after_failover("b") == {("t", 0): 2}
+
+    asyncio.run(scenario())
+
+
+def test_only_offsets_older_than_half_the_retention_are_due() -> None:
+    upkeep = OffsetsUpkeep()
+    upkeep.wrote("g", ("t", 0), T0)
+    upkeep.wrote("g", ("t", 1), T0 + 3 * DAY)
+    offsets = {"g": {("t", 0): OffsetAndMetadata(1), ("t", 1): OffsetAndMetadata(2), ("t", 2): OffsetAndMetadata(3)}}
+    due = upkeep.due(offsets, T0 + 4 * DAY, RETENTION_MS, skip=lambda g, tp: False)
+    assert set(due["g"]) == {("t", 0), ("t", 2)}  # ("t", 2) was never seen appended: treated as old
+    assert upkeep.due(offsets, T0 + 4 * DAY, RETENTION_MS, skip=lambda g, tp: True) == {}
+    assert check_interval_ms(600_000, RETENTION_MS) == 600_000
+    assert check_interval_ms(600_000, 60_000) == 15_000
