@@ -404,11 +404,18 @@ class ReplicaFetcher:
             for data in topic.partitions:
                 # The answer is about the incarnation it names, and only the replica that asked for
                 # it takes it (never one that replaced it while the request was in flight).
-                asked = self._asked_by_id.get((_our_id(topic.topic_id), data.partition_index))
+                id_key = (_our_id(topic.topic_id), data.partition_index)
+                asked = self._asked_by_id.get(id_key)
                 if asked is None:
                     continue
                 partition = self.partitions.get((asked.topic, asked.index))
                 if partition is not asked or partition.role != FOLLOWER or partition.leader_id != self.leader_id:
+                    continue
+                # Only at the position asked from, as Kafka's fetcher checks the fetch offset and
+                # leader epoch: leadership that went elsewhere and came back (a truncation between)
+                # makes the answer about a log that is gone. ``_built`` is as the request was sent.
+                built = self._built.get(id_key)
+                if built is None or built[0][:2] != (partition.leader_epoch, partition.log.log_end_offset):
                     continue
                 # Answered with an error (or a truncation) it heard nothing this round; answered
                 # with data, on_fetched notes the round.
