@@ -65,10 +65,15 @@ class CoordinatorShell(Generic[CoreT]):
         """Run the cores' timers (subclasses override)."""
 
     def appended(
-        self, key: str, entries: list[tuple[bytes, bytes | None]], producer: tuple[int, int] | None, now_ms: int
+        self,
+        key: str,
+        entries: list[tuple[bytes, bytes | None]],
+        producer: tuple[int, int] | None,
+        now_ms: int,
+        base_offset: int,
     ) -> None:
-        """Records were just appended to ``key``'s partition at ``now_ms`` (not yet replicated):
-        called in log order, before any later append (subclasses override)."""
+        """Records were just appended to ``key``'s partition at ``now_ms``, from ``base_offset`` on
+        (not yet replicated): called in log order, before any later append (subclasses override)."""
 
     def unload(self, core: CoreT) -> None:
         shutdown = getattr(core, "shutdown", None)
@@ -147,7 +152,7 @@ class CoordinatorShell(Generic[CoreT]):
                 return ErrorCode.invalid_producer_epoch  # a fenced producer's TxnOffsetCommit
             log.error("could not append coordinator records", topic=self.topic, error=str(exc))
             return ErrorCode.unknown_server_error
-        self.appended(key, entries, producer, now)
+        self.appended(key, entries, producer, now, result.base_offset)
         if on_append is not None:
             on_append()
         self.broker.on_leader_append(replica)

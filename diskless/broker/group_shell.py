@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import structlog
 from kio.schema.errors import ErrorCode
@@ -20,15 +20,16 @@ from diskless.groups.consumer_protocol import ConsumerGroupConfig
 from diskless.groups.coordinator import GroupConfig, GroupCoordinatorCore, OffsetAndMetadata
 from diskless.groups.offsets_upkeep import OffsetsUpkeep
 from diskless.groups.records import (
+    DecodedRecord,
     GroupTombstone,
     OffsetCommitRecord,
-    OffsetTombstone,
+    apply_record,
     decode,
     encode_offset,
     encode_offset_tombstone,
     partition_for,
-    replay,
 )
+from diskless.groups.txn_offsets import TxnOffsetOrder
 from diskless.log.txn_index import CONTROL_COMMIT, control_type
 from diskless.protocol import records
 from diskless.replication.partition import Partition
@@ -39,7 +40,9 @@ log = structlog.get_logger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
 
-PendingOffsets = dict[str, dict[tuple[str, int], OffsetAndMetadata]]
+OffsetKey = tuple[str, tuple[str, int]]  # (group id, (topic, partition))
+# Values are the offset and when its record was appended.
+OffsetOrder = TxnOffsetOrder[OffsetKey, tuple[OffsetAndMetadata, int]]
 
 
 class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
@@ -47,10 +50,9 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
 
     def __init__(self, broker: object) -> None:
         super().__init__(broker)  # type: ignore[arg-type]
-        # Transactional offsets waiting for their marker: (partition, producer id) -> group -> offsets.
-        self.pending_txn: dict[tuple[int, int], PendingOffsets] = {}
-        # When each pending transaction's first offsets were appended (their records' age).
-        self._pending_since: dict[tuple[int, int], int] = {}
+        # Per offsets partition this broker coordinates: which offset records count (transactional
+        # ones pending until their marker), and when each live offset's record was appended.
+        self.txn_order: dict[int, OffsetOrder] = {}
         self.upkeep: dict[int, OffsetsUpkeep] = {}  # per offsets partition this broker coordinates
         self._in_flight: Counter[str] = Counter()  # group id -> appends not yet answered
 
@@ -96,10 +98,6 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
             raise failed
 
     # --- transactional offsets (TxnOffsetCommit) ---------------------------------------------------
-    #
-    # Kafka's rule: of the records for one group's partition, the one appended last counts; a
-    # transactional one counts from its COMMIT marker on. So pending offsets are tracked as they
-    # are appended, in log order: a plain commit (or tombstone) appended later supersedes them.
 
     async def persist(
         self,
@@ -117,63 +115,66 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
                 del self._in_flight[key]
 
     def appended(
-        self, key: str, entries: list[tuple[bytes, bytes | None]], producer: tuple[int, int] | None, now_ms: int
+        self,
+        key: str,
+        entries: list[tuple[bytes, bytes | None]],
+        producer: tuple[int, int] | None,
+        now_ms: int,
+        base_offset: int,
     ) -> None:
         index = self.partition_of(key)
-        upkeep = self.upkeep.get(index)
-        offsets: dict[tuple[str, int], OffsetAndMetadata | None] = {}
-        for record_key, value in entries:
-            decoded = decode(record_key, value)
-            if isinstance(decoded, OffsetCommitRecord):
-                offsets[(decoded.topic, decoded.partition)] = decoded.value
-            elif isinstance(decoded, OffsetTombstone):
-                offsets[(decoded.topic, decoded.partition)] = None
-            elif upkeep is not None and producer is None:
-                upkeep.group_removed(decoded.group_id)
+        order, upkeep = self.txn_order.get(index), self.upkeep.get(index)
+        if order is None or upkeep is None:
+            return  # not loaded: nothing to keep in step
+        for position, (record_key, value) in enumerate(entries):
+            self._note_record(order, upkeep, decode(record_key, value), producer, base_offset + position, now_ms)
+
+    @staticmethod
+    def _note_record(
+        order: OffsetOrder,
+        upkeep: OffsetsUpkeep,
+        record: DecodedRecord,
+        producer: tuple[int, int] | None,
+        offset: int,
+        at_ms: int,
+    ) -> bool:
+        """Account for one record appended at ``offset``, live or replayed; True when its effect
+        is visible at once (a plain record), False when it waits for its transaction's marker."""
+        if isinstance(record, GroupTombstone):
+            upkeep.group_removed(record.group_id)
+            return True
+        tp = (record.topic, record.partition)
         if producer is not None:
-            self._pending_since.setdefault((index, producer[0]), now_ms)
-            self.add_pending(key, producer[0], {tp: om for tp, om in offsets.items() if om is not None})
-            return
-        self.supersede_pending(key, offsets)
-        for tp, value in offsets.items() if upkeep is not None else ():
-            if value is None:
-                upkeep.removed(key, tp)  # type: ignore[union-attr]
-            else:
-                upkeep.wrote(key, tp, now_ms)  # type: ignore[union-attr]
-
-    def add_pending(self, group_id: str, producer_id: int, offsets: dict[tuple[str, int], OffsetAndMetadata]) -> None:
-        """Transactional offsets appended: they count once the producer's COMMIT marker follows."""
-        key = (self.partition_of(group_id), producer_id)
-        self.pending_txn.setdefault(key, {}).setdefault(group_id, {}).update(offsets)
-
-    def supersede_pending(self, group_id: str, partitions: Iterable[tuple[str, int]]) -> None:
-        """A plain commit or tombstone appended for these partitions: pending transactional
-        offsets of the group appended before it no longer count, whatever their marker says."""
-        index = self.partition_of(group_id)
-        partitions = list(partitions)
-        for (pending_index, _), groups in self.pending_txn.items():
-            offsets = groups.get(group_id) if pending_index == index else None
-            for tp in partitions if offsets else ():
-                offsets.pop(tp, None)  # type: ignore[union-attr]
+            if isinstance(record, OffsetCommitRecord):
+                order.transactional(producer[0], (record.group_id, tp), (record.value, at_ms), offset)
+            return False
+        order.plain((record.group_id, tp), offset)
+        if isinstance(record, OffsetCommitRecord):
+            upkeep.wrote(record.group_id, tp, at_ms)
+        else:
+            upkeep.removed(record.group_id, tp)
+        return True
 
     def pending_partitions(self, group_id: str) -> set[tuple[str, int]]:
         """The group's partitions with a transactional offset waiting for its transaction's end
         (OffsetFetch with require_stable answers UNSTABLE_OFFSET_COMMIT for them)."""
-        index = self.partition_of(group_id)
-        return {tp for (i, _), groups in self.pending_txn.items() if i == index for tp in groups.get(group_id, ())}
+        order = self.txn_order.get(self.partition_of(group_id))
+        return {tp for group, tp in order.pending_keys() if group == group_id} if order is not None else set()
 
     def on_marker(self, index: int, producer_id: int, commit: bool) -> None:
         """A transaction ended on offsets partition ``index``: its offsets count now, or never."""
-        pending = self.pending_txn.pop((index, producer_id), {})
-        since = self._pending_since.pop((index, producer_id), 0)
-        core = self.cores.get(index)
-        if commit and core is not None:
-            upkeep = self.upkeep.get(index)
-            for group_id, offsets in pending.items():
-                if offsets:
-                    core.apply_offsets(group_id, offsets)
-                for tp in offsets if upkeep is not None else ():
-                    upkeep.wrote(group_id, tp, since)  # type: ignore[union-attr]
+        order, upkeep, core = self.txn_order.get(index), self.upkeep.get(index), self.cores.get(index)
+        if order is None or upkeep is None or core is None:
+            return
+        self._apply_ended(core, upkeep, order.ended(producer_id, commit))
+
+    @staticmethod
+    def _apply_ended(
+        core: GroupCoordinatorCore, upkeep: OffsetsUpkeep, counting: dict[OffsetKey, tuple[OffsetAndMetadata, int]]
+    ) -> None:
+        for (group_id, tp), (value, at_ms) in counting.items():
+            core.apply_offsets(group_id, {tp: value})
+            upkeep.wrote(group_id, tp, at_ms)
 
     def unload(self, core: GroupCoordinatorCore) -> None:
         """Pending offsets go with the core: whoever leads next ends those transactions, and a
@@ -182,9 +183,7 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
         super().unload(core)
 
     def _forget_partition(self, index: int) -> None:
-        for key in [key for key in self.pending_txn if key[0] == index]:
-            del self.pending_txn[key]
-            self._pending_since.pop(key, None)
+        self.txn_order.pop(index, None)
         self.upkeep.pop(index, None)
 
     # --- offsets retention (Kafka's offsets.retention.check.interval.ms task) -----------------------
@@ -202,7 +201,9 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
             if self._in_flight[group_id] or self.cores.get(index) is not core:
                 continue  # a commit on its way may revive one: the next pass decides
             # Looked at again right before the append: the awaits before may have changed the group.
-            tps = core.expired_offsets(self.now_ms(), retention_ms, [group_id]).get(group_id)
+            expired = core.expired_offsets(self.now_ms(), retention_ms, [group_id]).get(group_id, [])
+            pending = self.pending_partitions(group_id)
+            tps = [tp for tp in expired if tp not in pending]  # a tombstone would outrank the transaction's
             if not tps:
                 continue
             tombstones = [encode_offset_tombstone(group_id, t, p) for t, p in tps]
@@ -254,48 +255,23 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
             partitions_of=self.partitions_of,
         )
         self._forget_partition(partition.index)
+        order: OffsetOrder = TxnOffsetOrder()
+        upkeep = OffsetsUpkeep()
         log_start = partition.log.log_start_offset
-        # (key, value, when appended): the batch's timestamp, the coordinator's clock.
-        entries: list[tuple[bytes, bytes | None, int]] = []
-        # Transactional records by producer, keyed by record key: a later plain record of the same
-        # key supersedes them (the same rule as ``supersede_pending``).
-        waiting: dict[int, dict[bytes, tuple[bytes | None, int]]] = {}
         for raw in self.log_batches(partition):
             header = records.parse_header(raw)
             if header.is_control:
-                done = waiting.pop(header.producer_id, {})
-                if control_type(raw) == CONTROL_COMMIT:
-                    entries.extend((k, v, at) for k, (v, at) in done.items())
+                counting = order.ended(header.producer_id, control_type(raw) == CONTROL_COMMIT)
+                self._apply_ended(core, upkeep, counting)
                 continue
-            batch_entries = [
-                (k, v) for offset, k, v in records.iter_records(raw) if offset >= log_start and k is not None
-            ]
-            if header.is_transactional:
-                waiting.setdefault(header.producer_id, {}).update(
-                    (k, (v, header.max_timestamp)) for k, v in batch_entries
-                )
-                continue
-            entries.extend((k, v, header.max_timestamp) for k, v in batch_entries)
-            for open_entries in waiting.values():
-                for key, _ in batch_entries:
-                    open_entries.pop(key, None)
-        replay(core, [(k, v) for k, v, _ in entries])
-        upkeep = self.upkeep[partition.index] = OffsetsUpkeep()
-        for key, value, at_ms in entries:
-            decoded = decode(key, value)
-            if isinstance(decoded, OffsetCommitRecord):
-                upkeep.wrote(decoded.group_id, (decoded.topic, decoded.partition), at_ms)
-            elif isinstance(decoded, OffsetTombstone):
-                upkeep.removed(decoded.group_id, (decoded.topic, decoded.partition))
-            elif isinstance(decoded, GroupTombstone):
-                upkeep.group_removed(decoded.group_id)
-        for producer_id, open_entries in waiting.items():
-            # Still open when we took over: pending until the transaction coordinator's marker.
-            for key, (value, at_ms) in open_entries.items():
-                decoded = decode(key, value)
-                if isinstance(decoded, OffsetCommitRecord):
-                    pending = self.pending_txn.setdefault((partition.index, producer_id), {})
-                    pending.setdefault(decoded.group_id, {})[(decoded.topic, decoded.partition)] = decoded.value
-                    since = self._pending_since.setdefault((partition.index, producer_id), at_ms)
-                    self._pending_since[(partition.index, producer_id)] = min(since, at_ms)
+            producer = (header.producer_id, header.producer_epoch) if header.is_transactional else None
+            for offset, key, value in records.iter_records(raw):
+                if offset < log_start or key is None:
+                    continue
+                record = decode(key, value)
+                # The batch's timestamp is when the coordinator appended it (its own clock).
+                if self._note_record(order, upkeep, record, producer, offset, header.max_timestamp):
+                    apply_record(core, record)
+        # Transactions still open when we took over stay pending until their marker.
+        self.txn_order[partition.index], self.upkeep[partition.index] = order, upkeep
         return core

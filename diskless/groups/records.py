@@ -117,17 +117,21 @@ def decode(key: bytes, value: bytes | None) -> DecodedRecord:
     raise RecordFormatError(f"unsupported key version {version}")
 
 
+def apply_record(core: GroupCoordinatorCore, record: DecodedRecord) -> None:
+    """Make one record's effect visible in ``core`` (records apply in log order)."""
+    if isinstance(record, OffsetCommitRecord):
+        core.apply_offsets(record.group_id, {(record.topic, record.partition): record.value})
+    elif isinstance(record, OffsetTombstone):
+        core.remove_offsets(record.group_id, [(record.topic, record.partition)])
+    else:
+        core.remove_group(record.group_id)
+
+
 def replay(core: GroupCoordinatorCore, records: Iterable[Record]) -> int:
     """Rebuild ``core``'s offsets from a partition's records, in log order; returns how many."""
     count = 0
     for key, value in records:
-        record = decode(key, value)
-        if isinstance(record, OffsetCommitRecord):
-            core.apply_offsets(record.group_id, {(record.topic, record.partition): record.value})
-        elif isinstance(record, OffsetTombstone):
-            core.remove_offsets(record.group_id, [(record.topic, record.partition)])
-        else:
-            core.remove_group(record.group_id)
+        apply_record(core, decode(key, value))
         count += 1
     return count
 

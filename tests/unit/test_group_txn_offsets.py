@@ -19,6 +19,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 from loghelpers import T0
@@ -205,5 +207,70 @@ def test_require_stable_also_sees_offsets_a_replay_found_pending(tmp_path: Path)
     partition.leader_state, partition.leader_epoch = object(), 1
     shell.on_partition(0, partition)  # type: ignore[arg-type]
     assert fetch(shell, require_stable=True)[0] == (ErrorCode.unstable_offset_commit, -1)
-    commit(shell, ("in", 0), 7)  # a plain commit after it: the transaction can no longer move it
-    assert fetch(shell, require_stable=True)[0] == (ErrorCode.none, 7)
+    commit(shell, ("in", 0), 7)
+    assert fetch(shell, require_stable=True)[0] == (ErrorCode.unstable_offset_commit, -1)  # as Kafka: until the marker
+    marker(shell, partition, committed=True)
+    assert fetch(shell, require_stable=True)[0] == (ErrorCode.none, 7)  # appended last
+    assert replayed(shell, partition) == {("in", 0): 7}
+
+
+def test_of_two_transactions_the_one_appended_later_wins_whichever_commits_first(tmp_path: Path) -> None:
+    shell, partition = make_shell(tmp_path)
+    other = PID + 1
+    txn_commit(shell, ("in", 0), 10)  # PID's, appended first
+    om = OffsetAndMetadata(20, -1, "", T0)
+    assert asyncio.run(shell.persist(GROUP, [encode_offset(GROUP, "in", 0, om)], (other, 0))) is ErrorCode.none
+    partition.log.append_marker_as_leader(other, 0, True, 0, 0, T0)
+    shell.on_marker(0, other, True)
+    marker(shell, partition, committed=True)  # PID's commits last, but its offset was appended first
+    assert offsets(shell) == {("in", 0): 20} == replayed(shell, partition)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["plain", "txn", "commit", "abort", "failover"]), st.integers(0, 1), st.integers(0, 1)
+        ),
+        max_size=25,
+    )
+)
+def test_live_offsets_always_match_a_replay_of_the_log(
+    tmp_path_factory: Any, steps: list[tuple[str, int, int]]
+) -> None:
+    """Any interleaving of plain commits, two producers' transactional commits, their markers and
+    coordinator failovers: what the live coordinator serves is what a replay of the log serves,
+    and OffsetFetch's pending partitions are those of open transactions."""
+    shell, partition = make_shell(tmp_path_factory.mktemp("co"))
+    open_txns: dict[int, set[tuple[str, int]]] = {}
+    # The model: every record in append order (value, partition, its transaction or None), and the
+    # transactions that committed. Of the records that count, the one appended last wins.
+    appended: list[tuple[int, tuple[str, int], tuple[int, int] | None]] = []
+    committed: set[tuple[int, int]] = set()
+    txn_number: dict[int, int] = {}
+    for value, (action, producer, index) in enumerate(steps, start=1):
+        pid, tp = PID + producer, ("in", index)
+        if action == "plain":
+            commit(shell, tp, value)
+            appended.append((value, tp, None))
+        elif action == "txn":
+            om = OffsetAndMetadata(value, -1, "", T0)
+            code = asyncio.run(shell.persist(GROUP, [encode_offset(GROUP, "in", index, om)], (pid, 0)))
+            assert code is ErrorCode.none
+            open_txns.setdefault(pid, set()).add(tp)
+            appended.append((value, tp, (pid, txn_number.get(pid, 0))))
+        elif action in ("commit", "abort") and pid in open_txns:
+            partition.log.append_marker_as_leader(pid, 0, action == "commit", 0, 0, T0)
+            shell.on_marker(0, pid, action == "commit")
+            del open_txns[pid]
+            if action == "commit":
+                committed.add((pid, txn_number.get(pid, 0)))
+            txn_number[pid] = txn_number.get(pid, 0) + 1
+        elif action == "failover":
+            partition.leader_state = None
+            shell.on_partition(0, partition)  # type: ignore[arg-type]
+            partition.leader_state, partition.leader_epoch = object(), partition.leader_epoch + 1
+            shell.on_partition(0, partition)  # type: ignore[arg-type]
+        expected = {tp: v for v, tp, txn in appended if txn is None or txn in committed}
+        assert offsets(shell) == expected == replayed(shell, partition)
+        assert shell.pending_partitions(GROUP) == set().union(*open_txns.values())
