@@ -186,7 +186,7 @@ class DisklessRpcs(ApiFamily):
         stale = self._incarnation_error(body["topic"], body["partition"], body.get("topic_id"))
         if stale is not None:
             return {"error_code": int(stale)}
-        code, plog, _ = self._leader_log(body["topic"], body["partition"])
+        code, plog, _ = self._leader_log(body["topic"], body["partition"], int(body.get("current_leader_epoch", -1)))
         if plog is None:
             return {"error_code": int(code)}
         stable = plog.last_stable_offset

@@ -180,7 +180,9 @@ class FetchApis(ApiFamily):
             has_error = has_error or bool(unknown)
             if forwards:
                 room = max(getattr(request, "max_bytes", 2**31 - 1) - total, 0)
-                total += await self._fetch_from_leaders(forwards, remote, room, total == 0)
+                forwarded, forward_error = await self._fetch_from_leaders(forwards, remote, room, total == 0)
+                total += forwarded
+                has_error = has_error or forward_error  # answered at once, as Kafka's DelayedFetch
             remaining = deadline - time.monotonic()
             if total >= request.min_bytes or has_error or remaining <= 0 or (total > 0 and request.min_bytes <= 1):
                 if remote:
@@ -221,21 +223,22 @@ class FetchApis(ApiFamily):
 
     async def _fetch_from_leaders(
         self,
-        forwards: list[tuple[dict[str, Any], str, int, int, int, int]],
+        forwards: list[tuple[dict[str, Any], str, int, int, int, int, int]],
         remote: list[tuple[dict[str, Any], bytes]],
         room: int,
         min_one: bool,
-    ) -> int:
+    ) -> tuple[int, bool]:
         """Diskless partitions with no replica here: pointers (metadata only) come from the leader,
-        the data from object storage in this AZ. Returns the bytes the batches will take.
+        the data from object storage in this AZ. Returns the bytes the batches will take, and
+        whether some partition's answer is an error (the fetch is then answered at once).
 
         Every leader is asked at once, each for up to its partition's limit; the answers are then
         cut, in request order, to the ``room`` left in the response (its max_bytes), before any
         data is read: what object storage sends back is held in memory until the answer is written."""
         answers: list[tuple[dict[str, Any], Any, bytes]] = []
 
-        async def one(item: tuple[dict[str, Any], str, int, int, int, int]) -> None:
-            entry, topic, partition, offset, limit, leader = item
+        async def one(item: tuple[dict[str, Any], str, int, int, int, int, int]) -> None:
+            entry, topic, partition, offset, limit, leader, leader_epoch = item
             meta = self._meta.topics.get(topic)
             if meta is None:  # deleted since the fetch was planned
                 entry["error_code"] = ErrorCode.unknown_topic_or_partition
@@ -247,6 +250,7 @@ class FetchApis(ApiFamily):
                 "partition": partition,
                 "offset": offset,
                 "max_bytes": limit,
+                "current_leader_epoch": leader_epoch,  # the consumer's, checked by the leader (KIP-320)
             }
             # The entry was built with a list of aborted transactions exactly when read_committed.
             committed = entry["aborted_transactions"] is not None
@@ -273,6 +277,7 @@ class FetchApis(ApiFamily):
             answers.append((entry, answer.get("kind"), answer.get("data", b"")))
 
         await asyncio.gather(*(one(item) for item in forwards))
+        errored = any(item[0]["error_code"] != ErrorCode.none for item in forwards)
         order = {id(item[0]): i for i, item in enumerate(forwards)}
         answers.sort(key=lambda a: order[id(a[0])])
         total = 0
@@ -294,7 +299,7 @@ class FetchApis(ApiFamily):
             elif len(data) <= left or first:
                 entry["records"] = data
                 total += len(data)
-        return total
+        return total, errored
 
     @staticmethod
     def _consumer_az(request: Any) -> str:
@@ -439,7 +444,7 @@ class FetchApis(ApiFamily):
         has_error = False
         responses = []
         remote: list[tuple[dict[str, Any], bytes]] = []
-        forwards: list[tuple[dict[str, Any], str, int, int, int, int]] = []
+        forwards: list[tuple[dict[str, Any], str, int, int, int, int, int]] = []
         # A sessionless consumer names every partition it reads in every Fetch: what does not
         # depend on the partition is found once per round, not once per partition.
         now_ms = self.broker.now_ms()
@@ -494,8 +499,12 @@ class FetchApis(ApiFamily):
                     else None
                 )
                 route = self._follower_route(view, p.fetch_offset, now_ms, staleness_ms, routes)
-                through_leader = replica is None or (
-                    route.action == FORWARD and state is not None and state.leader != self.broker.node_id
+                # A stale or future leader epoch (KIP-320) is the consumer's to hear, never forwarded:
+                # the leader would serve it, and the client would never refresh its metadata.
+                epoch_error = code in (ErrorCode.fenced_leader_epoch, ErrorCode.unknown_leader_epoch)
+                through_leader = not epoch_error and (
+                    replica is None
+                    or (route.action == FORWARD and state is not None and state.leader != self.broker.node_id)
                 )
                 redirect = -1 if redirect_az is None else self._zone_redirect(redirect_az, topic.topic, index, state)
                 if redirect >= 0:
@@ -503,7 +512,7 @@ class FetchApis(ApiFamily):
                     has_error = True  # answer now: the consumer moves to its own AZ's broker
                 elif diskless and follower < 0 and through_leader and state is not None and state.leader >= 0:
                     limit = min(p.partition_max_bytes, max(max_bytes - total, 0))
-                    forwards.append((entry, topic.topic, p.partition, p.fetch_offset, limit, state.leader))
+                    forwards.append((entry, topic.topic, p.partition, p.fetch_offset, limit, state.leader, asked_epoch))
                     entry["error_code"] = ErrorCode.none
                 elif route.action == OUT_OF_RANGE and plog is not None:
                     entry.update(
@@ -674,9 +683,26 @@ class FetchApis(ApiFamily):
                     follower_here = diskless and replica is not None and replica.leader_state is None
                     if found is not None and p.timestamp == EARLIEST and follower_here and replica is not None:
                         found = earliest_offset(replica.follower_view()), -1
-                    if found is not None:
+                    # As Kafka's Partition.fetchOffsetForTimestamp: a new leader whose high watermark
+                    # has not reached its epoch's start (the old leader's, which clients were told,
+                    # was higher) answers OFFSET_NOT_AVAILABLE, retriable, rather than an end that
+                    # went backwards, for LATEST and for a timestamp not found below it.
+                    lagging = (
+                        getattr(request, "replica_id", -1) < 0  # a consumer's, also forwarded for one
+                        and replica is not None
+                        and replica.leader_state is not None
+                        and replica.leader_state.epoch_start_offset > plog.high_watermark
+                    )
+                    if lagging and p.timestamp != EARLIEST and (p.timestamp == LATEST or found is None):
+                        entry["error_code"] = ErrorCode.offset_not_available
+                    elif found is not None:
                         entry["offset"], entry["timestamp"] = found
-                        entry["leader_epoch"] = plog.epochs.epoch_for_offset(found[0])
+                        leads = replica is not None and replica.leader_state is not None
+                        entry["leader_epoch"] = (
+                            replica.leader_epoch  # type: ignore[union-attr]
+                            if leads and p.timestamp == LATEST
+                            else plog.epochs.epoch_for_offset(found[0])
+                        )
                 parts.append(entry)
             topics.append({"name": topic.name, "partitions": parts})
         for leader, items in forwards.items():

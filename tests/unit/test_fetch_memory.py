@@ -75,7 +75,7 @@ async def test_forwarded_partitions_share_the_fetch_max_bytes(monkeypatch: pytes
     entries = [{"partition": p, "error_code": 0, "aborted_transactions": None, "records": None} for p in range(20)]
     # Twenty diskless partitions with no replica here, each read through its leader: the plan gives
     # each the partition's own limit (the response's total was 0 when each was planned).
-    forwards = [(entry, "t", entry["partition"], 0, min(PARTITION_MAX, max_bytes), 2) for entry in entries]
+    forwards = [(entry, "t", entry["partition"], 0, min(PARTITION_MAX, max_bytes), 2, -1) for entry in entries]
 
     def fetch_once(request: Any, shared_keys: dict[str, int] | None = None) -> Any:
         return [{"topic": "t", "partitions": entries}], 0, False, [], forwards
