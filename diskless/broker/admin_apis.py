@@ -25,6 +25,20 @@ MAX_NEW_PARTITIONS_PER_REQUEST = 10000
 EXCESSIVE_PARTITIONS = "Excessively large number of partitions per request."
 
 
+def _assignment_error(assignments: Any) -> str | None:
+    """Why CreateTopics' manual assignments are invalid (Kafka's ReplicationControlManager), or None:
+    each partition once, indexes 0..n-1, every replica list as long as the first."""
+    indexes = [a.partition_index for a in assignments]
+    if len(set(indexes)) != len(indexes):
+        return "Found multiple manual partition assignments for one partition."
+    if sorted(indexes) != list(range(len(indexes))):
+        return "Manual partition assignment indexes must be a consecutive 0-based integer sequence."
+    sizes = {len(a.broker_ids) for a in assignments}
+    if len(sizes) > 1:
+        return "The manual partition assignments have inconsistent replication factors."
+    return None
+
+
 class AdminApis(ApiFamily):
     """Topic administration."""
 
@@ -61,6 +75,11 @@ class AdminApis(ApiFamily):
                 continue
             partitions = item.num_partitions
             rf = item.replication_factor
+            assignment_error = _assignment_error(item.assignments)
+            if assignment_error is not None:
+                entry.update(error_code=ErrorCode.invalid_replica_assignment, error_message=assignment_error)
+                results.append(entry)
+                continue
             assignments = [list(a.broker_ids) for a in sorted(item.assignments, key=lambda a: a.partition_index)]
             if not assignments:
                 partitions = self.broker.config.num_partitions if partitions == -1 else partitions

@@ -10,6 +10,7 @@ returns them. Each family lives in its own module: ``metadata_apis``, ``produce_
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
     from .broker import Broker
 
 __all__ = ["CloseConnection", "KafkaApis", "api_version_entries"]
+
+
+CLIENT_SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 
 
 class KafkaApis:
@@ -112,7 +116,12 @@ class KafkaApis:
         return await self.security.handle_authorized(header, request, run)
 
     def api_versions(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
-        return {"error_code": ErrorCode.none, "api_keys": api_version_entries(), "throttle_time": 0}
+        # v3+ names the client software; Kafka refuses names outside its pattern (KIP-511).
+        names = (getattr(request, "client_software_name", None), getattr(request, "client_software_version", None))
+        error = ErrorCode.none
+        if header.api_version >= 3 and not all(n is not None and CLIENT_SOFTWARE.fullmatch(n) for n in names):
+            error = ErrorCode.invalid_request
+        return {"error_code": error, "api_keys": api_version_entries(), "throttle_time": 0}
 
     def _coordinator_handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
         from diskless.groups import handlers as g

@@ -161,8 +161,13 @@ class ConfigApis(ApiFamily):
         def updates(res: Any, current: dict[str, str]) -> dict[str, str | None]:
             topic = res.resource_type == RESOURCE_TOPIC
             out: dict[str, str | None] = {}
+            names = [canonical_name(c.name) if topic else c.name for c in res.configs]
+            if len(set(names)) != len(names):
+                raise MetadataError(ErrorCode.invalid_request, "Error due to duplicate config keys")
             for c in res.configs:
                 name = canonical_name(c.name) if topic else c.name
+                if c.value is None and c.config_operation != OP_DELETE:
+                    raise MetadataError(ErrorCode.invalid_request, f"Null value not supported for : {c.name}")
                 if c.config_operation == OP_SET:
                     out[name] = c.value
                 elif c.config_operation == OP_DELETE:
@@ -179,6 +184,7 @@ class ConfigApis(ApiFamily):
         self, request: Any, updates_for: Callable[[Any, dict[str, str]], dict[str, str | None]]
     ) -> dict[str, Any]:
         responses = []
+        resources = [(res.resource_type, res.resource_name) for res in request.resources]
         for res in request.resources:
             entry: dict[str, Any] = {
                 "error_code": ErrorCode.none,
@@ -186,6 +192,12 @@ class ConfigApis(ApiFamily):
                 "resource_type": res.resource_type,
                 "resource_name": res.resource_name,
             }
+            if resources.count((res.resource_type, res.resource_name)) > 1:
+                entry.update(
+                    error_code=ErrorCode.invalid_request, error_message="Each resource must appear at most once."
+                )
+                responses.append(entry)
+                continue
             try:
                 if res.resource_type == RESOURCE_TOPIC:
                     topic = self._meta.topics.get(res.resource_name)

@@ -24,6 +24,55 @@ from .api_base import ApiFamily, CloseConnection, _ms
 log = structlog.get_logger(__name__)
 
 
+ZSTD_SINCE_PRODUCE_VERSION = 7  # KIP-110
+
+
+def _first_headers(request: Any) -> list[records.BatchHeader]:
+    """Each partition's (first) batch header, where there is one (produce v3+ carries one batch)."""
+    return [
+        records.parse_header(memoryview(pdata.records))
+        for topic_data in request.topic_data
+        for pdata in topic_data.partition_data
+        if pdata.records and len(pdata.records) >= records.HEADER_SIZE
+    ]
+
+
+def _request_refusal(version: int, request: Any) -> ErrorCode | None:
+    """What Kafka refuses a whole produce request for (ProduceRequest.validateRecords, KafkaApis)."""
+    headers = _first_headers(request)
+    if version < ZSTD_SINCE_PRODUCE_VERSION and any(h.compression == records.COMPRESSION_ZSTD for h in headers):
+        return ErrorCode.unsupported_compression_type
+    if getattr(request, "transactional_id", None) is None and any(h.is_transactional for h in headers):
+        # A transaction no coordinator knows would hold the partition's last stable offset.
+        return ErrorCode.transactional_id_authorization_failed
+    return None
+
+
+def _refused(request: Any, code: ErrorCode) -> dict[str, Any]:
+    """Every partition of the request answered ``code``."""
+    return {
+        "responses": [
+            {
+                "name": topic_data.name,
+                "partition_responses": [
+                    {
+                        "index": pdata.index,
+                        "error_code": code,
+                        "base_offset": -1,
+                        "log_append_time": None,
+                        "log_start_offset": -1,
+                        "record_errors": [],
+                        "error_message": None,
+                    }
+                    for pdata in topic_data.partition_data
+                ],
+            }
+            for topic_data in request.topic_data
+        ],
+        "throttle_time": 0,
+    }
+
+
 class ProduceApis(ApiFamily):
     """Produce to classic partitions (append here) and diskless ones (via the representative)."""
 
@@ -38,6 +87,11 @@ class ProduceApis(ApiFamily):
         now = self.broker.now_ms()
         acks = request.acks
         timeout_s = _ms(request.timeout) / 1000
+        refusal = _request_refusal(header.api_version, request)
+        if refusal is not None:
+            if acks == 0:
+                raise CloseConnection(f"acks=0 produce refused: {refusal.name}")
+            return _refused(request, refusal)
         responses = []
         pending: list[tuple[dict[str, Any], Partition, int, int]] = []
         remote: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = []

@@ -161,6 +161,12 @@ class ClusterMetadata:
         validate_topic_name(name)
         if name in self.topics:
             raise MetadataError(ErrorCode.topic_already_exists, f"Topic '{name}' already exists.")
+        # As Kafka: '.' and '_' collide in metric names, so names differing only there cannot coexist.
+        colliding = [t for t in self.topics if t.replace(".", "_") == name.replace(".", "_")]
+        if colliding:
+            raise MetadataError(
+                ErrorCode.invalid_topic_exception, f"Topic '{name}' collides with existing topic '{colliding[0]}'."
+            )
         if assignments:
             if num_partitions != -1 or replication_factor != -1:
                 raise MetadataError(

@@ -281,11 +281,13 @@ class PartitionLog:
 
     # --- appending -----------------------------------------------------------------------------
 
-    def validate_and_prepare(self, batches: Sequence[memoryview], now_ms: int) -> list[records.BatchHeader]:
+    def validate_and_prepare(
+        self, batches: Sequence[memoryview], now_ms: int, from_client: bool = True
+    ) -> list[records.BatchHeader]:
         """Header-level validation of producer batches (raises records.InvalidBatch)."""
         headers = []
         for batch in batches:
-            header = records.validate_batch(batch, self.config.max_message_bytes)
+            header = records.validate_batch(batch, self.config.max_message_bytes, from_client)
             if not timestamp_allowed(header, self.config, now_ms):
                 raise records.InvalidBatch("invalid_timestamp", "timestamp outside the allowed range")
             headers.append(header)
@@ -299,7 +301,7 @@ class PartitionLog:
         ``check_sequence`` is off for batches a coordinator writes for a producer (transactional
         offset commits), which carry its id and epoch but no sequence, as in Kafka.
         """
-        headers = self.validate_and_prepare(batches, now_ms)
+        headers = self.validate_and_prepare(batches, now_ms, from_client=check_sequence)
         for header in headers:
             if not check_sequence:
                 self.producer_state.check_epoch(header)

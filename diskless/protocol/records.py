@@ -149,11 +149,17 @@ def split_batches(records: bytes | memoryview) -> list[memoryview]:
     return out
 
 
-def validate_batch(batch: memoryview, max_message_bytes: int) -> BatchHeader:
-    """Check one producer batch the way Kafka's LogValidator does at the header level."""
+COMPRESSION_ZSTD = 4  # the highest codec id (none, gzip, snappy, lz4, zstd)
+
+
+def validate_batch(batch: memoryview, max_message_bytes: int, from_client: bool = True) -> BatchHeader:
+    """Check one producer batch the way Kafka's LogValidator does at the header level
+    (``from_client`` off: a batch a coordinator built for a producer, which has no sequence)."""
     header = parse_header(batch)
+    if header.magic in (0, 1):
+        raise InvalidBatch("invalid_record", f"produce requests must hold magic 2 batches, not magic {header.magic}")
     if header.magic != 2:
-        raise InvalidBatch("unsupported_for_message_format", f"magic {header.magic} is not supported")
+        raise InvalidBatch("corrupt_message", f"invalid magic {header.magic}")
     if len(batch) > max_message_bytes:
         raise InvalidBatch(
             "message_too_large", f"batch of {len(batch)} bytes exceeds max.message.bytes {max_message_bytes}"
@@ -164,6 +170,13 @@ def validate_batch(batch: memoryview, max_message_bytes: int) -> BatchHeader:
         raise InvalidBatch("invalid_record", "record count does not match the last offset delta")
     if header.is_control:
         raise InvalidBatch("invalid_record", "clients may not produce control batches")
+    if header.compression > COMPRESSION_ZSTD:
+        # Stored, no consumer could decode it (Kafka's CompressionType.forId refuses it).
+        raise InvalidBatch("corrupt_message", f"unknown compression codec {header.compression}")
+    if from_client and header.base_offset != 0:
+        raise InvalidBatch("invalid_record", f"a produced batch's base offset must be 0, not {header.base_offset}")
+    if from_client and header.producer_id >= 0 and header.base_sequence < 0:
+        raise InvalidBatch("invalid_record", f"producer {header.producer_id} sent sequence {header.base_sequence}")
     return header
 
 

@@ -31,6 +31,7 @@ from kio.schema.errors import ErrorCode
 from diskless.broker.produce_apis import ProduceApis
 from diskless.cluster.metadata import PartitionState, TopicMetadata
 from diskless.log.config import LogConfig
+from diskless.protocol import messages as m
 from diskless.replication.partition import Partition
 
 PID = 7
@@ -66,7 +67,7 @@ def produce(apis: ProduceApis, seq: int, count: int = 1, epoch: int = 0, acks: i
         transactional_id=None,
         topic_data=[SimpleNamespace(name="t", partition_data=[SimpleNamespace(index=0, records=batch)])],
     )
-    return apis.produce(None, request)  # type: ignore[arg-type]
+    return apis.produce(m.RequestHeader(m.API_PRODUCE, 9, 1, "c"), request)
 
 
 def answer(body: Any) -> tuple[ErrorCode, int]:

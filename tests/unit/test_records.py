@@ -85,7 +85,7 @@ def test_parse_header_reads_every_field(recs: list[Record], codec: int) -> None:
     assert (h.producer_id, h.producer_epoch, h.base_sequence) == (99, 3, 17)
     assert h.record_count == len(recs)
     assert not h.is_log_append_time and not h.is_transactional and not h.is_control
-    assert r.validate_batch(memoryview(batch), 1 << 20) == h
+    assert r.validate_batch(memoryview(batch), 1 << 20, from_client=False) == h
     assert r.peek_offset_and_size(batch, 0) == (1234, len(batch))
     assert r.last_offset_at(batch, 0) == h.last_offset
 
@@ -110,7 +110,7 @@ def test_any_flipped_covered_byte_is_corrupt_message(data: st.DataObject, codec:
 def test_uncovered_fields_do_not_affect_validation(data: st.DataObject) -> None:
     batch = bytearray(values_batch(3))
     r.assign_offset(batch, data.draw(st.integers(0, 2**62)), data.draw(st.integers(-1, 2**31 - 1)))
-    r.validate_batch(memoryview(batch), 1 << 20)
+    r.validate_batch(memoryview(batch), 1 << 20, from_client=False)  # a client's base offset must be 0
 
 
 def test_message_too_large() -> None:
@@ -121,12 +121,13 @@ def test_message_too_large() -> None:
     assert exc.value.error == "message_too_large"
 
 
-@pytest.mark.parametrize("magic", [0, 1, 3])
-def test_bad_magic(magic: int) -> None:
+@pytest.mark.parametrize(("magic", "error"), [(0, "invalid_record"), (1, "invalid_record"), (3, "corrupt_message")])
+def test_bad_magic(magic: int, error: str) -> None:
+    """As Kafka: magic 0/1 in a v3+ produce is INVALID_RECORD, an unknown magic CORRUPT_MESSAGE."""
     batch = make_batch([b"x"], magic=magic)
     with pytest.raises(r.InvalidBatch) as exc:
         r.validate_batch(memoryview(batch), 1 << 20)
-    assert exc.value.error == "unsupported_for_message_format"
+    assert exc.value.error == error
 
 
 @pytest.mark.parametrize(("count", "delta"), [(3, 3), (3, 1), (0, -1), (-1, -2), (3, -1)])
