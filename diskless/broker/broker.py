@@ -90,6 +90,10 @@ class _OwnLeaders:
         return await self._broker.apis.txn_verification.verify_partition(body)
 
 
+ISR_PROPOSAL_ATTEMPTS = 3  # an ISR change whose outcome is unknown is asked again this often
+ISR_PROPOSAL_RETRY_S = 0.5
+
+
 class Broker:
     def __init__(self, config: BrokerConfig) -> None:
         self.config = config
@@ -497,15 +501,30 @@ class Broker:
         partition.propose_isr(isr)  # the HW waits for a joining replica from now on (KIP-497)
 
         async def propose() -> None:
-            ok = False
+            # Back to the committed ISR only when the proposal surely did not land (Kafka's
+            # Partition.handleAlterPartitionError). An answer lost after etcd applied it leaves the
+            # store with the new ISR: dropping the joining replica from the high watermark's count
+            # then could acknowledge records the controller's next leader, from that ISR, lacks.
+            # So an unknown outcome is asked again; a refusal after it means the revision moved
+            # (perhaps by our own write), and the watch brings the outcome (apply_isr).
+            ok: bool | None = None
+            ambiguous = False
             try:
-                async with self._isr_slots:
-                    ok = await self.backend.update_partition(partition.topic, partition.index, state, expected)
+                for attempt in range(ISR_PROPOSAL_ATTEMPTS):
+                    try:
+                        async with self._isr_slots:
+                            ok = await self.backend.update_partition(partition.topic, partition.index, state, expected)
+                        break
+                    except Exception as exc:
+                        ambiguous = True
+                        log.info("ISR proposal outcome unknown", topic=partition.topic, error=str(exc))
+                        if attempt + 1 < ISR_PROPOSAL_ATTEMPTS:
+                            await asyncio.sleep(ISR_PROPOSAL_RETRY_S)
                 if ok:
                     log.info("ISR changed", topic=partition.topic, partition=partition.index, isr=isr)
             finally:
                 self._isr_updates.discard(key)
-                if not ok and leader_state is not None:
+                if ok is False and not ambiguous and leader_state is not None:
                     partition.isr_proposal_failed(leader_state)
 
         task = asyncio.create_task(propose())

@@ -123,7 +123,12 @@ class LeaderState:
         self.maximal_isr = None
 
     def apply_isr(self, isr: list[int], leader_leo: int) -> bool:
-        """The store accepted a new ISR; returns True if that advanced the high watermark."""
+        """The store's ISR (applied from metadata); returns True if that advanced the high watermark.
+
+        The same ISR applied again (a watch resync re-applies every partition) says nothing about a
+        proposal in flight: its maximal ISR stays, as Kafka leaves the pending state alone for a
+        metadata update with an unchanged partition epoch."""
+        if list(isr) != self.isr:
+            self.maximal_isr = None
         self.isr = list(isr)
-        self.maximal_isr = None
         return self.maybe_advance_hw(leader_leo)

@@ -1,0 +1,121 @@
+"""An ISR expansion whose outcome is unknown must keep counting the joining follower (KIP-497).
+
+``Broker._propose_isr`` resets the leader's maximal ISR in ``finally`` whenever ``ok`` is not
+True, including when ``update_partition`` *raised* (a timeout or a lost connection after etcd
+applied the transaction). The store then holds ISR {1,2,3} while the leader advances the high
+watermark (acks=all answers) from {1,2} alone; if the leader's lease then expires (it lost etcd:
+the same outage that lost the answer), the controller elects follower 3 from the stored ISR and
+the acknowledged records are gone.
+
+The same reset happens when the unchanged state is applied again while the proposal is in flight
+(``EtcdMetadataStore._resync`` re-applies every partition): ``LeaderState.apply_isr`` clears the
+maximal ISR although nothing newer was applied.
+
+Kafka (Partition.handleAlterPartitionError) goes back to the committed ISR only on errors that
+prove the request was not applied (OPERATION_NOT_ATTEMPTED, INELIGIBLE_REPLICA, ...); otherwise it
+keeps the pending (maximal) ISR and retries until it learns the outcome, and a metadata update with
+an unchanged partition epoch does not touch the pending state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+
+from fake_etcd import FakeEtcd
+
+from diskless.broker.broker import Broker
+from diskless.cluster.controller import next_state
+from diskless.cluster.etcd_store import EtcdMetadataStore
+from diskless.cluster.metadata import (
+    BrokerInfo,
+    ClusterMetadata,
+    PartitionState,
+    TopicMetadata,
+    broker_record,
+    partition_record,
+    topic_record,
+)
+from diskless.log.config import LogConfig
+from diskless.log.partition_log import PartitionLog
+from diskless.replication.partition import Partition
+
+TOPIC_ID = "00000000-0000-0000-0000-00000000000b"
+REPLICAS = [1, 3, 2]
+
+
+async def _setup(tmp_path):
+    fake = FakeEtcd()
+    metadata = ClusterMetadata("c")
+    store = EtcdMetadataStore("127.0.0.1:2379", "c", metadata)
+    store.client = fake  # type: ignore[assignment]
+    p = store.prefix
+    for node in (1, 2, 3):
+        await fake.put(f"{p}brokers/{node}".encode(), broker_record(BrokerInfo(node, "h", 9000 + node)))
+    await fake.put(f"{p}topics/t".encode(), topic_record(TopicMetadata("t", TOPIC_ID, [PartitionState(REPLICAS, 1)])))
+    # Follower 3 fell out of the ISR earlier; broker 1 leads at epoch 1.
+    await fake.put(f"{p}partitions/t/0".encode(), partition_record(PartitionState(REPLICAS, 1, 1, [1, 2]), TOPIC_ID))
+    await store._load()
+    replica = Partition("t", 0, PartitionLog(str(tmp_path / "t-0"), LogConfig(), 0), 1, TOPIC_ID)
+    replica.apply_state(metadata.partition("t", 0), 0)
+    broker = SimpleNamespace(
+        _isr_updates=set(), backend=store, node_id=1, metadata=metadata, _isr_slots=asyncio.Semaphore(8)
+    )
+    return fake, store, metadata, replica, broker
+
+
+def _stored(fake: FakeEtcd, store: EtcdMetadataStore) -> PartitionState:
+    raw = json.loads(fake.kv[(store.prefix + "partitions/t/0").encode()].value)
+    raw.pop("topic_id")
+    return PartitionState(**raw)
+
+
+def test_lost_answer_to_an_applied_expansion_must_not_drop_the_maximal_isr(tmp_path) -> None:
+    async def scenario() -> None:
+        fake, store, _metadata, replica, broker = await _setup(tmp_path)
+        leader = replica.leader_state
+        assert leader is not None
+        # Follower 3 caught up (log end 0 = HW): the leader proposes ISR {1,2,3}.
+        leader.on_follower_fetch(3, 0, 0, 1)
+        assert leader.may_rejoin(3)
+        fake.fail_after_commit = True  # etcd applies it; the answer is lost (deadline exceeded)
+        Broker._propose_isr(broker, replica, [1, 2, 3])  # type: ignore[arg-type]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert _stored(fake, store).isr == [1, 2, 3]  # the store has the expansion
+
+        # The leader appends offsets 0..9; follower 2 fetches them all, follower 3 nothing yet.
+        leader.on_follower_fetch(2, 10, 10, 2)
+        acknowledged = leader.high_watermark
+
+        # The leader's lease then expires; the controller elects from the stored ISR.
+        elected = next_state(_stored(fake, store), live={2, 3})
+        assert elected is not None and elected.leader == 3
+        assert acknowledged <= 0, (
+            f"HW {acknowledged} acknowledged records the stored-ISR member 3 (log end 0) never had;"
+            " the controller just made 3 the leader"
+        )
+
+    asyncio.run(scenario())
+
+
+def test_reapplying_the_same_state_during_a_proposal_must_not_drop_the_maximal_isr(tmp_path) -> None:
+    async def scenario() -> None:
+        fake, store, metadata, replica, broker = await _setup(tmp_path)
+        leader = replica.leader_state
+        assert leader is not None
+        leader.on_follower_fetch(3, 0, 0, 1)
+        Broker._propose_isr(broker, replica, [1, 2, 3])  # type: ignore[arg-type]  # in flight
+        # A watch resync re-applies every partition as stored (unchanged: the CAS has not landed).
+        replica.apply_state(metadata.partition("t", 0), 2)
+        for _ in range(5):
+            await asyncio.sleep(0)  # the CAS lands: the store's ISR is {1,2,3}
+        assert _stored(fake, store).isr == [1, 2, 3]
+        # Before the watch delivers it, follower 2 fetches offsets 0..9.
+        leader.on_follower_fetch(2, 10, 10, 3)
+        assert leader.high_watermark <= 0, (
+            f"HW {leader.high_watermark} advanced without follower 3, which the store has in the ISR"
+        )
+
+    asyncio.run(scenario())
