@@ -489,10 +489,23 @@ class Broker:
         self._isr_updates.add(key)
 
         # The compare-and-swap is against the state this decision was made from, not whatever the
-        # store holds when the request goes out: a stale proposal must lose to newer changes.
+        # store holds when the request goes out: a stale proposal must lose to newer changes. The
+        # metadata can be ahead of the replica (a resync loads it all, then applies it in slices):
+        # only a replica at the metadata's leader epoch, of the same topic incarnation, proposes
+        # (Kafka's controller refuses the others: FENCED_LEADER_EPOCH, INVALID_UPDATE_VERSION).
+        current = self.metadata.partition(partition.topic, partition.index)
+        meta = self.metadata.topics.get(partition.topic)
+        if (
+            current is None
+            or meta is None
+            or meta.topic_id != partition.topic_id
+            or current.leader != self.node_id
+            or current.leader_epoch != partition.leader_epoch
+        ):
+            self._isr_updates.discard(key)
+            return
         expected = self.backend.revision_of(partition.topic, partition.index)
         state = PartitionState(partition.replicas, self.node_id, partition.leader_epoch, isr)
-        current = self.metadata.partition(partition.topic, partition.index)
         if current is not None and current.replicas == partition.replicas:
             # A reassignment in progress stays in progress (cluster/reassignment.py).
             state.adding, state.removing = list(current.adding), list(current.removing)
