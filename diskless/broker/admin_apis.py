@@ -25,6 +25,9 @@ MAX_NEW_PARTITIONS_PER_REQUEST = 10000
 EXCESSIVE_PARTITIONS = "Excessively large number of partitions per request."
 
 
+NO_TOPIC_ID = uuid.UUID(int=0)  # an entry without a topic id
+
+
 def _assignment_error(assignments: Any) -> str | None:
     """Why CreateTopics' manual assignments are invalid (Kafka's ReplicationControlManager), or None:
     each partition once, indexes 0..n-1, every replica list as long as the first."""
@@ -120,15 +123,40 @@ class AdminApis(ApiFamily):
 
     async def delete_topics(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         items: list[tuple[str | None, uuid.UUID | None]] = [(n, None) for n in getattr(request, "topic_names", ())]
-        items += [(t.name, t.topic_id) for t in getattr(request, "topics", ())]
+        items += [
+            (t.name, None if t.topic_id in (None, NO_TOPIC_ID) else t.topic_id) for t in getattr(request, "topics", ())
+        ]
+        names = [n for n, _ in items if n is not None]
+        ids = [i for _, i in items if i is not None]
+        refused: set[tuple[str | None, uuid.UUID | None]] = set()
         responses = []
         for name, topic_id in items:
             entry: dict[str, Any] = {
                 "name": name,
-                "topic_id": topic_id,
+                "topic_id": topic_id or NO_TOPIC_ID,
                 "error_code": ErrorCode.none,
                 "error_message": None,
             }
+            # As Kafka's ControllerApis.deleteTopics: an entry naming both (a stale id would delete
+            # the re-created topic by its name), neither, or a topic twice deletes nothing.
+            refusal = (
+                "You may not specify both topic name and topic id."
+                if name is not None and topic_id is not None
+                else "Neither topic name nor id were specified."
+                if name is None and topic_id is None
+                else "Duplicate topic name."
+                if name is not None and names.count(name) > 1
+                else "Duplicate topic id."
+                if topic_id is not None and ids.count(topic_id) > 1
+                else None
+            )
+            if refusal is not None:
+                if (name, topic_id) in refused:
+                    continue  # a duplicate is answered once, as Kafka does
+                refused.add((name, topic_id))
+                entry.update(error_code=ErrorCode.invalid_request, error_message=refusal)
+                responses.append(entry)
+                continue
             if name is None and topic_id is not None:
                 found = self._meta.topic_by_id(str(topic_id))
                 if found is None:
@@ -150,8 +178,13 @@ class AdminApis(ApiFamily):
         for item in request.topics:
             topic = self._meta.topics.get(item.name)
             asked += item.count - (len(topic.partitions) if topic is not None else 0)
+        names = [item.name for item in request.topics]
         for item in request.topics:
             entry: dict[str, Any] = {"name": item.name, "error_code": ErrorCode.none, "error_message": None}
+            if names.count(item.name) > 1:
+                entry.update(error_code=ErrorCode.invalid_request, error_message="Duplicate topic name.")
+                results.append(entry)
+                continue
             if asked > MAX_NEW_PARTITIONS_PER_REQUEST:
                 entry.update(error_code=ErrorCode.policy_violation, error_message=EXCESSIVE_PARTITIONS)
                 results.append(entry)

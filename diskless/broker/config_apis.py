@@ -46,7 +46,7 @@ def synonym_layers(broker: Broker, synonym: str) -> list[tuple[str, int]]:
 def topic_config_entries(
     broker: Broker, topic: TopicMetadata, keys: Iterable[str] | None, synonyms: bool, documentation: bool
 ) -> list[dict[str, Any]]:
-    wanted = None if keys is None else {canonical_name(k) for k in keys}
+    wanted = None if not keys else {canonical_name(k) for k in keys}  # empty: all, as Kafka
     out = []
     for name, (value, source) in effective_values(topic.configs, broker.config.broker_value).items():
         if wanted is not None and name not in wanted:
@@ -77,6 +77,16 @@ def topic_config_entries(
     return out
 
 
+def _refuse_unclear(configs: Any, names: list[str], needs_value: Callable[[Any], bool]) -> None:
+    """Kafka's ConfigAdminManager.preprocess: a key twice, or a null value where one is needed
+    (it would delete the setting), is INVALID_REQUEST."""
+    if len(set(names)) != len(names):
+        raise MetadataError(ErrorCode.invalid_request, "Error due to duplicate config keys")
+    for c in configs:
+        if c.value is None and needs_value(c):
+            raise MetadataError(ErrorCode.invalid_request, f"Null value not supported for : {c.name}")
+
+
 class ConfigApis(ApiFamily):
     def handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
         return {
@@ -88,7 +98,7 @@ class ConfigApis(ApiFamily):
     def _broker_entries(
         self, resource: str, keys: Iterable[str] | None, synonyms: bool, documentation: bool
     ) -> list[dict[str, Any]]:
-        wanted = None if keys is None else set(keys)
+        wanted = None if not keys else set(keys)  # empty: all, as Kafka
         dynamic = self._meta.broker_configs
         if resource == "":
             entries = bc.default_entries(dynamic)
@@ -152,6 +162,7 @@ class ConfigApis(ApiFamily):
 
         def updates(res: Any, current: dict[str, str]) -> dict[str, str | None]:
             canonical = canonical_name if res.resource_type == RESOURCE_TOPIC else str
+            _refuse_unclear(res.configs, [canonical(c.name) for c in res.configs], lambda c: True)
             new = {canonical(c.name): c.value for c in res.configs}
             return {**{k: None for k in current if k not in new}, **new}
 
@@ -162,12 +173,9 @@ class ConfigApis(ApiFamily):
             topic = res.resource_type == RESOURCE_TOPIC
             out: dict[str, str | None] = {}
             names = [canonical_name(c.name) if topic else c.name for c in res.configs]
-            if len(set(names)) != len(names):
-                raise MetadataError(ErrorCode.invalid_request, "Error due to duplicate config keys")
+            _refuse_unclear(res.configs, names, lambda c: c.config_operation != OP_DELETE)
             for c in res.configs:
                 name = canonical_name(c.name) if topic else c.name
-                if c.value is None and c.config_operation != OP_DELETE:
-                    raise MetadataError(ErrorCode.invalid_request, f"Null value not supported for : {c.name}")
                 if c.config_operation == OP_SET:
                     out[name] = c.value
                 elif c.config_operation == OP_DELETE:

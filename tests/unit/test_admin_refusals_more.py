@@ -1,0 +1,112 @@
+"""DeleteTopics / CreatePartitions / DescribeConfigs / legacy AlterConfigs against Kafka
+(ControllerApis.deleteTopics, ControllerApis.createPartitions, ConfigHelper.describeConfigs,
+ConfigAdminManager.preprocess(AlterConfigsRequestData)). Handlers driven on an in-memory broker."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from types import SimpleNamespace
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from diskless.broker.admin_apis import AdminApis
+from diskless.broker.config_apis import ConfigApis
+from diskless.cluster.metadata import BrokerInfo, ClusterMetadata, MetadataError
+from diskless.config import BrokerConfig
+
+
+class Broker:
+    def __init__(self) -> None:
+        self.config = BrokerConfig()
+        self.metadata = ClusterMetadata("c")
+        for n in (0, 1, 2):
+            self.metadata.brokers[n] = BrokerInfo(n, "h", 9000 + n)
+        self.node_id = 0
+        self.operations = SimpleNamespace(static_config=BrokerConfig())
+        self.metadata.create_topic("t", 1, 1, {"retention.ms": "1000"})
+
+    async def delete_topic(self, name: str) -> Any:
+        if name not in self.metadata.topics:
+            raise MetadataError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
+        return self.metadata.delete_topic(name)
+
+    async def add_partitions(self, name: str, count: int, validate_only: bool, assignments: Any = None) -> None:
+        new = self.metadata.plan_new_partitions(name, count, assignments)
+        if not validate_only:
+            self.metadata.topics[name].partitions.extend(s for _, s in sorted(new.items()))
+
+    async def alter_topic_configs(self, name: str, updates: Any, validate_only: bool) -> None:
+        self.metadata.alter_topic_configs(name, updates, validate_only)
+
+
+def test_delete_topics_name_and_stale_id_is_invalid_request() -> None:
+    """Kafka (DeleteTopics v6): a topic given by name AND id -> INVALID_REQUEST "You may not specify
+    both topic name and topic id.", nothing deleted. Diskless ignores the id and deletes whatever
+    incarnation has the name now: a delete aimed at an old incarnation (its id) removes the new one."""
+    broker = Broker()
+    stale = uuid.uuid4()  # not the id of the current "t"
+    assert str(stale) != broker.metadata.topics["t"].topic_id
+    request = SimpleNamespace(topics=[SimpleNamespace(name="t", topic_id=stale)])
+    out = asyncio.run(AdminApis(broker).delete_topics(None, request))["responses"]  # type: ignore[arg-type]
+    assert out[0]["error_code"] == ErrorCode.invalid_request
+    assert "t" in broker.metadata.topics
+
+
+def test_delete_topics_duplicate_name_is_invalid_request() -> None:
+    """Kafka: a name given twice -> one INVALID_REQUEST "Duplicate topic name." and no deletion.
+    Diskless deletes the topic, then answers the second UNKNOWN_TOPIC_OR_PARTITION."""
+    broker = Broker()
+    request = SimpleNamespace(topic_names=["t", "t"])
+    out = asyncio.run(AdminApis(broker).delete_topics(None, request))["responses"]  # type: ignore[arg-type]
+    assert [r["error_code"] for r in out if r["name"] == "t"] == [ErrorCode.invalid_request]
+    assert "t" in broker.metadata.topics
+
+
+def test_create_partitions_duplicate_topic_is_invalid_request() -> None:
+    """Kafka ControllerApis.createPartitions: a topic named twice -> INVALID_REQUEST "Duplicate
+    topic name.", no growth. Diskless applies both entries (here: grows the topic to 3 partitions)."""
+    broker = Broker()
+    request = SimpleNamespace(
+        topics=[
+            SimpleNamespace(name="t", count=2, assignments=None),
+            SimpleNamespace(name="t", count=3, assignments=None),
+        ],
+        validate_only=False,
+    )
+    out = asyncio.run(AdminApis(broker).create_partitions(None, request))["results"]  # type: ignore[arg-type]
+    assert ErrorCode.invalid_request in [r["error_code"] for r in out]
+    assert len(broker.metadata.topics["t"].partitions) == 1
+
+
+def describe(broker: Broker, resource_type: int, name: str, keys: Any) -> dict[str, Any]:
+    request = SimpleNamespace(
+        resources=[SimpleNamespace(resource_type=resource_type, resource_name=name, configuration_keys=keys)],
+        include_synonyms=False,
+        include_documentation=False,
+    )
+    return ConfigApis(broker).describe_configs(None, request)["results"][0]  # type: ignore[arg-type]
+
+
+def test_describe_configs_empty_key_list_means_all_topic_configs() -> None:
+    """ConfigHelper.describeConfigs: ``configurationKeys == null || configurationKeys.isEmpty`` ->
+    every config. Diskless answers an empty key list with no configs at all."""
+    broker = Broker()
+    all_configs = describe(broker, 2, "t", None)["configs"]
+    assert all_configs
+    assert len(describe(broker, 2, "t", ())["configs"]) == len(all_configs)
+
+
+def test_legacy_alter_configs_null_value_is_invalid_request() -> None:
+    """ConfigAdminManager.preprocess(AlterConfigsRequestData): any null value -> INVALID_REQUEST
+    "Null value not supported for : retention.ms". Diskless treats null as "remove the override"
+    and answers success (retention.ms silently falls back to the 7-day default)."""
+    broker = Broker()
+    res = SimpleNamespace(
+        resource_type=2, resource_name="t", configs=[SimpleNamespace(name="retention.ms", value=None)]
+    )
+    request = SimpleNamespace(resources=[res], validate_only=False)
+    out = asyncio.run(ConfigApis(broker).alter_configs(None, request))["responses"]  # type: ignore[arg-type]
+    assert out[0]["error_code"] == ErrorCode.invalid_request
+    assert broker.metadata.topics["t"].configs == {"retention.ms": "1000"}
