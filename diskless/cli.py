@@ -65,9 +65,13 @@ async def _run_broker(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    # Stop on a signal, or when another incarnation of our node id registered (it leads now).
+    waits = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(broker.superseded.wait())]
+    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    for waiting in waits:
+        waiting.cancel()
     await broker.stop()
-    return 0
+    return 1 if broker.superseded.is_set() else 0
 
 
 async def _run_wal_manager(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any
@@ -109,6 +110,10 @@ class Broker:
         else:
             self.backend = LocalBackend(os.path.join(config.log_dirs, "cluster-metadata.json"), self.metadata)
         self.backend.on_change = self._on_metadata_change
+        # Set when another incarnation of our node id took over: the process must exit (cli.py).
+        self.superseded = asyncio.Event()
+        if hasattr(self.backend, "on_superseded"):
+            self.backend.on_superseded = self.superseded.set
         # What this broker proves to its peers and checks on every internal request; known at
         # start (from config, or etcd: security/cluster_secret.py), shared by every connection.
         self.cluster_secret = ClusterSecret(configured_secret(config), internal_client_context(config))
@@ -223,6 +228,7 @@ class Broker:
             advertised.port,
             self.config.broker_rack,
             {name: f"{e.host}:{e.port}" for name, e in endpoints.items()},
+            incarnation=uuid.uuid4().hex,
         )
         if self.clustered:
             ttl = max(1, round(self.config.broker_session_timeout_ms / 1000))
@@ -291,7 +297,9 @@ class Broker:
 
     async def stop(self) -> None:
         self._stopping = True
-        if self.clustered:
+        if self.superseded.is_set():
+            await self.backend.deregister_broker(self.node_id)  # the newer incarnation leads already
+        elif self.clustered:
             await self._controlled_shutdown()
         for task in self._tasks:
             task.cancel()

@@ -8,6 +8,8 @@ Layout under ``/diskless/<cluster.id>/``::
     partitions/<name>/<p>   leader, leader epoch, ISR (and topic id), once it left its initial state
     producer-id-block       next free producer id block
     broker-configs/<id>     dynamic broker configs of one broker, ``default`` for the cluster's
+    broker-incarnations/<id> the incarnation of broker <id> that started last (no lease): an older
+                            one may not register again
 
 A topic is created by one put of one key, whatever its partition count: etcd refuses a
 transaction of more than ``--max-txn-ops`` (128 by default) operations, and one key also makes the
@@ -89,6 +91,14 @@ def _monotonic_ms() -> int:
     return time.monotonic_ns() // 1_000_000
 
 
+def _incarnation_of(record: bytes) -> str:
+    """The incarnation a stored broker record names ("" if unreadable or from an older version)."""
+    try:
+        return str(json.loads(record).get("incarnation", ""))
+    except (ValueError, AttributeError):
+        return ""
+
+
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
     """Hand ``callback`` to ``loop`` from another thread; nothing to do once the loop has closed."""
     with contextlib.suppress(RuntimeError):
@@ -128,6 +138,9 @@ class EtcdMetadataStore:
         self.on_change: ChangeCallback | None = None
         self._registration: tuple[BrokerInfo, int] = (BrokerInfo(-1, "", 0), 1)
         self.fence: LeaseFence | None = None  # brokers: whether our lease may have expired (lease.py)
+        # Told once when another incarnation of our node id registered (we must stop, see lease.py).
+        self.on_superseded: Callable[[], None] | None = None
+        self._registered_revision: int | None = None  # etcd revision of our latest registration put
 
     def _key(self, path: str) -> bytes:
         return (self.prefix + path).encode()
@@ -171,6 +184,7 @@ class EtcdMetadataStore:
             if path.startswith("topics/"):
                 self.created[path] = created
             self._apply(path, value)
+        self._check_registration()
         return int(result.header.revision)
 
     def _apply(self, path: str, value: bytes | None) -> list[RecordKey]:
@@ -230,6 +244,8 @@ class EtcdMetadataStore:
             if path.startswith("topics/"):
                 self.created[path] = kv.create_revision
         changed = self._apply(path, None if deleted else kv.value)
+        if path.startswith("brokers/"):
+            self._check_registration()
         if changed:
             await self._notify(changed)
         if self.fence is not None:
@@ -261,6 +277,9 @@ class EtcdMetadataStore:
             with contextlib.suppress(Exception):
                 await self.client.revoke_lease(previous.lease)
         self._registration = (info, ttl_seconds)
+        # We are now the incarnation that started last: a stale copy of this node id may not
+        # register again (``_claim_registration``).
+        await self.client.put(self._key(f"broker-incarnations/{info.node_id}"), info.incarnation.encode())
         if self.fence is None:
             self.fence = LeaseFence(ttl_seconds * 1000)
         await self._grant_and_put(info, ttl_seconds)
@@ -279,25 +298,90 @@ class EtcdMetadataStore:
             self._keeper.keep(int(self._lease.id))
             self._keeper.start()
 
-    async def _grant_and_put(self, info: BrokerInfo, ttl_seconds: int) -> None:
-        """A new lease and our broker key under it; the fence learns when the lease started."""
+    async def _grant_and_put(self, info: BrokerInfo, ttl_seconds: int, *, again: bool = False) -> None:
+        """A new lease and our broker key under it; the fence learns when the lease started.
+
+        ``again``: our lease expired and we register once more, only if no other incarnation of
+        our node id holds the key meanwhile (then we were superseded and stop instead)."""
         sent = _monotonic_ms()
         self._lease = await self.client.lease(ttl_seconds)
-        put = await self.client.put(self._key(f"brokers/{info.node_id}"), broker_record(info), lease=self._lease)
+        if again:
+            revision = await self._claim_registration(info, self._lease)
+            if revision is None:
+                with contextlib.suppress(Exception):
+                    await self._lease.revoke()
+                self._superseded(info)
+                return
+        else:
+            put = await self.client.put(self._key(f"brokers/{info.node_id}"), broker_record(info), lease=self._lease)
+            revision = int(put.header.revision)
         assert self.fence is not None
-        self.fence.on_registered(sent, int(put.header.revision))
+        self.fence.on_registered(sent, revision)
+        self._registered_revision = revision
         if self._keeper is not None:
             self._keeper.keep(int(self._lease.id))
+        self._check_registration()  # the watch may have shown a newer incarnation's put already
+
+    async def _claim_registration(self, info: BrokerInfo, lease: object) -> int | None:
+        """Put our broker key under ``lease`` if we are still the incarnation of our node id that
+        started last; the put's revision, or None if a later one started (we are superseded). The
+        latest incarnation is kept in a key without a lease, so a stale copy stays out even after
+        the later incarnation's own lease expired: it would lead with an old log at the later
+        incarnation's leader epochs."""
+        key = self._key(f"brokers/{info.node_id}")
+        latest = self._key(f"broker-incarnations/{info.node_id}")
+        tx = self.client.transactions
+        won, _ = await self.client.transaction(
+            compare=[tx.value(latest) == info.incarnation.encode()],
+            success=[tx.put(key, broker_record(info), lease=lease)],
+            failure=[],
+        )
+        if not won:
+            return None
+        after = await self.client.get(key)
+        if after is None or _incarnation_of(after.value) != info.incarnation:
+            return None  # a later incarnation registered right after our put
+        return int(after.mod_revision)
+
+    def _superseded(self, info: BrokerInfo) -> None:
+        """Another incarnation of our node id registered: fence for good and tell the broker."""
+        if self.fence is None or self.fence.superseded:
+            return
+        log.error(
+            "another incarnation of this node id registered; this process stops acting as the broker",
+            node_id=info.node_id,
+            incarnation=info.incarnation,
+        )
+        self.fence.on_superseded()
+        if self._keeper is not None:
+            self._keeper.forget()
+        if self.on_superseded is not None:
+            self.on_superseded()
+
+    def _check_registration(self) -> None:
+        """Whether the metadata shows our node id registered by another incarnation *after* our
+        own registration. An earlier one (a stale copy's put that ours overwrote, still on its way
+        through the watch) is not: the incarnation registered last wins."""
+        info = self._registration[0]
+        ours = self._registered_revision
+        if not info.incarnation or ours is None:
+            return
+        holder = self.metadata.brokers.get(info.node_id)
+        held_since = self.revisions.get(f"brokers/{info.node_id}", -1)
+        if holder is not None and holder.incarnation not in ("", info.incarnation) and held_since > ours:
+            self._superseded(info)
 
     def _register_again(self) -> None:
         """The keeper saw our lease expire: register under a new one (on the event loop)."""
         if self._reregistering is not None and not self._reregistering.done():
             return
+        if self.fence is not None and self.fence.superseded:
+            return
         expired = int(self._lease.id) if self._lease is not None else -1
 
         async def register() -> None:
             try:
-                await self._grant_and_put(*self._registration)
+                await self._grant_and_put(*self._registration, again=True)
             except Exception as exc:
                 log.warning("registering again failed", error=str(exc) or type(exc).__name__)
                 if self._keeper is not None:

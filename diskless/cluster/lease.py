@@ -14,6 +14,10 @@ It resumes only once its metadata view has caught up with that registration (the
 a revision at least that of the put): every election made while it was away is then known, so a
 replica that lost leadership has been told before it can act as a leader again.
 
+A newer incarnation of the same node id (a restart, or a second copy started by a supervisor)
+revokes our lease and registers itself. Then we are *superseded*: fenced for good, and we never
+register again, or two processes would lead the same partitions at the same leader epoch.
+
 The watch may deliver the registration's own put before the put's answer arrives, so the fence
 remembers the highest revision the metadata reached: a registration at or below it is seen already.
 
@@ -37,12 +41,15 @@ class LeaseFence:
         self._valid_until: int | None = None  # None: no lease known to be alive
         self._awaiting_revision: int | None = None  # registered again: metadata must reach this
         self._seen_revision = -1  # the highest revision the metadata view reflects
+        self._superseded = False  # another incarnation holds our node id: fenced for good
         self._lock = threading.Lock()
 
     def on_registered(self, sent_ms: int, revision: int) -> None:
         """A lease was granted (its request sent at ``sent_ms``) and the broker key put under it at
         etcd ``revision``."""
         with self._lock:
+            if self._superseded:
+                return
             self._valid_until = sent_ms + self.ttl_ms
             self._awaiting_revision = revision if revision > self._seen_revision else None
 
@@ -57,6 +64,17 @@ class LeaseFence:
         with self._lock:
             self._valid_until = None
             self._awaiting_revision = None
+
+    def on_superseded(self) -> None:
+        """Another incarnation of our node id registered: fenced, and no registration reopens it."""
+        with self._lock:
+            self._superseded = True
+            self._valid_until = None
+            self._awaiting_revision = None
+
+    @property
+    def superseded(self) -> bool:
+        return self._superseded
 
     def on_metadata_revision(self, revision: int) -> None:
         """The metadata view now reflects everything up to etcd ``revision``."""

@@ -44,6 +44,10 @@ class BrokerInfo:
     port: int
     rack: str | None = None
     endpoints: dict[str, str] = field(default_factory=dict)
+    # Which process holds this node id: a new one per start. A broker that finds its node id
+    # registered by another incarnation was superseded and must not register again (Kafka's
+    # incarnation id and DuplicateBrokerRegistration). Empty in records of older versions.
+    incarnation: str = ""
 
     def endpoint(self, listener: str | None) -> tuple[str, int] | None:
         """The address of ``listener`` on this broker; the inter-broker address for a broker that

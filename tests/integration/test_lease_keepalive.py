@@ -80,3 +80,32 @@ async def test_the_lease_outlives_a_stalled_event_loop(store: EtcdMetadataStore,
     info = await store.client.get_lease_info(lease_id, keys=False)
     assert info.TTL > 0, f"etcd expired the lease while the loop was {stall}"
     assert store._lease is not None and int(store._lease.id) == lease_id  # never had to register again
+
+
+async def test_a_stale_incarnation_stops_when_a_new_one_registers(etcd: EtcdServer) -> None:
+    """Real etcd and keepalive threads: a new incarnation of node 1 revokes the running one's
+    lease; the old one's keeper sees it gone, and instead of registering again (taking the key
+    back, so two processes led node 1's partitions) it finds itself superseded and stays fenced."""
+    old = EtcdMetadataStore(etcd.endpoint, "incarnations", ClusterMetadata("incarnations"))
+    new = EtcdMetadataStore(etcd.endpoint, "incarnations", ClusterMetadata("incarnations"))
+    superseded = asyncio.Event()
+    old.on_superseded = superseded.set
+    try:
+        for store in (old, new):
+            await store.connect()
+            await store.load_and_watch()
+        await old.register_broker(BrokerInfo(1, "old-host", 9092, "az-1", incarnation="old"), TTL_S)
+        await new.register_broker(BrokerInfo(1, "new-host", 9093, "az-1", incarnation="new"), TTL_S)
+        await asyncio.wait_for(superseded.wait(), 5 * TTL_S)
+        assert old.fence is not None and old.fence.superseded and old.fence.fenced(_now_ms())
+        # Longer than a keepalive round and a registration attempt: the key stays the new one's.
+        deadline = time.monotonic() + TTL_S
+        while time.monotonic() < deadline:
+            stored = await new.client.get(new._key("brokers/1"))
+            assert stored is not None and b"new-host" in stored.value
+            assert new.fence is not None and not new.fence.superseded
+            await asyncio.sleep(0.1)
+        assert old.metadata.brokers[1].host == "new-host"
+    finally:
+        await old.close()
+        await new.close()
