@@ -149,7 +149,7 @@ class PartitionLog:
         if self.tiers:
             first = min(first, self.tiers[0].base_offset)
         self.log_start_offset = max(self.log_start_offset, first)
-        self._apply_ref_floor(self.log_start_offset)
+        self._apply_ref_floor(max(self.log_start_offset, self._tier_floor))
         self.epochs.truncate_from_end(self.log_end_offset)
         if not clean:
             self._recover_epochs()
@@ -576,6 +576,10 @@ class PartitionLog:
                 "min_one": min_one,
             }
             return ReadResult(msgpack.packb(descriptor), self.log_start_offset, self.log_end_offset, TIERED)
+        if offset < self.segments[0].base_offset:
+            # Neither tiered nor in the log (``_settle_tier_floor`` keeps this from happening):
+            # nothing, rather than the next segment's records, which would skip the ones between.
+            return ReadResult(b"", self.log_start_offset, self.log_end_offset)
         data = b""
         kind = RECORDS
         for segment in self._segments_from(offset):
@@ -915,6 +919,7 @@ class PartitionLog:
         self._tiered_aborts = [AbortedTxn(*a) for a in state["aborted"]]
         self.log_start_offset = min(resume, int(state["log_start"]))
         self._set_log_start(self.log_start_offset)
+        self._settle_tier_floor()
         self._write_tier_manifest()
         self._rebuild_txn_index()
 
@@ -928,6 +933,7 @@ class PartitionLog:
 
     def _add_tier(self, tier: Tier) -> None:
         self.tiers.append(tier)
+        self._settle_tier_floor()  # a replica that adopted its leader's tiers gets the entry after
         self._write_tier_manifest()
         if tier.entry_offset < self.high_watermark:
             self._activate_tiers()
@@ -985,6 +991,9 @@ class PartitionLog:
         body = {
             "tiers": [t.to_list() for t in self.tiers],
             "aborted": [[a.producer_id, a.first_offset, a.last_offset] for a in self._tiered_aborts],
+            # In effect up to here: not derivable after a crash from the high watermark checkpoint,
+            # which may predate an entry that took effect (and whose pointer segments are gone).
+            "floor": self._tier_floor,
         }
         tmp = path + ".tmp"
         with open(tmp, "wb") as f:
@@ -994,11 +1003,13 @@ class PartitionLog:
     def _load_tiers(self) -> None:
         """Tiers from the manifest (written on every change), then any tier entry a crash kept out
         of it: each starts its segment, so only first entries are looked at."""
+        floor = 0
         try:
             with open(os.path.join(self.directory, TIER_FILE), "rb") as f:
                 body = msgpack.unpackb(f.read())
             self.tiers = [Tier.from_list(t) for t in body["tiers"]]
             self._tiered_aborts = [AbortedTxn(*a) for a in body["aborted"]]
+            floor = int(body.get("floor", 0))  # absent in manifests of older versions
         except (FileNotFoundError, ValueError, KeyError, TypeError, segment_object.CorruptSegment):
             self.tiers = []
         end = self.log_end_offset
@@ -1013,7 +1024,20 @@ class PartitionLog:
             info = self._tier_of_entry(segment.read_batch(next(segment.iter_batches(0))), found[0])
             if info is not None and (not self.tiers or info.base_offset == self.tiers[-1].last_offset + 1):
                 self.tiers.append(Tier(info, segment.base_offset))
+        self._tier_floor = min(floor, self.tiers[-1].last_offset + 1) if self.tiers else 0
+        self._settle_tier_floor()
         self._write_tier_manifest()
+
+    def _settle_tier_floor(self) -> None:
+        """A tier starting below our first pointer segment is in effect: its entry took effect
+        before the pointers of its range were deleted (``_activate_tiers``), or it came from the
+        leader's committed tiers (``adopt_tier_state``). Offsets there are served from segment
+        objects or not at all: reading on from the first segment would skip them."""
+        first_local = self.segments[0].base_offset
+        for tier in reversed(self.tiers):
+            if tier.base_offset < first_local:
+                self._tier_floor = max(self._tier_floor, tier.last_offset + 1)
+                return
 
     # --- truncation (replication) ----------------------------------------------------------------
 
