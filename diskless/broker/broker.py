@@ -91,8 +91,10 @@ class _OwnLeaders:
         return await self._broker.apis.txn_verification.verify_partition(body)
 
 
-ISR_PROPOSAL_ATTEMPTS = 3  # an ISR change whose outcome is unknown is asked again this often
+# An ISR change whose outcome is unknown is asked again after this long, until the store answers
+# (or the proposal no longer matters: leadership moved, the broker stops).
 ISR_PROPOSAL_RETRY_S = 0.5
+ISR_PROPOSAL_LOG_EVERY = 20  # attempts between two log lines while the store does not answer
 
 
 class Broker:
@@ -528,19 +530,33 @@ class Broker:
             # then could acknowledge records the controller's next leader, from that ISR, lacks.
             # So an unknown outcome is asked again; a refusal after it means the revision moved
             # (perhaps by our own write), and the watch brings the outcome (apply_isr).
+            # It is asked until the store answers, as Kafka's AlterPartitionManager does: giving up
+            # after a few attempts left the maximal ISR pending with nothing to settle it when no
+            # attempt had landed (no metadata change comes), so the high watermark waited for the
+            # joining replica until the next ISR change, for good if that replica stopped fetching.
+            # A later attempt either lands (the watch applies it) or is refused (the revision
+            # moved; then ours can never land, and the watch brings whatever did).
             ok: bool | None = None
             ambiguous = False
+            attempt = 0
             try:
-                for attempt in range(ISR_PROPOSAL_ATTEMPTS):
+                while partition.leader_state is leader_state and not self._stopping:
                     try:
                         async with self._isr_slots:
                             ok = await self.backend.update_partition(partition.topic, partition.index, state, expected)
                         break
                     except Exception as exc:
                         ambiguous = True
-                        log.info("ISR proposal outcome unknown", topic=partition.topic, error=str(exc))
-                        if attempt + 1 < ISR_PROPOSAL_ATTEMPTS:
-                            await asyncio.sleep(ISR_PROPOSAL_RETRY_S)
+                        if attempt % ISR_PROPOSAL_LOG_EVERY == 0:
+                            log.info(
+                                "ISR proposal outcome unknown, asking again",
+                                topic=partition.topic,
+                                partition=partition.index,
+                                attempt=attempt + 1,
+                                error=str(exc),
+                            )
+                        attempt += 1
+                        await asyncio.sleep(ISR_PROPOSAL_RETRY_S)
                 if ok:
                     log.info("ISR changed", topic=partition.topic, partition=partition.index, isr=isr)
             finally:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from kio.schema.errors import ErrorCode
 
 from diskless.cluster import broker_configs as bc
-from diskless.cluster.metadata import MetadataError, TopicMetadata
+from diskless.cluster.metadata import MetadataError, TopicMetadata, validate_topic_name
 from diskless.log.config import TOPIC_CONFIGS, canonical_name, effective_values
 from diskless.protocol import messages as m
 
@@ -87,6 +87,17 @@ def _refuse_unclear(configs: Any, names: list[str], needs_value: Callable[[Any],
             raise MetadataError(ErrorCode.invalid_request, f"Null value not supported for : {c.name}")
 
 
+def _illegal_topic_name(name: str) -> MetadataError | None:
+    """Why ``name`` can never be a topic, or None. Kafka's ConfigHelper runs Topic.validate before
+    looking a topic resource up, so an illegal name is INVALID_TOPIC_EXCEPTION, not the retriable
+    UNKNOWN_TOPIC_OR_PARTITION a client would keep asking again about."""
+    try:
+        validate_topic_name(name)
+    except MetadataError as exc:
+        return exc
+    return None
+
+
 class ConfigApis(ApiFamily):
     def handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
         return {
@@ -137,7 +148,10 @@ class ConfigApis(ApiFamily):
             }
             if res.resource_type == RESOURCE_TOPIC:
                 topic = self._meta.topics.get(res.resource_name)
-                if topic is None:
+                illegal = _illegal_topic_name(res.resource_name)
+                if illegal is not None:
+                    entry.update(error_code=illegal.code, error_message=str(illegal))
+                elif topic is None:
                     entry.update(
                         error_code=ErrorCode.unknown_topic_or_partition,
                         error_message=f"Topic {res.resource_name} does not exist",

@@ -64,6 +64,19 @@ def timestamp_allowed(header: records.BatchHeader, config: LogConfig, now_ms: in
     return not (too_new or too_old)
 
 
+def check_fits_segment(batches: Sequence[memoryview], config: LogConfig) -> None:
+    """Refuse an append larger than ``segment.bytes`` (RECORD_LIST_TOO_LARGE), as Kafka's
+    UnifiedLog.append does once the batches passed validation: a segment never holds more than
+    that, so such an append would have a segment of its own, past the size the topic allows.
+    ``max.message.bytes`` (MESSAGE_TOO_LARGE) is checked first, per batch, as in Kafka."""
+    size = sum(len(b) for b in batches)
+    if size > config.segment_bytes:
+        raise records.InvalidBatch(
+            "record_list_too_large",
+            f"batch of {size} bytes exceeds the maximum configured segment size of {config.segment_bytes}",
+        )
+
+
 class OffsetOutOfRange(Exception):
     pass
 
@@ -291,6 +304,7 @@ class PartitionLog:
             if not timestamp_allowed(header, self.config, now_ms):
                 raise records.InvalidBatch("invalid_timestamp", "timestamp outside the allowed range")
             headers.append(header)
+        check_fits_segment(batches, self.config)
         return headers
 
     def append_as_leader(

@@ -50,6 +50,7 @@ class FakeEtcd:
         )
         self.log: list[tuple[str, bytes, bytes | None]] = []  # (op, key, value)
         self.fail_after_commit = False  # raise after applying the next transaction (lost answer)
+        self.fail_before_commit = 0  # raise without applying the next this many transactions (lost request)
         self.leases: set[int] = set()
 
     # --- writes -----------------------------------------------------------------------------
@@ -116,6 +117,9 @@ class FakeEtcd:
         }[cmp.op]
 
     async def transaction(self, compare, success, failure):
+        if self.fail_before_commit > 0:
+            self.fail_before_commit -= 1
+            raise ConnectionError("etcd unreachable (deadline exceeded); the transaction was not applied")
         ok = all(self._check(c) for c in compare)
         ops = success if ok else failure
         if ops:

@@ -31,14 +31,20 @@ def produce(
     now_ms: int = T0,
     epoch: int = 0,
     commit: bool = True,
+    roll: bool = False,
     **batch_kwargs: Any,
 ) -> AppendResult:
     """Append one batch of ``count`` records ``{tag}-{i}`` stamped ``now_ms + i`` unless told otherwise.
 
     With ``commit`` the high watermark follows the log end, as for a leader that is its own ISR.
+    With ``roll`` the batch starts a segment of its own (the active one is rolled first unless it
+    is empty): tests that want one batch per segment cannot set a tiny ``segment.bytes``, since
+    the log refuses a batch larger than a segment, as Kafka does.
     """
     batch_kwargs.setdefault("start_ts", now_ms)
     batch = values_batch(count, tag=tag, **batch_kwargs)
+    if roll:
+        log.roll(now_ms)
     result = log.append_as_leader([memoryview(batch)], epoch, now_ms)
     if commit:
         log.high_watermark = log.log_end_offset

@@ -7,29 +7,12 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+from admin_broker import FakeBroker, broker_with_topic
 from kio.schema.errors import ErrorCode
 
 from diskless.broker.admin_apis import AdminApis
 from diskless.broker.apis import KafkaApis
 from diskless.broker.config_apis import ConfigApis
-from diskless.cluster.metadata import BrokerInfo, ClusterMetadata
-from diskless.config import BrokerConfig
-
-
-class FakeBroker:
-    def __init__(self) -> None:
-        self.config = BrokerConfig()
-        self.metadata = ClusterMetadata("c")
-        for n in (0, 1, 2):
-            self.metadata.brokers[n] = BrokerInfo(n, "h", 9000 + n)
-        self.node_id = 0
-        self.operations = SimpleNamespace(static_config=BrokerConfig())
-
-    async def create_topic(self, name, partitions, rf, configs, assignments=(), validate_only=False, internal=False):
-        return self.metadata.create_topic(name, partitions, rf, configs, assignments, validate_only=validate_only)
-
-    async def alter_topic_configs(self, name, updates, validate_only):
-        self.metadata.alter_topic_configs(name, updates, validate_only)
 
 
 def create(
@@ -86,16 +69,10 @@ def incremental(broker: FakeBroker, configs: list[tuple[str, int, str | None]], 
     return asyncio.run(ConfigApis(broker).incremental_alter_configs(None, request))["responses"]  # type: ignore[arg-type]
 
 
-def with_topic() -> FakeBroker:
-    broker = FakeBroker()
-    broker.metadata.create_topic("t", 1, 1, {})
-    return broker
-
-
 def test_incremental_alter_duplicate_config_keys_is_invalid_request() -> None:
     # Kafka ConfigAdminManager.preprocess: "Error due to duplicate config keys" -> INVALID_REQUEST;
     # diskless silently applies the last one.
-    broker = with_topic()
+    broker = broker_with_topic()
     out = incremental(broker, [("retention.ms", 0, "1000"), ("retention.ms", 0, "2000")])
     assert out[0]["error_code"] == ErrorCode.invalid_request
     assert broker.metadata.topics["t"].configs == {}
@@ -103,13 +80,13 @@ def test_incremental_alter_duplicate_config_keys_is_invalid_request() -> None:
 
 def test_incremental_alter_null_set_is_invalid_request() -> None:
     # Kafka ConfigAdminManager.preprocess: "Null value not supported for : retention.ms" -> INVALID_REQUEST.
-    out = incremental(with_topic(), [("retention.ms", 0, None)])
+    out = incremental(broker_with_topic(), [("retention.ms", 0, None)])
     assert out[0]["error_code"] == ErrorCode.invalid_request
 
 
 def test_incremental_alter_duplicate_resource_is_invalid_request() -> None:
     # Kafka: "Each resource must appear at most once." -> INVALID_REQUEST for the duplicated resource.
-    out = incremental(with_topic(), [("retention.ms", 0, "1000")], resources=2)
+    out = incremental(broker_with_topic(), [("retention.ms", 0, "1000")], resources=2)
     assert [r["error_code"] for r in out] == [ErrorCode.invalid_request] * 2
 
 

@@ -9,43 +9,18 @@ import uuid
 from types import SimpleNamespace
 from typing import Any
 
+from admin_broker import FakeBroker, broker_with_topic
 from kio.schema.errors import ErrorCode
 
 from diskless.broker.admin_apis import AdminApis
 from diskless.broker.config_apis import ConfigApis
-from diskless.cluster.metadata import BrokerInfo, ClusterMetadata, MetadataError
-from diskless.config import BrokerConfig
-
-
-class Broker:
-    def __init__(self) -> None:
-        self.config = BrokerConfig()
-        self.metadata = ClusterMetadata("c")
-        for n in (0, 1, 2):
-            self.metadata.brokers[n] = BrokerInfo(n, "h", 9000 + n)
-        self.node_id = 0
-        self.operations = SimpleNamespace(static_config=BrokerConfig())
-        self.metadata.create_topic("t", 1, 1, {"retention.ms": "1000"})
-
-    async def delete_topic(self, name: str) -> Any:
-        if name not in self.metadata.topics:
-            raise MetadataError(ErrorCode.unknown_topic_or_partition, f"Topic '{name}' does not exist.")
-        return self.metadata.delete_topic(name)
-
-    async def add_partitions(self, name: str, count: int, validate_only: bool, assignments: Any = None) -> None:
-        new = self.metadata.plan_new_partitions(name, count, assignments)
-        if not validate_only:
-            self.metadata.topics[name].partitions.extend(s for _, s in sorted(new.items()))
-
-    async def alter_topic_configs(self, name: str, updates: Any, validate_only: bool) -> None:
-        self.metadata.alter_topic_configs(name, updates, validate_only)
 
 
 def test_delete_topics_name_and_stale_id_is_invalid_request() -> None:
     """Kafka (DeleteTopics v6): a topic given by name AND id -> INVALID_REQUEST "You may not specify
     both topic name and topic id.", nothing deleted. Diskless ignores the id and deletes whatever
     incarnation has the name now: a delete aimed at an old incarnation (its id) removes the new one."""
-    broker = Broker()
+    broker = broker_with_topic({"retention.ms": "1000"})
     stale = uuid.uuid4()  # not the id of the current "t"
     assert str(stale) != broker.metadata.topics["t"].topic_id
     request = SimpleNamespace(topics=[SimpleNamespace(name="t", topic_id=stale)])
@@ -57,7 +32,7 @@ def test_delete_topics_name_and_stale_id_is_invalid_request() -> None:
 def test_delete_topics_duplicate_name_is_invalid_request() -> None:
     """Kafka: a name given twice -> one INVALID_REQUEST "Duplicate topic name." and no deletion.
     Diskless deletes the topic, then answers the second UNKNOWN_TOPIC_OR_PARTITION."""
-    broker = Broker()
+    broker = broker_with_topic({"retention.ms": "1000"})
     request = SimpleNamespace(topic_names=["t", "t"])
     out = asyncio.run(AdminApis(broker).delete_topics(None, request))["responses"]  # type: ignore[arg-type]
     assert [r["error_code"] for r in out if r["name"] == "t"] == [ErrorCode.invalid_request]
@@ -67,7 +42,7 @@ def test_delete_topics_duplicate_name_is_invalid_request() -> None:
 def test_create_partitions_duplicate_topic_is_invalid_request() -> None:
     """Kafka ControllerApis.createPartitions: a topic named twice -> INVALID_REQUEST "Duplicate
     topic name.", no growth. Diskless applies both entries (here: grows the topic to 3 partitions)."""
-    broker = Broker()
+    broker = broker_with_topic({"retention.ms": "1000"})
     request = SimpleNamespace(
         topics=[
             SimpleNamespace(name="t", count=2, assignments=None),
@@ -80,7 +55,7 @@ def test_create_partitions_duplicate_topic_is_invalid_request() -> None:
     assert len(broker.metadata.topics["t"].partitions) == 1
 
 
-def describe(broker: Broker, resource_type: int, name: str, keys: Any) -> dict[str, Any]:
+def describe(broker: FakeBroker, resource_type: int, name: str, keys: Any) -> dict[str, Any]:
     request = SimpleNamespace(
         resources=[SimpleNamespace(resource_type=resource_type, resource_name=name, configuration_keys=keys)],
         include_synonyms=False,
@@ -92,7 +67,7 @@ def describe(broker: Broker, resource_type: int, name: str, keys: Any) -> dict[s
 def test_describe_configs_empty_key_list_means_all_topic_configs() -> None:
     """ConfigHelper.describeConfigs: ``configurationKeys == null || configurationKeys.isEmpty`` ->
     every config. Diskless answers an empty key list with no configs at all."""
-    broker = Broker()
+    broker = broker_with_topic({"retention.ms": "1000"})
     all_configs = describe(broker, 2, "t", None)["configs"]
     assert all_configs
     assert len(describe(broker, 2, "t", ())["configs"]) == len(all_configs)
@@ -102,7 +77,7 @@ def test_legacy_alter_configs_null_value_is_invalid_request() -> None:
     """ConfigAdminManager.preprocess(AlterConfigsRequestData): any null value -> INVALID_REQUEST
     "Null value not supported for : retention.ms". Diskless treats null as "remove the override"
     and answers success (retention.ms silently falls back to the 7-day default)."""
-    broker = Broker()
+    broker = broker_with_topic({"retention.ms": "1000"})
     res = SimpleNamespace(
         resource_type=2, resource_name="t", configs=[SimpleNamespace(name="retention.ms", value=None)]
     )
@@ -110,3 +85,16 @@ def test_legacy_alter_configs_null_value_is_invalid_request() -> None:
     out = asyncio.run(ConfigApis(broker).alter_configs(None, request))["responses"]  # type: ignore[arg-type]
     assert out[0]["error_code"] == ErrorCode.invalid_request
     assert broker.metadata.topics["t"].configs == {"retention.ms": "1000"}
+
+
+def test_describe_configs_illegal_topic_name_is_invalid_topic() -> None:
+    """ConfigHelper.describeConfigs runs Topic.validate before looking the topic up: an illegal
+    name ("bad/name", empty, over 249 characters, "..") -> INVALID_TOPIC_EXCEPTION for that
+    resource. Diskless answered UNKNOWN_TOPIC_OR_PARTITION, which a client treats as retriable."""
+    broker = broker_with_topic()
+    for name in ("bad/name", "", "x" * 250, ".."):
+        entry = describe(broker, 2, name, None)
+        assert entry["error_code"] == ErrorCode.invalid_topic_exception, name
+        assert entry["configs"] == []
+    assert describe(broker, 2, "missing", None)["error_code"] == ErrorCode.unknown_topic_or_partition
+    assert describe(broker, 2, "x" * 249, None)["error_code"] == ErrorCode.unknown_topic_or_partition

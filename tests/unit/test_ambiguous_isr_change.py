@@ -20,55 +20,29 @@ an unchanged partition epoch does not touch the pending state.
 from __future__ import annotations
 
 import asyncio
-import json
-from types import SimpleNamespace
 
-from fake_etcd import FakeEtcd
+from isr_store import leader_replica, open_store, proposer, put_topic, stored_state
 
+from diskless.broker import broker as broker_module
 from diskless.broker.broker import Broker
 from diskless.cluster.controller import next_state
-from diskless.cluster.etcd_store import EtcdMetadataStore
-from diskless.cluster.metadata import (
-    BrokerInfo,
-    ClusterMetadata,
-    PartitionState,
-    TopicMetadata,
-    broker_record,
-    partition_record,
-    topic_record,
-)
-from diskless.log.config import LogConfig
-from diskless.log.partition_log import PartitionLog
-from diskless.replication.partition import Partition
+from diskless.cluster.metadata import PartitionState
 
 TOPIC_ID = "00000000-0000-0000-0000-00000000000b"
 REPLICAS = [1, 3, 2]
 
 
 async def _setup(tmp_path):
-    fake = FakeEtcd()
-    metadata = ClusterMetadata("c")
-    store = EtcdMetadataStore("127.0.0.1:2379", "c", metadata)
-    store.client = fake  # type: ignore[assignment]
-    p = store.prefix
-    for node in (1, 2, 3):
-        await fake.put(f"{p}brokers/{node}".encode(), broker_record(BrokerInfo(node, "h", 9000 + node)))
-    await fake.put(f"{p}topics/t".encode(), topic_record(TopicMetadata("t", TOPIC_ID, [PartitionState(REPLICAS, 1)])))
+    fake, store, metadata = await open_store()
     # Follower 3 fell out of the ISR earlier; broker 1 leads at epoch 1.
-    await fake.put(f"{p}partitions/t/0".encode(), partition_record(PartitionState(REPLICAS, 1, 1, [1, 2]), TOPIC_ID))
+    await put_topic(fake, store, TOPIC_ID, PartitionState(REPLICAS, 1, 1, [1, 2]))
     await store._load()
-    replica = Partition("t", 0, PartitionLog(str(tmp_path / "t-0"), LogConfig(), 0), 1, TOPIC_ID)
-    replica.apply_state(metadata.partition("t", 0), 0)
-    broker = SimpleNamespace(
-        _isr_updates=set(), backend=store, node_id=1, metadata=metadata, _isr_slots=asyncio.Semaphore(8)
-    )
-    return fake, store, metadata, replica, broker
+    replica = leader_replica(tmp_path, metadata, TOPIC_ID)
+    return fake, store, metadata, replica, proposer(store, metadata)
 
 
-def _stored(fake: FakeEtcd, store: EtcdMetadataStore) -> PartitionState:
-    raw = json.loads(fake.kv[(store.prefix + "partitions/t/0").encode()].value)
-    raw.pop("topic_id")
-    return PartitionState(**raw)
+def _stored(fake, store) -> PartitionState:
+    return stored_state(fake, store)
 
 
 def test_lost_answer_to_an_applied_expansion_must_not_drop_the_maximal_isr(tmp_path) -> None:
@@ -117,5 +91,41 @@ def test_reapplying_the_same_state_during_a_proposal_must_not_drop_the_maximal_i
         assert leader.high_watermark <= 0, (
             f"HW {leader.high_watermark} advanced without follower 3, which the store has in the ISR"
         )
+
+    asyncio.run(scenario())
+
+
+def test_expansion_whose_every_attempt_was_lost_does_not_stay_pending(tmp_path, monkeypatch) -> None:
+    """Every attempt of an expansion fails with an unknown outcome and none landed (etcd never
+    applied them). The proposal ended, yet the leader kept the maximal ISR {1,2,3} against the
+    store's {1,2}: nothing would ever settle it (no metadata change comes, and follower 3, out of
+    the stored ISR, is never shrunk), so the high watermark waited for 3 until the next ISR change
+    — for good, once 3 stopped fetching. Kafka keeps asking (AlterPartitionManager) until the
+    controller answers; the leader stays pending only while it does not know the outcome."""
+    monkeypatch.setattr(broker_module, "ISR_PROPOSAL_RETRY_S", 0)
+
+    async def scenario() -> None:
+        fake, store, metadata, replica, broker = await _setup(tmp_path)
+        leader = replica.leader_state
+        assert leader is not None
+        leader.on_follower_fetch(3, 0, 0, 1)  # follower 3 caught up: propose ISR {1,2,3}
+        fake.fail_before_commit = 5  # more attempts than were ever made (3): each lost, none applied
+        Broker._propose_isr(broker, replica, [1, 2, 3])  # type: ignore[arg-type]
+        for _ in range(100):
+            if ("t", 0) not in broker._isr_updates:
+                break
+            await asyncio.sleep(0)  # a loop turn: the proposal's attempts run
+        assert ("t", 0) not in broker._isr_updates, "the proposal never ended"
+
+        stored = _stored(fake, store)
+        assert leader.maximal_isr is None or set(leader.maximal_isr) <= set(stored.isr), (
+            f"no proposal in flight, the store has ISR {stored.isr}, yet the high watermark waits for"
+            f" {leader.maximal_isr}"
+        )
+        # Whatever the outcome, applying the store's state leaves the leader with it alone.
+        state = metadata.partition("t", 0)
+        assert state is not None
+        replica.apply_state(PartitionState(state.replicas, 1, 1, stored.isr), 2)
+        assert leader.maximal_isr is None and leader.isr == stored.isr
 
     asyncio.run(scenario())

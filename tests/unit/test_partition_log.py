@@ -102,8 +102,8 @@ def test_read_honours_max_bytes_with_whole_batches(tmp_path_factory: pytest.Temp
 
 
 def test_read_without_min_one_never_skips_to_the_next_segment(tmp_path: Path) -> None:
-    log = open_log(tmp_path, segment_bytes=1)  # one batch per segment
-    _fill(log, [5, 1, 1])
+    log = open_log(tmp_path)  # one batch per segment: produce(..., roll=True)
+    _fill(log, [5, 1, 1], roll=True)
     assert [s.base_offset for s in log.segments] == [0, 5, 6]
     big = len(log.read(0, 1 << 20).records)
     small = len(log.read(5, 1 << 20).records)
@@ -222,9 +222,13 @@ def test_roll_by_size(tmp_path: Path) -> None:
     assert [s.base_offset for s in log.segments] == [0, 2, 4]
     assert all(s.size <= 2 * one for s in log.segments)
     assert log_files(tmp_path, ".log") == [f"{b:020d}.log" for b in (0, 2, 4)]
-    # a batch bigger than segment.bytes still goes in, alone in its segment
-    produce(log, 20, tag="big")
-    assert [s.base_offset for s in log.segments] == [0, 2, 4, 5]
+    # a batch bigger than segment.bytes is refused, as Kafka's UnifiedLog.append does
+    # (RECORD_LIST_TOO_LARGE); it used to go in, alone in a segment larger than segment.bytes
+    with pytest.raises(InvalidBatch) as refused:
+        produce(log, 20, tag="big")
+    assert refused.value.error == "record_list_too_large"
+    assert log.log_end_offset == 5
+    assert [s.base_offset for s in log.segments] == [0, 2, 4]
 
 
 def test_roll_by_segment_ms(tmp_path: Path) -> None:
@@ -259,9 +263,9 @@ def test_roll_by_index_size(tmp_path: Path) -> None:
 
 
 def test_retention_by_time(tmp_path: Path) -> None:
-    log = open_log(tmp_path, segment_bytes=1, retention_ms=10_000)  # one batch per segment
+    log = open_log(tmp_path, retention_ms=10_000)  # one batch per segment: produce(..., roll=True)
     for i in range(5):
-        produce(log, 2, tag=f"b{i}", now_ms=T0 + i * 5_000)  # max timestamps T0+1 .. T0+20001
+        produce(log, 2, tag=f"b{i}", now_ms=T0 + i * 5_000, roll=True)  # max timestamps T0+1 .. T0+20001
     assert len(log.segments) == 5
     now = T0 + 22_000
     deleted = log.apply_retention(now)
@@ -278,40 +282,40 @@ def test_retention_by_time(tmp_path: Path) -> None:
     assert log.apply_retention(T0 + 10**7) == 2
     assert log.log_start_offset == log.log_end_offset == 10
     assert log.read(10, 100).records == b""
-    produce(log, 1, now_ms=T0 + 10**7)
+    produce(log, 1, now_ms=T0 + 10**7, roll=True)
     assert [r.offset for r in read_records(log)] == [10]
 
 
 def test_retention_by_bytes(tmp_path: Path) -> None:
-    log = open_log(tmp_path, segment_bytes=1)
+    log = open_log(tmp_path)
     for i in range(6):
-        produce(log, 3, tag=f"b{i}")
+        produce(log, 3, tag=f"b{i}", roll=True)
     seg_size = log.segments[0].size
     assert all(s.size == seg_size for s in log.segments)
-    log.update_config(log.config.__class__(segment_bytes=1, retention_bytes=2 * seg_size + seg_size // 2))
+    log.update_config(log.config.__class__(retention_bytes=2 * seg_size + seg_size // 2))
     assert log.apply_retention(T0) == 3
     assert log.size_bytes == 3 * seg_size
     assert log.log_start_offset == 9
     assert [r.value for r in read_records(log)][:1] == [b"b3-0"]
     assert log.apply_retention(T0) == 0  # nothing more to delete
-    log.update_config(log.config.__class__(segment_bytes=1, retention_bytes=0))
+    log.update_config(log.config.__class__(retention_bytes=0))
     assert log.apply_retention(T0) == 3
     assert log.log_start_offset == log.log_end_offset == 18
 
 
 def test_retention_never_passes_the_high_watermark(tmp_path: Path) -> None:
-    log = open_log(tmp_path, segment_bytes=1, retention_ms=0)
+    log = open_log(tmp_path, retention_ms=0)
     for i in range(4):
-        produce(log, 2, tag=f"b{i}")
+        produce(log, 2, tag=f"b{i}", roll=True)
     log.high_watermark = 5
     log.apply_retention(T0 + 10**6)
     assert log.log_start_offset == 4  # segments ending at 2 and 4 go; the one holding offset 5 stays
 
 
 def test_delete_records_before(tmp_path: Path) -> None:
-    log = open_log(tmp_path, segment_bytes=1)
+    log = open_log(tmp_path)
     for i in range(4):
-        produce(log, 3, tag=f"b{i}")
+        produce(log, 3, tag=f"b{i}", roll=True)
     assert log.delete_records_before(4) == 4
     assert [s.base_offset for s in log.segments] == [3, 6, 9]
     assert not os.path.exists(tmp_path / f"{0:020d}.log")
@@ -322,12 +326,12 @@ def test_delete_records_before(tmp_path: Path) -> None:
     with pytest.raises(OffsetOutOfRange):
         log.delete_records_before(13)
     log.close()
-    log = open_log(tmp_path, segment_bytes=1)
+    log = open_log(tmp_path)
     assert log.log_start_offset == 4
     assert log.delete_records_before(12) == 12  # up to the end: every segment with data goes
     assert log.log_end_offset == 12
     assert all(s.size == 0 for s in log.segments)
-    produce(log, 1)
+    produce(log, 1, roll=True)
     assert [r.offset for r in read_records(log)] == [12]
 
 
@@ -402,11 +406,11 @@ def test_offset_for_timestamp_inside_compressed_batch(tmp_path: Path) -> None:
 
 
 def test_offset_of_max_timestamp_prefers_earliest_on_ties(tmp_path: Path) -> None:
-    log = open_log(tmp_path, segment_bytes=1)
+    log = open_log(tmp_path)
     assert log.offset_of_max_timestamp() is None
-    produce(log, 3, start_ts=T0, ts_step=100)  # max T0+200 at offset 2
-    produce(log, 3, start_ts=T0 + 200, ts_step=0)  # ties at offsets 3-5
-    produce(log, 1, start_ts=T0 + 50)
+    produce(log, 3, start_ts=T0, ts_step=100, roll=True)  # max T0+200 at offset 2
+    produce(log, 3, start_ts=T0 + 200, ts_step=0, roll=True)  # ties at offsets 3-5
+    produce(log, 1, start_ts=T0 + 50, roll=True)
     assert len(log.segments) == 3
     assert log.offset_of_max_timestamp() == (2, T0 + 200)
 
@@ -415,9 +419,9 @@ def test_offset_of_max_timestamp_prefers_earliest_on_ties(tmp_path: Path) -> Non
 
 
 def test_truncate_to_batch_boundaries(tmp_path: Path) -> None:
-    log = open_log(tmp_path, segment_bytes=1)  # one batch per segment
+    log = open_log(tmp_path)  # one batch per segment: produce(..., roll=True)
     for i in range(5):
-        produce(log, 2, tag=f"b{i}", epoch=i)
+        produce(log, 2, tag=f"b{i}", epoch=i, roll=True)
     log.truncate_to(8, T0)
     assert log.log_end_offset == 8 and log.high_watermark == 8
     assert [s.base_offset for s in log.segments] == [0, 2, 4, 6]
@@ -430,7 +434,7 @@ def test_truncate_to_batch_boundaries(tmp_path: Path) -> None:
     assert not os.path.exists(tmp_path / f"{6:020d}.log")
     log.truncate_to(2, T0)
     assert log.log_end_offset == 2 and [s.base_offset for s in log.segments] == [0]
-    result = produce(log, 3, tag="new", epoch=9)
+    result = produce(log, 3, tag="new", epoch=9, roll=True)
     assert result.base_offset == 2
     assert [r.value for r in read_records(log)] == [b"b0-0", b"b0-1", b"new-0", b"new-1", b"new-2"]
     assert log.epochs.end_offset_for(0, log.log_end_offset) == (0, 2)

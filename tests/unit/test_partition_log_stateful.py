@@ -6,6 +6,7 @@ import dataclasses
 import shutil
 import tempfile
 
+import pytest
 from batches import CODECS, Record, decode_all, decode_batch, make_batch
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -13,6 +14,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from loghelpers import T0, batches_of, open_log
 
 from diskless.log.partition_log import PartitionLog
+from diskless.protocol.records import InvalidBatch
 
 CONFIG = {"segment_bytes": 400, "index_interval_bytes": 64}
 
@@ -58,6 +60,13 @@ class PartitionLogMachine(RuleBasedStateMachine):
         batch = make_batch(
             [Record(v, timestamp=self.now + j) for j, v in enumerate(values)], compression=codec, base_offset=0
         )
+        if len(batch) > CONFIG["segment_bytes"]:
+            # Larger than a segment: refused (RECORD_LIST_TOO_LARGE, Kafka's UnifiedLog.append).
+            with pytest.raises(InvalidBatch) as refused:
+                self.log.append_as_leader([memoryview(batch)], 0, self.now)
+            assert refused.value.error == "record_list_too_large"
+            assert self.log.log_end_offset == self.leo
+            return
         result = self.log.append_as_leader([memoryview(batch)], 0, self.now)
         self.log.high_watermark = self.log.log_end_offset
         assert result.base_offset == self.leo

@@ -8,10 +8,6 @@ is a stand-in that records what it was handed.
 
 from __future__ import annotations
 
-import sys
-
-sys.path.insert(0, "/work/main/tests/unit")
-
 import asyncio
 import dataclasses
 import struct
@@ -47,15 +43,16 @@ class Representative:
 class Broker(FencedBroker):
     """Topic "t" is classic (led here), topic "d" is diskless."""
 
-    def __init__(self, log_dir: Path) -> None:
+    def __init__(self, log_dir: Path, **config: Any) -> None:
         super().__init__(log_dir)
         self.representative = Representative()
+        self.topic_config = config  # LogConfig fields both topics have
 
     def is_diskless(self, meta: TopicMetadata) -> bool:
         return meta.name == "d"
 
     def log_config(self, meta: TopicMetadata) -> LogConfig:
-        return LogConfig(diskless_enabled=meta.name == "d")
+        return LogConfig(diskless_enabled=meta.name == "d", **self.topic_config)
 
     def host(self, name: str) -> Partition | None:
         state = PartitionState(replicas=[NODE], leader=NODE, leader_epoch=0, isr=[NODE])
@@ -63,15 +60,19 @@ class Broker(FencedBroker):
         self.metadata.topics[name] = meta
         if name == "d":
             return None
-        return self.replicas.apply(meta, 0, LogConfig(), now_ms())
+        return self.replicas.apply(meta, 0, LogConfig(**self.topic_config), now_ms())
+
+
+def make_apis(tmp_path: Path, **config: Any) -> ProduceApis:
+    broker = Broker(tmp_path / "logs", **config)
+    broker.host("t")
+    broker.host("d")
+    return ProduceApis(broker)  # type: ignore[arg-type]
 
 
 @pytest.fixture
 def apis(tmp_path: Path) -> ProduceApis:
-    broker = Broker(tmp_path / "logs")
-    broker.host("t")
-    broker.host("d")
-    return ProduceApis(broker)  # type: ignore[arg-type]
+    return make_apis(tmp_path)
 
 
 def produce(
@@ -198,3 +199,24 @@ def test_nonzero_base_offset_is_invalid_record(apis: ProduceApis, topic: str) ->
     batch = make_batch([b"a"], base_offset=5)
     code, _ = produce(apis, batch, topic)
     assert code == ErrorCode.invalid_record
+
+
+# --- 7. a batch larger than segment.bytes -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("topic", TOPICS)
+def test_batch_larger_than_segment_is_record_list_too_large(tmp_path: Path, topic: str) -> None:
+    """UnifiedLog.append: ``validRecords.sizeInBytes > config.segmentSize`` ->
+    RecordBatchTooLargeException (RECORD_LIST_TOO_LARGE), checked after analyzeAndValidateRecords'
+    ``batchSize > config.maxMessageSize`` (MESSAGE_TOO_LARGE). Diskless stored the batch in a
+    segment of its own, larger than segment.bytes."""
+    apis = make_apis(tmp_path, segment_bytes=300, max_message_bytes=600)
+    fits = make_batch([b"a" * 100])
+    over_segment = make_batch([b"b" * 400])
+    over_both = make_batch([b"c" * 700])
+    assert len(fits) <= 300 < len(over_segment) <= 600 < len(over_both)
+    assert produce(apis, over_segment, topic) == (ErrorCode.record_list_too_large, -1)
+    assert produce(apis, over_both, topic)[0] == ErrorCode.message_too_large
+    assert produce(apis, fits, topic) == (ErrorCode.none, 0)
+    if topic == "d":
+        assert apis.broker.representative.submitted == [fits]  # type: ignore[attr-defined]

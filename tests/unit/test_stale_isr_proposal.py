@@ -13,52 +13,24 @@ Kafka: the controller rejects an AlterPartition whose leader epoch is not the cu
 from __future__ import annotations
 
 import asyncio
-import json
-from types import SimpleNamespace
 
-from fake_etcd import FakeEtcd
+from isr_store import leader_replica, open_store, proposer, put_topic, stored_record
 
 from diskless.broker.broker import Broker
-from diskless.cluster.etcd_store import EtcdMetadataStore
-from diskless.cluster.metadata import (
-    BrokerInfo,
-    ClusterMetadata,
-    PartitionState,
-    TopicMetadata,
-    broker_record,
-    partition_record,
-    topic_record,
-)
-from diskless.log.config import LogConfig
-from diskless.log.partition_log import PartitionLog
-from diskless.replication.partition import Partition
+from diskless.cluster.metadata import PartitionState, TopicMetadata, partition_record, topic_record
 
 TOPIC_ID = "00000000-0000-0000-0000-00000000000a"
 
 
-def _stored_state(fake: FakeEtcd, prefix: str) -> dict:
-    return json.loads(fake.kv[(prefix + "partitions/t/0").encode()].value)
-
-
 def test_isr_proposal_from_a_not_yet_applied_state_overwrites_a_newer_election(tmp_path) -> None:
     async def scenario() -> None:
-        fake = FakeEtcd()
-        metadata = ClusterMetadata("c")
-        store = EtcdMetadataStore("127.0.0.1:2379", "c", metadata)
-        store.client = fake  # type: ignore[assignment]
+        fake, store, metadata = await open_store()
         p = store.prefix
-        for node in (1, 2, 3):
-            await fake.put(f"{p}brokers/{node}".encode(), broker_record(BrokerInfo(node, "h", 9000 + node)))
-        topic = TopicMetadata("t", TOPIC_ID, [PartitionState([1, 2, 3], 1, 0, [1, 2, 3])])
-        await fake.put(f"{p}topics/t".encode(), topic_record(topic))
         # Broker 1 leads t-0 at epoch 5 (a few elections ago).
-        await fake.put(
-            f"{p}partitions/t/0".encode(), partition_record(PartitionState([1, 2, 3], 1, 5, [1, 2, 3]), TOPIC_ID)
-        )
+        await put_topic(fake, store, TOPIC_ID, PartitionState([1, 2, 3], 1, 5, [1, 2, 3]))
         await store._load()
 
-        replica = Partition("t", 0, PartitionLog(str(tmp_path / "t-0"), LogConfig(), 0), 1, TOPIC_ID)
-        replica.apply_state(metadata.partition("t", 0), 0)
+        replica = leader_replica(tmp_path, metadata, TOPIC_ID)
         assert replica.leader_state is not None and replica.leader_epoch == 5
 
         # Broker 1's metadata watch is lost for a while. Meanwhile a preferred election (or an
@@ -72,14 +44,12 @@ def test_isr_proposal_from_a_not_yet_applied_state_overwrites_a_newer_election(t
         assert metadata.partition("t", 0).leader == 2
         # ... and before the slice with t-0 reaches ReplicaManager.apply, broker 1's periodic
         # _shrink_isrs runs: followers 2 and 3 stopped fetching from it, so it drops them.
-        broker = SimpleNamespace(
-            _isr_updates=set(), backend=store, node_id=1, metadata=metadata, _isr_slots=asyncio.Semaphore(8)
-        )
+        broker = proposer(store, metadata)
         Broker._propose_isr(broker, replica, [1])  # type: ignore[arg-type]
         for _ in range(5):
             await asyncio.sleep(0)
 
-        stored = _stored_state(fake, p)
+        stored = stored_record(fake, store)
         assert (stored["leader"], stored["leader_epoch"]) == (2, 6), (
             f"a stale leader's ISR change overwrote the newer election: stored {stored}"
         )
@@ -94,21 +64,11 @@ def test_isr_proposal_of_a_deleted_incarnation_lands_on_the_recreated_topic(tmp_
     the new topic id, so the old replica set, leader and epoch become the new topic's state."""
 
     async def scenario() -> None:
-        fake = FakeEtcd()
-        metadata = ClusterMetadata("c")
-        store = EtcdMetadataStore("127.0.0.1:2379", "c", metadata)
-        store.client = fake  # type: ignore[assignment]
+        fake, store, metadata = await open_store((1, 2, 3, 4))
         p = store.prefix
-        for node in (1, 2, 3, 4):
-            await fake.put(f"{p}brokers/{node}".encode(), broker_record(BrokerInfo(node, "h", 9000 + node)))
-        old = TopicMetadata("t", TOPIC_ID, [PartitionState([1, 2, 3], 1, 0, [1, 2, 3])])
-        await fake.put(f"{p}topics/t".encode(), topic_record(old))
-        await fake.put(
-            f"{p}partitions/t/0".encode(), partition_record(PartitionState([1, 2, 3], 1, 5, [1, 2, 3]), TOPIC_ID)
-        )
+        await put_topic(fake, store, TOPIC_ID, PartitionState([1, 2, 3], 1, 5, [1, 2, 3]))
         await store._load()
-        replica = Partition("t", 0, PartitionLog(str(tmp_path / "t-0"), LogConfig(), 0), 1, TOPIC_ID)
-        replica.apply_state(metadata.partition("t", 0), 0)
+        replica = leader_replica(tmp_path, metadata, TOPIC_ID)
 
         # While broker 1's watch is down, t is deleted and re-created on brokers 2, 3, 4.
         fake._delete(f"{p}topics/t".encode(), None)
@@ -121,16 +81,14 @@ def test_isr_proposal_of_a_deleted_incarnation_lands_on_the_recreated_topic(tmp_
         )
 
         await store._load()  # the resync; the ("topic", "t") change that drops the old replica comes later
-        broker = SimpleNamespace(
-            _isr_updates=set(), backend=store, node_id=1, metadata=metadata, _isr_slots=asyncio.Semaphore(8)
-        )
+        broker = proposer(store, metadata)
         Broker._propose_isr(broker, replica, [1])  # type: ignore[arg-type]
         for _ in range(5):
             await asyncio.sleep(0)
 
         key = (p + "partitions/t/0").encode()
         if key in fake.kv:
-            stored = json.loads(fake.kv[key].value)
+            stored = stored_record(fake, store)
             assert stored["replicas"] == [2, 3, 4] and stored["leader"] == 2, (
                 f"the deleted incarnation's state was written into the re-created topic: {stored}"
             )
