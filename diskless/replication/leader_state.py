@@ -122,13 +122,16 @@ class LeaderState:
     def proposal_failed(self) -> None:
         self.maximal_isr = None
 
-    def apply_isr(self, isr: list[int], leader_leo: int) -> bool:
+    def apply_isr(self, isr: list[int], leader_leo: int, state_changed: bool = True) -> bool:
         """The store's ISR (applied from metadata); returns True if that advanced the high watermark.
 
-        The same ISR applied again (a watch resync re-applies every partition) says nothing about a
-        proposal in flight: its maximal ISR stays, as Kafka leaves the pending state alone for a
-        metadata update with an unchanged partition epoch."""
-        if list(isr) != self.isr:
+        The same state applied again (a watch resync re-applies every partition) says nothing about
+        a proposal in flight: its maximal ISR stays, as Kafka leaves the pending state alone for a
+        metadata update with an unchanged partition epoch. Any other change to the partition's
+        state (``state_changed``: its ISR, or its replicas by a reassignment) moved the revision
+        the proposal was made against, so the proposal can no longer land: the pending state ends,
+        as on Kafka's new partition epoch."""
+        if state_changed or list(isr) != self.isr:
             self.maximal_isr = None
         self.isr = list(isr)
         return self.maybe_advance_hw(leader_leo)

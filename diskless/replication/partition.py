@@ -148,6 +148,7 @@ class Partition:
         self.leader_epoch = -1
         self.isr: list[int] = []
         self.replicas: list[int] = []
+        self._applied_state: PartitionState | None = None  # the metadata state applied last
         self.leader_state: LeaderState | None = None
         # acks=all waiters, sorted: (last offset, seq, callback). Callbacks run synchronously when the
         # high watermark passes their offset (True) or leadership is lost (False), so the waiting
@@ -231,6 +232,7 @@ class Partition:
 
     def _apply_state(self, state: PartitionState, now_ms: int) -> str | None:
         epoch_changed = state.leader_epoch != self.leader_epoch
+        state_changed, self._applied_state = state != self._applied_state, state
         self.replicas = list(state.replicas)
         self.isr = list(state.isr)
         if state.leader == self.node_id:
@@ -239,7 +241,7 @@ class Partition:
                 return LEADER
             assert self.leader_state is not None
             self.leader_state.replicas = list(state.replicas)
-            if self.leader_state.apply_isr(state.isr, self.log.log_end_offset):
+            if self.leader_state.apply_isr(state.isr, self.log.log_end_offset, state_changed):
                 self._on_hw_advanced()
             return None
         previous = self.role

@@ -129,3 +129,26 @@ def test_expansion_whose_every_attempt_was_lost_does_not_stay_pending(tmp_path, 
         assert leader.maximal_isr is None and leader.isr == stored.isr
 
     asyncio.run(scenario())
+
+
+def test_another_change_to_the_partition_ends_the_pending_isr(tmp_path) -> None:
+    """A reassignment's write moves the partition's revision without touching its ISR: a proposal
+    in flight against the old revision can no longer land, so the leader stops counting the
+    joining follower (Kafka: a new partition epoch clears the pending state). Kept, the high
+    watermark waited for that follower until the next ISR change."""
+
+    async def scenario() -> None:
+        _fake, _store, metadata, replica, _broker = await _setup(tmp_path)
+        leader = replica.leader_state
+        assert leader is not None
+        leader.on_follower_fetch(3, 0, 0, 1)
+        leader.propose_isr([1, 2, 3])  # in flight; its answer is lost
+        assert leader.maximal_isr == [1, 2, 3]
+        replica.apply_state(metadata.partition("t", 0), 2)  # the same state again: still pending
+        assert leader.maximal_isr == [1, 2, 3]
+
+        replica.apply_state(PartitionState([*REPLICAS, 4], 1, 1, [1, 2]), 3)  # a reassignment adds 4
+
+        assert leader.maximal_isr is None
+
+    asyncio.run(scenario())
