@@ -27,7 +27,7 @@ R2 (propagate). When a batch fails with a retriable error X, every later batch o
    as it would after any retriable error. A non-retriable failure propagates nothing: later
    batches go to the leader, which decides (as a Kafka leader would for the same requests).
 R3 (retry). A retriable leadership answer (not leader, fenced or unknown epoch, no leader known)
-   or a lost answer (connection lost, timeout, send failed) is no outcome: the batch keeps its
+   or a lost answer (connection lost, timeout, send failed; see R6) is no outcome: the batch keeps its
    place in the chain and is sent again, after a short back-off or a metadata change, until
    ``retry_timeout_ms`` after it became ready; then it fails with the last reason (R2 applies).
 R4 (out of order). OUT_OF_ORDER_SEQUENCE for a batch of producer (id, epoch) while an earlier
@@ -40,6 +40,10 @@ R4 (out of order). OUT_OF_ORDER_SEQUENCE for a batch of producer (id, epoch) whi
    when the producer's epoch changes or after ``hint_ttl_ms``.
 R5 (deadline). Every batch gets an outcome: uploads and RPCs are bounded by the shell, and a
    ready batch waiting for its turn or a leader fails at its deadline (R3).
+R6 (no duplicates without idempotence). R3's resend after a lost answer is only for idempotent
+   producers, whose duplicates the leader recognises by sequence. A batch without idempotence
+   whose request may have reached the leader fails with REQUEST_TIMED_OUT instead (R2 applies):
+   resent, it could be appended twice although its producer sent it once.
 
 Why the order holds (safety rule 2). Take batches a before b in one chain. b is sent only if a is
 in flight on the same channel (a was sent first, the leader starts a first) or a has an outcome
@@ -91,6 +95,7 @@ LEADERSHIP = frozenset(
 OUT_OF_ORDER = int(ErrorCode.out_of_order_sequence_number)
 STORAGE_ERROR = int(ErrorCode.kafka_storage_error)
 NOT_LEADER = int(ErrorCode.not_leader_or_follower)
+TIMED_OUT = int(ErrorCode.request_timed_out)
 UNKNOWN_PARTITION = int(ErrorCode.unknown_topic_or_partition)
 
 PartitionKey = tuple[str, int]  # (topic id, partition)
@@ -203,14 +208,22 @@ class CommitPipeline:
         else:
             self._fail(batch, code, now_ms)
 
-    def lost(self, batch_ids: list[int], now_ms: int, code: int = NOT_LEADER) -> None:
-        """No answer will come (connection lost, timeout, send failed): the outcome is unknown, send again."""
+    def lost(self, batch_ids: list[int], now_ms: int, code: int = NOT_LEADER, maybe_applied: bool = True) -> None:
+        """No answer will come (connection lost, timeout, send failed): the outcome is unknown.
+
+        Sent again, except a batch without idempotence that the leader may have appended
+        (``maybe_applied``: the request may have reached it): the leader could not recognise it
+        as a duplicate, and a Kafka broker never appends a record twice for a producer that sent
+        it once. It fails with REQUEST_TIMED_OUT, and its producer decides, as after a Kafka
+        request timeout (R6)."""
         for batch_id in batch_ids:
             batch = self._batches.get(batch_id)
             if batch is None or batch.state is not State.SENT:
                 continue
             if batch.doomed is not None:
                 self._fail(batch, batch.doomed, now_ms)
+            elif maybe_applied and batch.producer is None:
+                self._fail(batch, TIMED_OUT, now_ms)
             else:
                 self._wait_again(batch, code, now_ms)
 

@@ -535,7 +535,7 @@ class Representative:
             try:
                 answer = self.host.leader.commit_batches_now(body)
             except Exception:
-                # Some appends may have happened: outcome unknown, send again (duplicates are recognised).
+                # Some appends may have happened: outcome unknown (commit_pipeline R3, R6).
                 log.exception("local commit failed")
                 self.pipeline.lost(send.ids, _now_ms())
                 return
@@ -546,7 +546,7 @@ class Representative:
             future = conn.send_internal(internal.INTERNAL_COMMIT_BATCHES, body)
         except Exception as exc:
             log.info("commit send failed", leader=send.channel[0], error=repr(exc))  # type: ignore[index]
-            self.pipeline.lost(send.ids, _now_ms())
+            self.pipeline.lost(send.ids, _now_ms(), maybe_applied=False)  # nothing was written
             return
         self._spawn(self._await_answer(send, conn, future))
 
@@ -571,7 +571,7 @@ class Representative:
         now = _now_ms()
         results = answer.get("results") if isinstance(answer, dict) else None
         if not isinstance(results, list) or len(results) != len(send.ids):
-            # The leader may have appended them: outcome unknown, send again.
+            # The leader may have appended them: outcome unknown (commit_pipeline R3, R6).
             log.warning("malformed commit answer", answer=str(answer)[:200])
             self.pipeline.lost(send.ids, now)
             return

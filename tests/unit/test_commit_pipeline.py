@@ -208,9 +208,10 @@ def test_per_partition_order_and_liveness(steps: list[tuple[Any, ...]]) -> None:
             break
     assert pipeline.pending == 0 and pipeline.in_flight_bytes == 0
     for partition, appended in board.log.items():
-        first_seen = list(dict.fromkeys(appended))  # a resent batch whose answer was lost may repeat
+        # Never twice: resent only where the leader recognises a duplicate (R6).
+        assert len(appended) == len(set(appended)), f"partition {partition} appended a batch twice: {appended}"
         order = {b: i for i, b in enumerate(arrivals[partition])}
-        assert first_seen == sorted(first_seen, key=order.__getitem__), f"partition {partition}: {appended}"
+        assert appended == sorted(appended, key=order.__getitem__), f"partition {partition}: {appended}"
 
 
 def idem(seq: int) -> bytes:
@@ -268,3 +269,30 @@ def test_a_batch_without_a_leader_fails_at_its_deadline_and_takes_later_ones() -
     pipeline.next_sends(1000, route.__getitem__)
     assert codes(pipeline) == {1: NOT_LEADER, 2: NOT_LEADER}
     assert pipeline.pending == 0 and pipeline.in_flight_bytes == 0
+
+
+def test_a_lost_answer_fails_a_batch_without_idempotence_instead_of_resending_it() -> None:
+    """The leader may have appended it and cannot recognise a resend: sent again, one Produce of a
+    producer without idempotence (which never retried) was appended twice (R6)."""
+    pipeline = CommitPipeline(retry_timeout_ms=10_000, retry_backoff_ms=100)
+    pipeline.add_flush(0, [(1, ("t", 0), values_batch(1)), (2, ("t", 1), idem(0))])
+    pipeline.uploaded(0, 0)
+    sends = pipeline.next_sends(0, lambda key: "remote")
+    assert sorted(i for s in sends for i in s.ids) == [1, 2]
+
+    pipeline.lost([1, 2], 10)  # the connection dropped before the answer was read
+
+    assert codes(pipeline) == {1: int(ErrorCode.request_timed_out)}
+    resent = pipeline.next_sends(200, lambda key: "remote")
+    assert [s.ids for s in resent] == [[2]]  # the idempotent one: the leader dedupes it by sequence
+
+
+def test_a_batch_whose_send_failed_is_sent_again_even_without_idempotence() -> None:
+    """Nothing was written (not connected): the leader cannot have it, so sending again is safe."""
+    pipeline = CommitPipeline(retry_timeout_ms=10_000, retry_backoff_ms=100)
+    pipeline.add_flush(0, [(1, ("t", 0), values_batch(1))])
+    pipeline.uploaded(0, 0)
+    assert [s.ids for s in pipeline.next_sends(0, lambda key: "remote")] == [[1]]
+    pipeline.lost([1], 10, maybe_applied=False)
+    assert codes(pipeline) == {}
+    assert [s.ids for s in pipeline.next_sends(200, lambda key: "remote")] == [[1]]
