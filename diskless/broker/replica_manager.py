@@ -33,6 +33,7 @@ from collections.abc import Callable
 import structlog
 
 from diskless.cluster.metadata import BrokerInfo, PartitionState, TopicMetadata
+from diskless.files import fsync_directory
 from diskless.log.config import LogConfig
 from diskless.log.partition_log import HW_FILE, PartitionLog
 from diskless.replication.fetcher import ReplicaFetcher
@@ -320,7 +321,7 @@ class ReplicaManager:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-            _fsync_directory(self.log_dir)
+            fsync_directory(self.log_dir)
             self._checkpointed = lines
             legacy_files, self._legacy_hw_files = self._legacy_hw_files, []
         for legacy in legacy_files:
@@ -402,15 +403,6 @@ def _wake(waiters: set[asyncio.Future[None]]) -> set[asyncio.Future[None]]:
 def _release(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
-
-
-def _fsync_directory(path: str) -> None:
-    """Make a rename in ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _delete_directory(path: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -19,6 +18,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from diskless.files import replace_durably
 from diskless.log.config import ConfigError, canonical_name, validate_overrides
 
 from .producer_ids import LocalProducerIdStore, ProducerIdBlock
@@ -449,12 +449,7 @@ class LocalBackend:
             pass
 
     def _save(self) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(self.metadata.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        replace_durably(self.path, self.metadata.to_json().encode())
 
     async def _changed(self, changes: list[RecordKey]) -> None:
         self.metadata.generation += 1

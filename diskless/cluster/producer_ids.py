@@ -6,7 +6,7 @@ ids of a partially used block are simply skipped after a restart, never reused.
 
 from __future__ import annotations
 
-import os
+from diskless.files import replace_durably
 
 BLOCK_SIZE = 1000
 
@@ -36,10 +36,5 @@ class LocalProducerIdStore:
                 start = int(f.read().strip() or 0)
         except (FileNotFoundError, ValueError):
             start = 0
-        tmp = self.path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(str(start + BLOCK_SIZE))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        replace_durably(self.path, str(start + BLOCK_SIZE).encode())
         return ProducerIdBlock(start, BLOCK_SIZE)

@@ -24,6 +24,7 @@ from typing import Any
 
 import msgpack
 
+from diskless.files import replace_durably
 from diskless.protocol import records
 from diskless.storage import pointer, segment_object
 from diskless.tiering.entry import (
@@ -802,10 +803,9 @@ class PartitionLog:
         self.txns.drop_before(offset)
         self.log_start_offset = offset
         self.epochs.truncate_from_start(offset)
-        tmp = os.path.join(self.directory, LOG_START_FILE + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(str(offset))
-        os.replace(tmp, os.path.join(self.directory, LOG_START_FILE))
+        # Durable: the WAL manager deletes objects below it once we answer that we no longer
+        # reference them; an older log start back after a power loss would point below it.
+        replace_durably(os.path.join(self.directory, LOG_START_FILE), str(offset).encode())
 
     def _apply_ref_floor(self, offset: int) -> None:
         """References below the log start are gone: recount the segment the start falls into."""
@@ -1009,10 +1009,7 @@ class PartitionLog:
             # which may predate an entry that took effect (and whose pointer segments are gone).
             "floor": self._tier_floor,
         }
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(msgpack.packb(body))
-        os.replace(tmp, path)
+        replace_durably(path, msgpack.packb(body))  # the floor is a promise to the WAL manager too
 
     def _load_tiers(self) -> None:
         """Tiers from the manifest (written on every change), then any tier entry a crash kept out
