@@ -329,14 +329,22 @@ class FetchApis(ApiFamily):
             return -1
         return target
 
-    def _preferred_read_replica(self, replica: Partition | None, rack: str) -> int:
+    def _preferred_read_replica(self, replica: Partition | None, rack: str, fetch_offset: int) -> int:
         """KIP-392 for classic topics: a consumer that sent its rack is sent to an in-sync replica
-        there (diskless topics: ``_zone_redirect``)."""
-        if not rack or replica is None or replica.leader_state is None or rack == self.local_az:
+        there that holds its fetch offset (diskless topics: ``_zone_redirect``). One that does not
+        (its own retention ran ahead, or it has not fetched up to there) would answer
+        OFFSET_OUT_OF_RANGE and the consumer would come back here, to be sent there again."""
+        state = replica.leader_state if replica is not None else None
+        if not rack or replica is None or state is None or rack == self.local_az:
             return -1
         for node_id in replica.isr:
             info = self._meta.brokers.get(node_id)
-            if node_id != self.broker.node_id and info is not None and info.rack == rack:
+            if (
+                node_id != self.broker.node_id
+                and info is not None
+                and info.rack == rack
+                and state.holds_offset(node_id, fetch_offset)
+            ):
                 return node_id
         return -1
 
@@ -491,7 +499,7 @@ class FetchApis(ApiFamily):
                         fenced,
                     )
                 entry = _partition_answer(index, code, committed)
-                preferred = self._preferred_read_replica(replica, rack) if rack else -1
+                preferred = self._preferred_read_replica(replica, rack, p.fetch_offset) if rack else -1
                 # A follower shown to its AZ's clients as the leader answers only what the leader would.
                 view = (
                     replica.follower_view()
@@ -550,7 +558,8 @@ class FetchApis(ApiFamily):
                         limit = limit if allowance is None else min(limit, allowance)
                         diverging = replica.diverging_epoch(getattr(p, "last_fetched_epoch", -1), p.fetch_offset)
                         if diverging is None and p.fetch_offset <= plog.log_end_offset:
-                            self.broker.on_follower_fetch(replica, follower, p.fetch_offset)
+                            log_start = getattr(p, "log_start_offset", -1)
+                            self.broker.on_follower_fetch(replica, follower, p.fetch_offset, log_start)
                             if replica.hw_news_for(follower):
                                 has_error = True  # answer now: the follower serves reads up to this HW
                     try:
