@@ -34,6 +34,10 @@ READ_COMMITTED = 1
 NO_AUTHORIZED_OPERATIONS = -(2**31)
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 REF_NO, REF_YES, REF_UNKNOWN = 0, 1, 2
+# KIP-320: the client's current_leader_epoch is older (newer) than the replica's. The client must
+# hear it, to refresh its metadata: a read is never forwarded to the leader over one (the leader
+# would answer it, and the client would go on with its stale view).
+EPOCH_ERRORS = frozenset({ErrorCode.fenced_leader_epoch, ErrorCode.unknown_leader_epoch})
 
 
 def _ms(value: Any) -> int:

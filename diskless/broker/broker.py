@@ -469,8 +469,10 @@ class Broker:
     def on_leader_append(self, partition: Partition) -> None:
         self.replicas.on_leader_append(partition)
 
-    def on_follower_fetch(self, partition: Partition, follower: int, fetch_offset: int) -> None:
-        if partition.on_follower_fetch(follower, fetch_offset, self.now_ms()):
+    def on_follower_fetch(self, partition: Partition, follower: int, fetch_offset: int, log_start_offset: int) -> None:
+        """A replica fetch of ``partition`` by ``follower`` at ``fetch_offset``, whose own log starts at
+        ``log_start_offset`` (-1: Fetch < v5, which does not say)."""
+        if partition.on_follower_fetch(follower, fetch_offset, self.now_ms(), log_start_offset):
             self.replicas.notify_append()
         # Only the fetching follower can rejoin, and only while it is a live broker: stale progress
         # of a dead follower must never put it back into the ISR (Kafka expands on a fetch, too).

@@ -53,7 +53,7 @@ from diskless.replication.follower_reads import (
 from diskless.replication.partition import SHARED_KEYS_FETCHER, Partition, wrap_pointers
 from diskless.storage import pointer, segment_object
 
-from .api_base import EARLIEST, LATEST, MAX_TIMESTAMP, READ_COMMITTED, ApiFamily, _find_partition, _ms
+from .api_base import EARLIEST, EPOCH_ERRORS, LATEST, MAX_TIMESTAMP, READ_COMMITTED, ApiFamily, _find_partition, _ms
 from .client_zone import current_client_az
 from .idle_fetches import CURRENT_IDLE_FETCHES, IdleFetchMemo
 from .quiet_fetches import QuietReplicaFetches
@@ -329,14 +329,22 @@ class FetchApis(ApiFamily):
             return -1
         return target
 
-    def _preferred_read_replica(self, replica: Partition | None, rack: str) -> int:
+    def _preferred_read_replica(self, replica: Partition | None, rack: str, fetch_offset: int) -> int:
         """KIP-392 for classic topics: a consumer that sent its rack is sent to an in-sync replica
-        there (diskless topics: ``_zone_redirect``)."""
-        if not rack or replica is None or replica.leader_state is None or rack == self.local_az:
+        there that holds its fetch offset (diskless topics: ``_zone_redirect``). One that does not
+        (its own retention ran ahead, or it has not fetched up to there) would answer
+        OFFSET_OUT_OF_RANGE and the consumer would come back here, to be sent there again."""
+        state = replica.leader_state if replica is not None else None
+        if not rack or replica is None or state is None or rack == self.local_az:
             return -1
         for node_id in replica.isr:
             info = self._meta.brokers.get(node_id)
-            if node_id != self.broker.node_id and info is not None and info.rack == rack:
+            if (
+                node_id != self.broker.node_id
+                and info is not None
+                and info.rack == rack
+                and state.holds_offset(node_id, fetch_offset)
+            ):
                 return node_id
         return -1
 
@@ -491,7 +499,7 @@ class FetchApis(ApiFamily):
                         fenced,
                     )
                 entry = _partition_answer(index, code, committed)
-                preferred = self._preferred_read_replica(replica, rack) if rack else -1
+                preferred = self._preferred_read_replica(replica, rack, p.fetch_offset) if rack else -1
                 # A follower shown to its AZ's clients as the leader answers only what the leader would.
                 view = (
                     replica.follower_view()
@@ -499,10 +507,8 @@ class FetchApis(ApiFamily):
                     else None
                 )
                 route = self._follower_route(view, p.fetch_offset, now_ms, staleness_ms, routes)
-                # A stale or future leader epoch (KIP-320) is the consumer's to hear, never forwarded:
-                # the leader would serve it, and the client would never refresh its metadata.
-                epoch_error = code in (ErrorCode.fenced_leader_epoch, ErrorCode.unknown_leader_epoch)
-                through_leader = not epoch_error and (
+                # A stale or future leader epoch (KIP-320) is the consumer's to hear, never forwarded.
+                through_leader = code not in EPOCH_ERRORS and (
                     replica is None
                     or (route.action == FORWARD and state is not None and state.leader != self.broker.node_id)
                 )
@@ -550,7 +556,8 @@ class FetchApis(ApiFamily):
                         limit = limit if allowance is None else min(limit, allowance)
                         diverging = replica.diverging_epoch(getattr(p, "last_fetched_epoch", -1), p.fetch_offset)
                         if diverging is None and p.fetch_offset <= plog.log_end_offset:
-                            self.broker.on_follower_fetch(replica, follower, p.fetch_offset)
+                            log_start = getattr(p, "log_start_offset", -1)
+                            self.broker.on_follower_fetch(replica, follower, p.fetch_offset, log_start)
                             if replica.hw_news_for(follower):
                                 has_error = True  # answer now: the follower serves reads up to this HW
                     try:
@@ -655,15 +662,23 @@ class FetchApis(ApiFamily):
     # --- ListOffsets / OffsetForLeaderEpoch ---------------------------------------------------
 
     async def list_offsets(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
-        from_client = internal.broker_of_client(header.client_id) is None
+        """ListOffsets. Of a diskless partition, a follower fit to answer reads answers too; a broker
+        with no replica, or an unfit follower, forwards it to the leader with the consumer's
+        current_leader_epoch, which the leader checks (KIP-320), as Fetch's FetchPointers.
+
+        A request another broker forwarded (taking us for the leader) is answered by the leader
+        only, NOT_LEADER_OR_FOLLOWER elsewhere, and never forwarded on: brokers whose metadata
+        views disagree about the leader would otherwise pass it along a chain, or in a loop."""
+        forwarded = internal.broker_of_client(header.client_id) is not None
         topics = []
-        forwards: dict[int, list[tuple[dict[str, Any], str, int, int]]] = {}
+        forwards: dict[int, list[tuple[dict[str, Any], str, int, int, int]]] = {}
         for topic in request.topics:
             parts = []
             diskless = self._is_diskless(topic.name)
             for p in topic.partitions:
+                asked_epoch = getattr(p, "current_leader_epoch", -1)
                 code, plog, replica = self._leader_log(
-                    topic.name, p.partition_index, getattr(p, "current_leader_epoch", -1), diskless
+                    topic.name, p.partition_index, asked_epoch, diskless and not forwarded
                 )
                 entry = {
                     "partition_index": p.partition_index,
@@ -672,12 +687,16 @@ class FetchApis(ApiFamily):
                     "offset": -1,
                     "leader_epoch": -1,
                 }
-                # Requests other brokers forward to us are never forwarded on (no loops between two
-                # brokers whose metadata disagree about the leader).
-                local = None if from_client and self._stale_follower(diskless, replica) else replica
-                leader = self._forward_target(topic.name, p.partition_index, diskless, local)
+                # A stale or future leader epoch (KIP-320) is the consumer's to hear, never forwarded.
+                local = None if self._stale_follower(diskless, replica) else replica
+                leader = (
+                    None
+                    if forwarded or code in EPOCH_ERRORS
+                    else self._forward_target(topic.name, p.partition_index, diskless, local)
+                )
                 if leader is not None:
-                    forwards.setdefault(leader, []).append((entry, topic.name, p.partition_index, p.timestamp))
+                    item = (entry, topic.name, p.partition_index, p.timestamp, asked_epoch)
+                    forwards.setdefault(leader, []).append(item)
                 elif plog is not None:
                     found = await self._offset_for(plog, p.timestamp, getattr(request, "isolation_level", 0) == 1)
                     follower_here = diskless and replica is not None and replica.leader_state is None
@@ -710,11 +729,16 @@ class FetchApis(ApiFamily):
                 "replica_id": -1,
                 "isolation_level": getattr(request, "isolation_level", 0),
                 "topics": [
-                    {"name": t, "partitions": [{"partition_index": i, "timestamp": ts}]} for _, t, i, ts in items
+                    {
+                        "name": t,
+                        # The consumer's epoch, checked by the leader (KIP-320).
+                        "partitions": [{"partition_index": i, "timestamp": ts, "current_leader_epoch": epoch}],
+                    }
+                    for _, t, i, ts, epoch in items
                 ],
             }
             answer = await self._forward(leader, m.API_LIST_OFFSETS, 7, body)
-            for entry, topic_name, index, _ in items:
+            for entry, topic_name, index, _, _ in items:
                 found = _find_partition(answer, topic_name, index, "name", "partition_index")
                 if found is None:
                     entry["error_code"] = ErrorCode.not_leader_or_follower

@@ -131,7 +131,7 @@ class QuietReplicaFetches:
     def __init__(
         self,
         leader_log: LeaderLog,
-        on_follower_fetch: Callable[[Partition, int, int], None],
+        on_follower_fetch: Callable[[Partition, int, int, int], None],
         hosted: Callable[[], Mapping[tuple[str, int], Partition]] = dict,
     ) -> None:
         self.leader_log = leader_log
@@ -223,7 +223,7 @@ class QuietReplicaFetches:
         if not diverging and p.fetch_offset <= plog.log_end_offset:
             # The follower's fetch offset counts whether or not the partition is answered (ISR
             # upkeep, and it may advance the high watermark, which is then news to send).
-            self.on_follower_fetch(replica, follower, p.fetch_offset)
+            self.on_follower_fetch(replica, follower, p.fetch_offset, getattr(p, "log_start_offset", -1))
         progress = state.followers.get(follower)
         epoch, answered_ms = self._answered.get((follower, topic, p.partition), (-1, -1))
         view = FetchedPartition(

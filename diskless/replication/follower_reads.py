@@ -69,8 +69,12 @@ def follower_read(view: FollowerView, offset: int, now_ms: int, max_staleness_ms
 
 
 def earliest_offset(view: FollowerView) -> int:
-    """ListOffsets(EARLIEST) answered by a fresh follower: never below the leader's log start."""
-    return max(view.log_start_offset, view.leader_log_start_offset)
+    """ListOffsets(EARLIEST) (and a Fetch answer's log start) from a fresh follower: what the
+    leader would answer, its log start as last heard. Not our own start when that is higher: our
+    retention may have run ahead of the leader's, and the offsets in between are read through the
+    leader (``follower_read``), so a consumer resetting to earliest must start at the leader's.
+    Our own start only while the leader's is unknown."""
+    return view.leader_log_start_offset if view.leader_log_start_offset >= 0 else view.log_start_offset
 
 
 def max_staleness_ms(replica_fetch_wait_max_ms: int, replica_lag_time_max_ms: int) -> int:

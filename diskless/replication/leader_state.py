@@ -25,6 +25,9 @@ class Clock(Protocol):
 @dataclass
 class FollowerProgress:
     log_end_offset: int = UNKNOWN
+    # The follower's own log start, as its last fetch said (its retention is its own, and may run
+    # ahead of ours): KIP-392 sends a consumer to it only for an offset it still holds.
+    log_start_offset: int = UNKNOWN
     last_caught_up_ms: int = 0
     last_sent_hw: int = UNKNOWN  # the high watermark this follower was last told
     # The leader's log end and the time at this follower's previous fetch: a fetch reaching that
@@ -60,12 +63,16 @@ class LeaderState:
                 # A follower gets lag time from the moment we became leader before it can be dropped.
                 self.followers.setdefault(replica, FollowerProgress(last_caught_up_ms=self.became_leader_ms))
 
-    def on_follower_fetch(self, follower: int, fetch_offset: int, leader_leo: int, now_ms: int) -> bool:
-        """Record a follower fetch; True if the high watermark advanced."""
+    def on_follower_fetch(
+        self, follower: int, fetch_offset: int, leader_leo: int, now_ms: int, log_start_offset: int = UNKNOWN
+    ) -> bool:
+        """Record a follower fetch (at ``fetch_offset``, its log starting at ``log_start_offset``);
+        True if the high watermark advanced."""
         progress = self.followers.get(follower)
         if progress is None:  # not setdefault: that built a FollowerProgress on every replica fetch
             progress = self.followers[follower] = FollowerProgress(last_caught_up_ms=now_ms)
         progress.log_end_offset = fetch_offset
+        progress.log_start_offset = log_start_offset
         if fetch_offset >= leader_leo:
             progress.last_caught_up_ms = now_ms
         elif fetch_offset >= progress.last_fetch_leader_leo >= 0:
@@ -91,6 +98,13 @@ class LeaderState:
             self.high_watermark = candidate
             return True
         return False
+
+    def holds_offset(self, follower: int, offset: int) -> bool:
+        """Whether ``follower`` holds ``offset`` as far as its last fetch told us (its log start to
+        its log end): the replicas KIP-392 may send a consumer at ``offset`` to (Kafka's
+        ReplicaManager.findPreferredReadReplica). Never for a follower not heard from yet."""
+        progress = self.followers.get(follower)
+        return progress is not None and progress.log_start_offset <= offset <= progress.log_end_offset
 
     def isr_to_shrink(self, now_ms: int, lag_ms: int) -> list[int]:
         out = []

@@ -291,9 +291,10 @@ class Partition:
         if self.leader_state is not None and self.leader_state.maybe_advance_hw(self.log.log_end_offset):
             self._on_hw_advanced()
 
-    def on_follower_fetch(self, follower: int, fetch_offset: int, now_ms: int) -> bool:
+    def on_follower_fetch(self, follower: int, fetch_offset: int, now_ms: int, log_start_offset: int = -1) -> bool:
         assert self.leader_state is not None
-        advanced = self.leader_state.on_follower_fetch(follower, fetch_offset, self.log.log_end_offset, now_ms)
+        leo = self.log.log_end_offset
+        advanced = self.leader_state.on_follower_fetch(follower, fetch_offset, leo, now_ms, log_start_offset)
         if advanced:
             self._on_hw_advanced()
         return advanced

@@ -419,8 +419,8 @@ class FetchingBroker(FakeBroker):
     def is_diskless(meta: TopicMetadata) -> bool:
         return True
 
-    def on_follower_fetch(self, partition: Partition, follower: int, fetch_offset: int) -> None:
-        partition.on_follower_fetch(follower, fetch_offset, now_ms())
+    def on_follower_fetch(self, partition: Partition, follower: int, fetch_offset: int, log_start_offset: int) -> None:
+        partition.on_follower_fetch(follower, fetch_offset, now_ms(), log_start_offset)
 
 
 def replicated(name: str, leader: int, follower: int) -> TopicMetadata:
