@@ -13,7 +13,7 @@ from diskless.cluster.metadata import MetadataError
 from diskless.log.partition_log import OffsetOutOfRange
 from diskless.protocol import messages as m
 
-from .api_base import ApiFamily, _find_partition
+from .api_base import ApiFamily, _find_partition, forwarded_by_broker
 from .config_apis import topic_config_entries
 
 log = structlog.get_logger(__name__)
@@ -198,6 +198,10 @@ class AdminApis(ApiFamily):
         return {"throttle_time": 0, "results": results}
 
     async def delete_records(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        """DeleteRecords; of a diskless partition with no replica here, forwarded to its leader
+        (zone-aligned metadata sends clients to a broker of their AZ). A forwarded request is
+        answered by the leader only (``forwarded_by_broker``)."""
+        forwarded = forwarded_by_broker(header)
         topics = []
         forwards: dict[int, list[tuple[dict[str, Any], str, int, int]]] = {}
         for topic in request.topics:
@@ -207,7 +211,11 @@ class AdminApis(ApiFamily):
                 code, plog, _ = self._leader_log(topic.name, p.partition_index)
                 entry = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": code}
                 local = self.broker.replicas.partitions.get((topic.name, p.partition_index))
-                leader = self._forward_target(topic.name, p.partition_index, diskless, None if plog is None else local)
+                leader = (
+                    None
+                    if forwarded
+                    else self._forward_target(topic.name, p.partition_index, diskless, None if plog is None else local)
+                )
                 if plog is None and leader is not None:
                     forwards.setdefault(leader, []).append((entry, topic.name, p.partition_index, p.offset))
                 elif plog is not None:

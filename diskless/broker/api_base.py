@@ -11,6 +11,7 @@ from kio.schema.errors import ErrorCode
 
 from diskless.cluster.metadata import PartitionState
 from diskless.log.partition_log import PartitionLog
+from diskless.protocol import internal
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError
 from diskless.replication.partition import FOLLOWER, Partition
@@ -140,6 +141,13 @@ class ApiFamily:
         except (ClientError, OSError, TimeoutError) as exc:
             log.info("forwarding to the leader failed", leader=leader, api=api_key, error=str(exc))
             return None
+
+
+def forwarded_by_broker(header: m.RequestHeader) -> bool:
+    """Whether another broker forwarded this request to us, taking us for the leader. Such a
+    request is answered here or refused (NOT_LEADER_OR_FOLLOWER), never forwarded on: brokers
+    whose metadata views disagree about the leader would pass it along a chain, or in a loop."""
+    return internal.broker_of_client(header.client_id) is not None
 
 
 def _find_partition(answer: Any, topic: str, index: int, topic_field: str, index_field: str) -> Any | None:

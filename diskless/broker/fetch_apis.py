@@ -53,7 +53,17 @@ from diskless.replication.follower_reads import (
 from diskless.replication.partition import SHARED_KEYS_FETCHER, Partition, wrap_pointers
 from diskless.storage import pointer, segment_object
 
-from .api_base import EARLIEST, EPOCH_ERRORS, LATEST, MAX_TIMESTAMP, READ_COMMITTED, ApiFamily, _find_partition, _ms
+from .api_base import (
+    EARLIEST,
+    EPOCH_ERRORS,
+    LATEST,
+    MAX_TIMESTAMP,
+    READ_COMMITTED,
+    ApiFamily,
+    _find_partition,
+    _ms,
+    forwarded_by_broker,
+)
 from .client_zone import current_client_az
 from .idle_fetches import CURRENT_IDLE_FETCHES, IdleFetchMemo
 from .quiet_fetches import QuietReplicaFetches
@@ -669,7 +679,7 @@ class FetchApis(ApiFamily):
         A request another broker forwarded (taking us for the leader) is answered by the leader
         only, NOT_LEADER_OR_FOLLOWER elsewhere, and never forwarded on: brokers whose metadata
         views disagree about the leader would otherwise pass it along a chain, or in a loop."""
-        forwarded = internal.broker_of_client(header.client_id) is not None
+        forwarded = forwarded_by_broker(header)
         topics = []
         forwards: dict[int, list[tuple[dict[str, Any], str, int, int, int]]] = {}
         for topic in request.topics:
@@ -821,7 +831,7 @@ class FetchApis(ApiFamily):
         follower or a broker without a replica serves, the leader answers: a follower's log may end
         before the leader's, and its end offset for the current epoch would make the client
         truncate or reset. A request another broker forwarded is answered by the leader only."""
-        from_client = internal.broker_of_client(header.client_id) is None
+        from_client = not forwarded_by_broker(header)
         topics = []
         forwards: dict[int, list[tuple[dict[str, Any], str, Any]]] = {}
         for topic in request.topics:

@@ -110,3 +110,23 @@ async def test_a_follower_does_not_answer_a_forwarded_list_offsets(pairs: Callab
     assert pair.follower.peers.calls == []
     leader_entry = await _list_offsets(pair.leader, EPOCH, _forwarded_by(BYSTANDER))
     assert (leader_entry["error_code"], leader_entry["offset"]) == (ErrorCode.none, 20)
+
+
+def _delete_records_request(offset: int) -> Any:
+    return ns({"topics": [{"name": TOPIC, "partitions": [{"partition_index": 0, "offset": offset}]}], "timeout": 30000})
+
+
+async def test_a_forwarded_delete_records_is_not_forwarded_again(pairs: Callable[..., Pair]) -> None:  # noqa: F811
+    """DeleteRecords follows the same rule: a broker without a replica forwards a client's request
+    to the leader, but one that was itself forwarded to it is refused, not passed along."""
+    from diskless.broker.admin_apis import AdminApis
+
+    pair = pairs(leader_end=20, follower_end=20)
+    bystander = _with_bystander(pair)
+    admin = AdminApis(bystander)  # type: ignore[arg-type]
+    header = m.RequestHeader(m.API_DELETE_RECORDS, 2, 0, internal.broker_client_id(1, "forward"))
+    answer = await admin.delete_records(header, _delete_records_request(5))
+    entry = answer["topics"][0]["partitions"][0]
+    assert entry["error_code"] == ErrorCode.not_leader_or_follower
+    assert bystander.peers.calls == []
+    assert pair.leader_part.log.log_start_offset == 0
