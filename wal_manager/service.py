@@ -294,9 +294,10 @@ class WalManagerService:
         return True
 
     async def _recheck_segments(self, core: WalManagerCore, keys: list[str]) -> list[str]:
-        """Segment objects rewritten since they were judged (a rerun of the tier job puts the same
-        key again and may commit it) start over instead of being deleted: their write time is read
-        again just before the delete. A rewrite between this read and the delete is not caught."""
+        """Segment objects rewritten since they were judged start over instead of being deleted:
+        their write time is read again just before the delete. Tier job runs write keys of their
+        own (segment_object), so only segments of older versions, keyed by range alone, can be put
+        again by a rerun; a rewrite between this read and the delete is not caught for those."""
         out = []
         for key in keys:
             judged = core.created_ms(key)

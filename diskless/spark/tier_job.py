@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -379,7 +380,9 @@ async def _write_segment(settings: TierSettings, topic_id: str, partition: int, 
         for batch in served:
             assert batch is not None
             writer.add(batch)
-        log_bytes, index_bytes, info = writer.finish(created_ms=time.time_ns() // 1_000_000)
+        # Keys of this run's own (segment_object module docstring): a rerun never puts a key the
+        # WAL manager may be deleting as a failed run's leftover.
+        log_bytes, index_bytes, info = writer.finish(created_ms=time.time_ns() // 1_000_000, run=uuid.uuid4().hex[:16])
         await asyncio.gather(store.put(info.index_key, index_bytes), store.put(info.log_key, log_bytes))
         gets, got_bytes = store.stats.gets, store.stats.get_bytes
     finally:

@@ -1,10 +1,15 @@
 """Tiered segment objects: one partition's committed batches in Kafka's log-segment layout. Sans-IO.
 
 The tiering job (``diskless/spark/tier_job.py``) turns a committed range of a diskless partition
-into two objects with deterministic keys (a rerun writes the same bytes under the same keys)::
+into two objects, keyed by the range and by the job run that wrote them::
 
-    segments/<topic-id>/<partition>/<base:020d>-<last:020d>.log     the batches
-    segments/<topic-id>/<partition>/<base:020d>-<last:020d>.index   the offset index
+    segments/<topic-id>/<partition>/<base:020d>-<last:020d>-<run>.log     the batches
+    segments/<topic-id>/<partition>/<base:020d>-<last:020d>-<run>.index   the offset index
+
+A rerun of the same range writes the same bytes under other keys. With the range alone as key,
+the WAL manager could delete a failed run's object (unreferenced, past its hold) just as a rerun
+put the same key again and committed it: the tier would point at a deleted object. Keys of older
+versions have no ``-<run>``.
 
 ``.log`` is a Kafka log segment: v2 record batches back to back, byte for byte as a consumer gets
 them from a fetch (final ``baseOffset`` and ``partitionLeaderEpoch``, the producer's CRC, records
@@ -50,9 +55,12 @@ class CorruptSegment(Exception):
     """Bytes that are not the segment (or index) object they are said to be."""
 
 
-def segment_keys(topic_id: str, partition: int, base_offset: int, last_offset: int) -> tuple[str, str]:
-    """The (``.log``, ``.index``) keys of the segment holding [base_offset, last_offset]."""
+def segment_keys(topic_id: str, partition: int, base_offset: int, last_offset: int, run: str = "") -> tuple[str, str]:
+    """The (``.log``, ``.index``) keys of the segment holding [base_offset, last_offset], as job
+    run ``run`` wrote it (empty: a key of an older version)."""
     stem = f"{SEGMENTS_PREFIX}{topic_id}/{partition}/{base_offset:020d}-{last_offset:020d}"
+    if run:
+        stem += f"-{run}"
     return stem + ".log", stem + ".index"
 
 
@@ -67,8 +75,11 @@ def parse_segment_key(key: str) -> tuple[str, int, int, int] | None:
     stem, dot, suffix = name.rpartition(".")
     if not dot or suffix not in ("log", "index"):
         return None
-    base, dash, last = stem.partition("-")
-    if not dash or not (partition.isdigit() and base.isdigit() and last.isdigit()):
+    fields = stem.split("-")
+    if len(fields) not in (2, 3) or (len(fields) == 3 and not fields[2].isalnum()):
+        return None
+    base, last = fields[0], fields[1]
+    if not (partition.isdigit() and base.isdigit() and last.isdigit()):
         return None
     return topic_id, int(partition), int(base), int(last)
 
@@ -97,14 +108,17 @@ class SegmentInfo:
     # delete an unreferenced segment after its grace (safety rule 3). Not part of the identity:
     # a rerun writes the same segment at another time.
     created_ms: int = field(default=-1, compare=False)
+    # Which job run wrote the objects (part of their keys, see the module docstring). Not part of
+    # the identity either: a rerun's commit of a range already tiered is that tier again.
+    run: str = field(default="", compare=False)
 
     @property
     def log_key(self) -> str:
-        return segment_keys(self.topic_id, self.partition, self.base_offset, self.last_offset)[0]
+        return segment_keys(self.topic_id, self.partition, self.base_offset, self.last_offset, self.run)[0]
 
     @property
     def index_key(self) -> str:
-        return segment_keys(self.topic_id, self.partition, self.base_offset, self.last_offset)[1]
+        return segment_keys(self.topic_id, self.partition, self.base_offset, self.last_offset, self.run)[1]
 
     def to_dict(self) -> dict[str, int | str]:
         return asdict(self)
@@ -123,6 +137,7 @@ class SegmentInfo:
                 digest=int(data["digest"]),  # type: ignore[call-overload]
                 batches=int(data["batches"]),  # type: ignore[call-overload]
                 created_ms=int(data.get("created_ms", -1)),  # type: ignore[call-overload]
+                run=str(data.get("run", "")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptSegment(f"not a segment description: {exc}") from None
@@ -162,8 +177,9 @@ class SegmentWriter:
         self.digest = digest_update(self.digest, header)
         self.batches += 1
 
-    def finish(self, created_ms: int = -1) -> tuple[bytes, bytes, SegmentInfo]:
-        """(.log bytes, .index bytes, description); ``created_ms``: when the objects are put."""
+    def finish(self, created_ms: int = -1, run: str = "") -> tuple[bytes, bytes, SegmentInfo]:
+        """(.log bytes, .index bytes, description); ``created_ms``: when the objects are put,
+        ``run``: the job run putting them (in their keys)."""
         if self.batches == 0:
             raise ValueError("an empty segment")
         info = SegmentInfo(
@@ -177,6 +193,7 @@ class SegmentWriter:
             self.digest,
             self.batches,
             created_ms,
+            run,
         )
         return b"".join(self._chunks), bytes(self._index), info
 

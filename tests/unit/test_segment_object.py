@@ -38,6 +38,26 @@ def test_keys_are_deterministic_and_parse_back() -> None:
     assert parse_segment_key(index_key) == ("abc-id", 7, 100, 199)
     assert parse_segment_key("wal/2026/01/01/00/1-a-1-x.wal") is None
     assert parse_segment_key("segments/x/y/1-2.log") is None
+    assert parse_segment_key("segments/x/1/1-2-a-b.log") is None
+
+
+def test_each_job_run_writes_keys_of_its_own() -> None:
+    """A rerun of a range must not put a key the WAL manager may be deleting as the failed first
+    run's leftover: the tier it commits would point at a deleted object."""
+    batch = placed(0, 2)
+    first = SegmentWriter("tid", 3)
+    first.add(batch)
+    again = SegmentWriter("tid", 3)
+    again.add(batch)
+    *_, failed_run = first.finish(created_ms=1, run="a1")
+    *_, rerun = again.finish(created_ms=2, run="b2")
+    assert {failed_run.log_key, failed_run.index_key}.isdisjoint({rerun.log_key, rerun.index_key})
+    assert rerun.log_key.endswith("-b2.log") and parse_segment_key(rerun.log_key) == ("tid", 3, 0, 1)
+    assert failed_run == rerun  # the same tier: a commit of the rerun is recognised as a duplicate
+    assert SegmentInfo.from_dict(rerun.to_dict()).log_key == rerun.log_key
+    # A description from an older version (no run) keeps its keys.
+    legacy = {k: v for k, v in rerun.to_dict().items() if k != "run"}
+    assert SegmentInfo.from_dict(legacy).log_key == segment_keys("tid", 3, 0, 1)[0]
 
 
 @given(st.lists(st.tuples(st.integers(1, 5), st.integers(0, 3), st.integers(1, 300)), min_size=1, max_size=30))
