@@ -13,7 +13,7 @@ from typing import Any
 import structlog
 from kio.schema.errors import ErrorCode
 
-from diskless.log.partition_log import check_fits_segment, timestamp_allowed
+from diskless.log.partition_log import timestamp_allowed
 from diskless.produce.representative import TxnCheck
 from diskless.protocol import messages as m
 from diskless.protocol import records
@@ -213,7 +213,8 @@ class ProduceApis(ApiFamily):
             header = records.validate_batch(batches[0], config.max_message_bytes)
             if not timestamp_allowed(header, config, now):
                 raise records.InvalidBatch("invalid_timestamp", "timestamp outside the allowed range")
-            check_fits_segment(batches, config)
+            # No segment.bytes check (RECORD_LIST_TOO_LARGE) here: a diskless partition's segments
+            # hold a pointer entry per batch, whatever the batch's size; the batch goes to a WAL object.
         except records.InvalidBatch as exc:
             return failed(ErrorCode[exc.error], str(exc))
         if acks == -1 and len(state.isr) < config.min_insync_replicas:
