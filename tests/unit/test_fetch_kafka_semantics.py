@@ -73,7 +73,8 @@ async def test_forwarded_offset_out_of_range_is_answered_at_once(tmp_path: Path)
         elapsed = time.monotonic() - started
         assert entry["error_code"] == ErrorCode.offset_out_of_range
         calls = len(pair.follower.peers.calls)
-        assert elapsed < 0.5 and calls == 1, f"answered after {elapsed:.2f}s and {calls} leader RPCs"
+        # One leader RPC, not one per 100 ms; and well before max_wait_ms, even on a loaded machine.
+        assert calls == 1 and elapsed < 1.5, f"answered after {elapsed:.2f}s and {calls} leader RPCs"
     finally:
         await pair.close()
 
