@@ -215,6 +215,7 @@ class PartitionLog:
             known = set(self.txns.aborted)
             merged = [a for a in self._tiered_aborts if a.last_offset >= self.log_start_offset and a not in known]
             self.txns.aborted = sorted(self.txns.aborted + merged, key=lambda a: a.last_offset)
+        self.txns.on_high_watermark(self._high_watermark)  # every marker below it is replicated
 
     @staticmethod
     def _marker_of(segment: LogSegment, location: BatchLocation) -> tuple[int, int] | None:
@@ -234,6 +235,7 @@ class PartitionLog:
     @high_watermark.setter
     def high_watermark(self, value: int) -> None:
         self._high_watermark = value
+        self.txns.on_high_watermark(value)
         if self.tiers and self.tiers[-1].last_offset >= self._tier_floor:
             self._activate_tiers()
         self.on_change()

@@ -2,8 +2,10 @@
 
 A transactional batch opens its producer's transaction at the batch's first offset (if none is
 open); a control batch (commit or abort marker, written by the leader on the coordinator's word)
-closes it. The first offset of the oldest open transaction bounds the last stable offset (LSO):
-read_committed consumers never read at or past it. Aborted transactions are remembered as
+closes it. The first offset of the oldest transaction not yet decided *and replicated* bounds the
+last stable offset (LSO): read_committed consumers never read at or past it. A transaction whose
+marker is still above the high watermark counts as open (Kafka's unreplicated transactions): a
+new leader without the marker would have it open, and the LSO must never go back. Aborted transactions are remembered as
 (producer id, first offset, marker offset) so read_committed fetches can tell consumers which
 records to drop (Kafka's aborted transaction index). Rebuilt by replaying batch headers (and the
 few control batches) after a restart or truncation.
@@ -59,6 +61,9 @@ def marker_batch(producer_id: int, producer_epoch: int, commit: bool, coordinato
 class TxnIndex:
     ongoing: dict[int, int] = field(default_factory=dict)  # producer id -> first offset
     aborted: list[AbortedTxn] = field(default_factory=list)  # by marker offset
+    # (first offset, marker offset) of transactions ended by a marker not yet below the high
+    # watermark, in marker order; dropped as the high watermark passes their markers.
+    unreplicated: list[tuple[int, int]] = field(default_factory=list)
 
     def on_batch(self, header: records.BatchHeader, marker: int | None = None) -> None:
         """Account for an appended batch; ``marker`` is the control type for control batches."""
@@ -68,13 +73,23 @@ class TxnIndex:
             self.ongoing.setdefault(header.producer_id, header.base_offset)
             return
         first = self.ongoing.pop(header.producer_id, None)
-        if marker == CONTROL_ABORT and first is not None:
+        if first is None:
+            return
+        self.unreplicated.append((first, header.base_offset))
+        if marker == CONTROL_ABORT:
             self.aborted.append(AbortedTxn(header.producer_id, first, header.base_offset))
 
+    def on_high_watermark(self, high_watermark: int) -> None:
+        """Transactions whose markers are now below the high watermark are stable."""
+        if self.unreplicated and self.unreplicated[0][1] < high_watermark:
+            self.unreplicated = [t for t in self.unreplicated if t[1] >= high_watermark]
+
     def first_unstable_offset(self) -> int | None:
-        return min(self.ongoing.values()) if self.ongoing else None
+        firsts = [*self.ongoing.values(), *(first for first, _ in self.unreplicated)]
+        return min(firsts) if firsts else None
 
     def last_stable_offset(self, high_watermark: int) -> int:
+        self.on_high_watermark(high_watermark)
         first = self.first_unstable_offset()
         return high_watermark if first is None else min(first, high_watermark)
 
@@ -90,3 +105,4 @@ class TxnIndex:
     def reset(self) -> None:
         self.ongoing.clear()
         self.aborted.clear()
+        self.unreplicated.clear()
