@@ -56,6 +56,7 @@ API_CREATE_ACLS = 30
 API_DELETE_ACLS = 31
 API_DESCRIBE_USER_SCRAM_CREDENTIALS = 50
 API_ALTER_USER_SCRAM_CREDENTIALS = 51
+API_DESCRIBE_TOPIC_PARTITIONS = 75
 
 _DENIED = {
     a.TOPIC: ErrorCode.topic_authorization_failed,
@@ -163,7 +164,7 @@ _CHECKS: dict[int, Callable[[Any], list[Check]]] = {
     46: lambda r: _cluster(a.DESCRIBE),
     34: lambda r: _cluster(a.ALTER),
     35: lambda r: _cluster(a.DESCRIBE),
-    75: lambda r: _topics(a.DESCRIBE, _names(getattr(r, "topics", None), "name")),
+    API_DESCRIBE_TOPIC_PARTITIONS: lambda r: _topics(a.DESCRIBE, _names(getattr(r, "topics", None), "name")),
 }
 _ALWAYS = frozenset({m.API_API_VERSIONS, API_SASL_HANDSHAKE, API_SASL_AUTHENTICATE})
 
@@ -261,6 +262,8 @@ class SecurityApis(ApiFamily):
             return await self._metadata(request, handle)
         if key == m.API_INIT_PRODUCER_ID:
             return await self._init_producer_id(header, request, handle)
+        if key == API_DESCRIBE_TOPIC_PARTITIONS and not request.topics:
+            return await self._describe_all_topic_partitions(request, handle)
         if key == m.API_DELETE_TOPICS:
             checks = self._delete_topics_checks(request)
         elif key == m.API_CREATE_TOPICS:
@@ -279,6 +282,46 @@ class SecurityApis(ApiFamily):
         body = await handle(request)
         if key == m.API_LIST_GROUPS and body is not None and not self.allowed(a.DESCRIBE, a.CLUSTER, a.CLUSTER_NAME):
             body["groups"] = [g for g in body.get("groups", []) if self.allowed(a.DESCRIBE, a.GROUP, g["group_id"])]
+        if key == m.API_OFFSET_FETCH and body is not None:
+            self._filter_offset_fetch(request, body)
+        return body
+
+    def _filter_offset_fetch(self, request: Any, body: dict[str, Any]) -> None:
+        """Committed offsets of topics the principal may not DESCRIBE: left out of an all-topics
+        fetch, TOPIC_AUTHORIZATION_FAILED for named ones (KafkaApis.fetchAllOffsetsForGroup and
+        fetchOffsetsForGroup). Only the group was checked before the handler ran."""
+
+        def filtered(topics: list[dict[str, Any]], named: bool) -> list[dict[str, Any]]:
+            out = []
+            for topic in topics:
+                if self._describable(topic["name"]):
+                    out.append(topic)
+                elif named:
+                    for part in topic.get("partitions", []):
+                        part.update(committed_offset=-1, metadata=None, error_code=ErrorCode.topic_authorization_failed)
+                    out.append(topic)
+            return out
+
+        if "groups" in body:
+            asked = {g.group_id: getattr(g, "topics", None) is not None for g in getattr(request, "groups", ()) or ()}
+            for group in body["groups"]:
+                group["topics"] = filtered(group.get("topics", []), asked.get(group.get("group_id"), False))
+        else:
+            body["topics"] = filtered(body.get("topics", []), getattr(request, "topics", None) is not None)
+
+    async def _describe_all_topic_partitions(
+        self, request: Any, handle: Callable[[Any], Awaitable[dict[str, Any] | None]]
+    ) -> dict[str, Any] | None:
+        """DescribeTopicPartitions of all topics: of those the principal may DESCRIBE, chosen
+        before the page is cut (a cursor must not name a topic the principal cannot see)."""
+        from kio.schema.describe_topic_partitions.v0.request import TopicRequest
+
+        names = [name for name in sorted(self._meta.topics) if self._describable(name)]
+        if names:
+            return await handle(dataclasses.replace(request, topics=tuple(TopicRequest(name=n) for n in names)))
+        body = await handle(dataclasses.replace(request, cursor=None))
+        if body is not None:
+            body.update(topics=[], next_cursor=None)
         return body
 
     def _delete_topics_checks(self, request: Any) -> list[Check]:
@@ -351,31 +394,43 @@ class SecurityApis(ApiFamily):
     async def _metadata(
         self, request: Any, handle: Callable[[Any], Awaitable[dict[str, Any] | None]]
     ) -> dict[str, Any] | None:
+        """Metadata: topics the principal may not DESCRIBE are answered TOPIC_AUTHORIZATION_FAILED
+        (by id: without their name, which is what is protected); a topic the request would create
+        (auto-creation is on before v4, which has no field for it) needs CREATE on the cluster or
+        on the topic, as Kafka's handleTopicMetadataRequest."""
         requested = getattr(request, "topics", None)
-        denied: list[str] = []
+        denied: list[dict[str, Any]] = []
         if requested is not None:
+            auto_create = (
+                getattr(request, "allow_auto_topic_creation", True) and self.broker.config.auto_create_topics_enable
+            )
+            may_create_any = self.allowed(a.CREATE, a.CLUSTER, a.CLUSTER_NAME)
             keep = []
             for item in requested:
                 name = self._topic_name(item)
-                if name is not None and not self.allowed(a.DESCRIBE, a.TOPIC, name):
-                    denied.append(name)
+                by_id = not (getattr(item, "name", None) or getattr(item, "topic", None))
+                refused = name is not None and not self.allowed(a.DESCRIBE, a.TOPIC, name)
+                if not refused and name is not None and auto_create and name not in self._meta.topics:
+                    refused = not (may_create_any or self.allowed(a.CREATE, a.TOPIC, name))
+                if refused:
+                    topic_id = getattr(item, "topic_id", None)
+                    denied.append(
+                        {
+                            "error_code": ErrorCode.topic_authorization_failed,
+                            "name": None if by_id else name,
+                            **({"topic_id": topic_id} if topic_id is not None else {}),
+                            "partitions": [],
+                        }
+                    )
                 else:
                     keep.append(item)
-            changes: dict[str, Any] = {"topics": tuple(keep)}
-            if getattr(request, "allow_auto_topic_creation", False) and not self.allowed(
-                a.CREATE, a.CLUSTER, a.CLUSTER_NAME
-            ):
-                changes["allow_auto_topic_creation"] = False
-            if denied or "allow_auto_topic_creation" in changes:
-                request = dataclasses.replace(request, **changes)
+            if denied:
+                request = dataclasses.replace(request, topics=tuple(keep))
         body = await handle(request)
         if body is None:
             return None
         topics = [t for t in body.get("topics", []) if t.get("name") is None or self._describable(t["name"])]
-        topics += [
-            {"error_code": ErrorCode.topic_authorization_failed, "name": name, "partitions": []} for name in denied
-        ]
-        body["topics"] = topics
+        body["topics"] = topics + denied
         return body
 
     def _describable(self, name: str) -> bool:
@@ -404,8 +459,14 @@ class SecurityApis(ApiFamily):
         grants = [
             b
             for b in self.authorizer.bindings()
-            if b.resource_type == a.TOPIC and b.principal in principals and b.operation in (a.WRITE, a.ALL)
+            if b.resource_type == a.TOPIC
+            and b.principal in principals
+            and b.operation in (a.WRITE, a.ALL)
+            and b.host in ("*", session.host)
         ]
+        # Kafka's authorizeByResourceType: a DENY on every topic (the literal wildcard) wins.
+        if any(b.permission_type == a.DENY and b.resource_name == "*" and b.pattern_type == a.LITERAL for b in grants):
+            return False
         if any(b.permission_type == a.ALLOW for b in grants):
             return True
         return self.authorizer.allow_everyone_if_no_acl_found and not self.authorizer.bindings()

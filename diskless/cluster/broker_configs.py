@@ -23,7 +23,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from diskless.config import BrokerConfig
+from diskless.config import SECRET_PROPERTIES, BrokerConfig
 from diskless.log.config import TOPIC_CONFIGS, ConfigDef, ConfigError
 
 # DescribeConfigs ConfigSource and ConfigType codes (Kafka's DescribeConfigsResponse).
@@ -67,7 +67,8 @@ DYNAMIC_BROKER_FIELDS: dict[str, str] = {
 
 
 def is_sensitive(name: str) -> bool:
-    return "password" in name or "secret" in name
+    """Answered as null (DescribeConfigs): every credential, the S3 access key and etcd user too."""
+    return "password" in name or "secret" in name or name in SECRET_PROPERTIES or name == "metadata.etcd.username"
 
 
 def config_type(name: str, value: Any) -> int:

@@ -84,10 +84,13 @@ class InternalAuthState:
         self._nonce = self.random(NONCE_BYTES)
         return {"error_code": 0, "nonce": self._nonce}
 
-    def prove(self, body: dict[str, Any], client_id: str | None) -> tuple[dict[str, Any], bool]:
-        """The answer to AUTH_PROVE and whether the connection must be closed after it."""
+    def prove(self, body: Any, client_id: str | None) -> tuple[dict[str, Any], bool]:
+        """The answer to AUTH_PROVE and whether the connection must be closed after it. ``body``
+        is whatever msgpack an unauthenticated peer sent: anything but a map is refused too."""
         server_nonce, self._nonce = self._nonce, None  # one attempt per challenge
         secret = self.secret.value
+        if not isinstance(body, dict):
+            return {"error_code": int(ErrorCode.sasl_authentication_failed)}, True
         client_nonce, proof = body.get("nonce"), body.get("proof")
         well_formed = isinstance(client_nonce, bytes) and isinstance(proof, bytes) and len(client_nonce) >= 16
         if secret is None or server_nonce is None or not well_formed:
