@@ -368,6 +368,13 @@ class BrokerConfig:
         default=3, metadata=_prop("transaction.state.log.replication.factor")
     )
     transaction_max_timeout_ms: int = field(default=900000, metadata=_prop("transaction.max.timeout.ms"))
+    producer_id_expiration_ms: int = field(
+        default=86400000,
+        metadata=_prop(
+            "producer.id.expiration.ms",
+            "How long a partition keeps an idle producer's idempotence state (none with an open transaction).",
+        ),
+    )
     auto_leader_rebalance_enable: bool = field(
         default=True,
         metadata=_prop(

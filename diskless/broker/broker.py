@@ -372,6 +372,7 @@ class Broker:
             return cached[2]
         values = effective_values(topic.configs, self.config.broker_value)
         config = LogConfig.from_values({name: value for name, (value, _) in values.items()})
+        config = replace(config, producer_id_expiration_ms=self.config.producer_id_expiration_ms)
         if len(self._log_configs) >= LOG_CONFIG_CACHE_MAX:
             self._log_configs.clear()  # deleted topics' entries; rebuilt on demand
         self._log_configs[topic.name] = (dict(topic.configs), dict(defaults), config)

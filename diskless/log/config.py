@@ -134,6 +134,7 @@ class LogConfig:
     message_timestamp_after_max_ms: int = LONG_MAX
     min_insync_replicas: int = 1
     diskless_enabled: bool = False
+    producer_id_expiration_ms: int = 86400000  # the broker's producer.id.expiration.ms
 
     @classmethod
     def from_values(cls, values: Mapping[str, Any]) -> LogConfig:

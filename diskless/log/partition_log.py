@@ -171,6 +171,7 @@ class PartitionLog:
         self.high_watermark = min(self._read_checkpointed_hw(), self.log_end_offset)
         self._rebuild_producer_state()
         self._rebuild_txn_index()
+        self.producer_state.expire(now_ms, self.config.producer_id_expiration_ms, self.txns.ongoing)
         if clean:
             os.unlink(clean_marker)
 
@@ -703,7 +704,9 @@ class PartitionLog:
         return self.log_start_offset
 
     def apply_retention(self, now_ms: int) -> int:
-        """Delete segments past retention.ms / retention.bytes; returns how many were deleted."""
+        """Delete segments past retention.ms / retention.bytes; returns how many were deleted.
+        Idle producers' state goes too (producer.id.expiration.ms)."""
+        self.producer_state.expire(now_ms, self.config.producer_id_expiration_ms, self.txns.ongoing)
         deleted = 0
         if self.config.retention_ms >= 0:
             expired_tier = self._expire_tiers(lambda info: now_ms - info.max_timestamp > self.config.retention_ms)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Container
 from dataclasses import dataclass, field
 
 import msgpack
@@ -41,6 +42,8 @@ class ProducerEntry:
     batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=MAX_CACHED_BATCHES))
     # The newest transaction coordinator that wrote a marker here: an older one has been deposed.
     coordinator_epoch: int = NO_EPOCH
+    # The newest timestamp of its batches and markers: when it was last active (expiry).
+    last_timestamp: int = -1
 
     @property
     def last_seq(self) -> int:
@@ -168,6 +171,7 @@ class ProducerStateManager:
             return
         self._refused.pop(header.producer_id, None)  # the gap is closed (or another leader's)
         entry = self.producers.setdefault(header.producer_id, ProducerEntry())
+        entry.last_timestamp = max(entry.last_timestamp, max_timestamp)
         if header.is_control:
             # Transaction markers carry no sequence; a newer epoch still fences older producers.
             # (A marker the leader writes itself has coordinator epoch -1: max keeps the fence.)
@@ -198,6 +202,7 @@ class ProducerStateManager:
                     e.epoch,
                     [[b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.max_timestamp] for b in e.batches],
                     e.coordinator_epoch,
+                    e.last_timestamp,
                 ]
                 for pid, e in self.producers.items()
             }
@@ -207,11 +212,27 @@ class ProducerStateManager:
     def from_bytes(cls, data: bytes) -> ProducerStateManager:
         state = cls()
         for pid, (epoch, batches, *rest) in msgpack.unpackb(data, strict_map_key=False).items():
-            # Snapshots written before coordinator epochs were kept have two fields.
+            # Snapshots written before coordinator epochs (last timestamps) were kept: two (three) fields.
             entry = ProducerEntry(epoch, coordinator_epoch=rest[0] if rest else NO_EPOCH)
             entry.batches.extend(BatchMetadata(*b) for b in batches)
+            newest = max((b.max_timestamp for b in entry.batches), default=-1)
+            entry.last_timestamp = rest[1] if len(rest) > 1 else newest
             state.producers[int(pid)] = entry
         return state
+
+    def expire(self, now_ms: int, expiration_ms: int, open_transactions: Container[int]) -> int:
+        """Forget producers idle for ``expiration_ms`` (Kafka's producer.id.expiration.ms), except
+        those with an open transaction; returns how many. Without this every producer session
+        (each a new producer id) stayed in memory and in every snapshot for good. A forgotten
+        producer is new again: its next batch is taken at any sequence, as after its data expired."""
+        idle = [
+            pid
+            for pid, entry in self.producers.items()
+            if now_ms - entry.last_timestamp >= expiration_ms and pid not in open_transactions
+        ]
+        for pid in idle:
+            del self.producers[pid]
+        return len(idle)
 
 
 def snapshot_path(directory: str, offset: int) -> str:
