@@ -50,8 +50,12 @@ class TxnShell(CoordinatorShell[TransactionCoordinatorCore]):
     def load(self, partition: Partition) -> TransactionCoordinatorCore:
         from diskless.protocol import records
 
+        retention_ms = partition.log.config.retention_ms
         core = TransactionCoordinatorCore(
-            TxnConfig(max_timeout_ms=self.broker.config.transaction_max_timeout_ms),
+            TxnConfig(
+                max_timeout_ms=self.broker.config.transaction_max_timeout_ms,
+                refresh_after_ms=retention_ms // 2 if retention_ms >= 0 else -1,
+            ),
             partition=partition.index,
             coordinator_epoch=partition.leader_epoch,
         )

@@ -81,6 +81,12 @@ class TxnConfig:
     max_timeout_ms: int = 900_000  # transaction.max.timeout.ms
     # How long to wait before resending markers (or the Complete record) after a failure.
     marker_retry_backoff_ms: int = 100
+    # A Prepare* state whose record is older than this is written again, unchanged but for its
+    # time (-1: never). ``__transaction_state`` is not compacted here but deleted by time, so a
+    # transaction whose markers cannot be written for longer than the topic's retention (a
+    # partition offline for days) would leave the log, and a coordinator loaded after a failover
+    # would never finish it. The shell sets half the topic's retention.ms.
+    refresh_after_ms: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +111,7 @@ class TransitKind(enum.Enum):
     END = "end"  # EndTxn from the client: Ongoing -> Prepare*
     FENCE = "fence"  # epoch bump + PrepareAbort (InitProducerId on an Ongoing txn, or a timeout)
     COMPLETE = "complete"  # Prepare* -> Complete* once every marker is written
+    REFRESH = "refresh"  # a Prepare* state written again before retention takes its record
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -444,6 +451,10 @@ class TransactionCoordinatorCore:
             return
         entry.pending = None
         target = transit.target
+        if transit.kind is TransitKind.REFRESH:
+            if error is ErrorCode.none:
+                entry.meta = target  # the same state, written again: the marker work goes on as it was
+            return
         if error is ErrorCode.none:
             entry.meta = target
             entry.failed_epoch_fence = False
@@ -533,17 +544,34 @@ class TransactionCoordinatorCore:
     # --- timers ----------------------------------------------------------------------------------
 
     def tick(self, now_ms: int) -> list[Transit]:
-        """Fence and abort every transaction Ongoing for longer than its timeout; returns the
-        FENCE transits to persist (then ``complete_transit`` and drive their markers)."""
+        """Fence and abort every transaction Ongoing for longer than its timeout, and write again
+        Prepare* states whose record is about to leave the log (``refresh_after_ms``); returns the
+        transits to persist (then ``complete_transit``; drive the markers of FENCE ones)."""
         if self._unloaded:
             return []
-        return [
+        fences = [
             self._fence(entry, now_ms)
             for entry in list(self._txns.values())
             if entry.pending is None
             and entry.meta.state is TxnState.ONGOING
             and entry.meta.txn_start_ms + entry.meta.timeout_ms < now_ms
         ]
+        refreshes = []
+        for entry in list(self._txns.values()):
+            due = self._refresh_due(entry)
+            if due is not None and due <= now_ms:
+                refreshes.append(self._begin(entry, replace(entry.meta, last_update_ms=now_ms), TransitKind.REFRESH))
+        return fences + refreshes
+
+    def _refresh_due(self, entry: _Entry) -> int | None:
+        """When a Prepare* state's record must be written again (None: not one to refresh now;
+        not while its markers are in flight, whose Complete record comes next anyway)."""
+        meta = entry.meta
+        if self.config.refresh_after_ms < 0 or entry.pending is not None or entry.claimed:
+            return None
+        if meta.state not in PREPARE_STATES:
+            return None
+        return meta.last_update_ms + self.config.refresh_after_ms + 1
 
     def next_deadline_ms(self) -> int | None:
         """When ``tick`` may have work (a timeout) or ``pending_completions`` a retry."""
@@ -556,6 +584,9 @@ class TransactionCoordinatorCore:
                 deadlines.append(meta.txn_start_ms + meta.timeout_ms + 1)
             elif meta.state in PREPARE_STATES and not entry.claimed:
                 deadlines.append(entry.retry_at_ms)
+                refresh = self._refresh_due(entry)
+                if refresh is not None:
+                    deadlines.append(refresh)
         return min(deadlines) if deadlines else None
 
 

@@ -176,8 +176,9 @@ async def complete_transaction(facade: TxnFacade, core: TransactionCoordinatorCo
 
 
 async def run_timers(facade: TxnFacade, core: TransactionCoordinatorCore) -> None:
-    """The shell's timer: abort timed-out transactions (fencing their producers) and drive every
-    pending completion whose retry time has come (including those found by a replay)."""
+    """The shell's timer: abort timed-out transactions (fencing their producers), write again
+    Prepare* states before retention takes their record, and drive every pending completion whose
+    retry time has come (including those found by a replay)."""
     fences = core.tick(facade.now_ms())
     if fences:
         await asyncio.gather(*(_persist(facade, core, transit) for transit in fences))
