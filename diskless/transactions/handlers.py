@@ -126,9 +126,17 @@ def _fenced(error: ErrorCode, version: int, since: int) -> ErrorCode:
 
 
 async def _persist(facade: TxnFacade, core: TransactionCoordinatorCore, transit: Transit) -> ErrorCode:
-    """Write ``transit`` and report the outcome to the core; returns the (translated) error."""
+    """Write ``transit`` and report the outcome to the core; returns the (translated) error.
+
+    Only a core still loaded for its partition writes (Kafka checks the coordinator epoch): a
+    transit of one replaced meanwhile (the partition lost and led again at a newer epoch, between
+    a timer creating it and this write) must not reach the log the new core was loaded from. The
+    check and the append happen in the same loop turn: ``persist`` appends before its first await."""
     try:
-        error = persist_error(await facade.persist(transit.transactional_id, [records.encode(transit.target)]))
+        if facade.coordinator(transit.transactional_id) is not core:
+            error = ErrorCode.not_coordinator
+        else:
+            error = persist_error(await facade.persist(transit.transactional_id, [records.encode(transit.target)]))
     except Exception:
         log.exception("could not persist transaction state", transactional_id=transit.transactional_id)
         error = ErrorCode.unknown_server_error

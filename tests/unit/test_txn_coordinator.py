@@ -696,3 +696,21 @@ TestTxnMachine = TxnMachine.TestCase
 TestTxnMachine.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+async def test_a_replaced_cores_timer_write_never_reaches_the_log() -> None:
+    """A timer of the core loaded at one leader epoch made a FENCE transit; before it was written
+    the partition was led again at a newer epoch and a new core loaded from the log. The old
+    core's write must not land after the new core's load (Kafka's coordinator epoch check)."""
+    facade = FakeFacade()
+    client = Client(facade)
+    await client.init(timeout_ms=5_000)
+    await client.add([TP0])
+    old = facade.core
+    assert old is not None
+    facade.clock += 5_001
+    (fence,) = old.tick(facade.clock)  # made by the timer; written on the next loop pass
+    facade.failover()
+    logged = list(facade.log)
+    assert await h._persist(facade, old, fence) is E.not_coordinator
+    assert facade.log == logged, "a replaced core's record reached the log"
