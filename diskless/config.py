@@ -368,6 +368,13 @@ class BrokerConfig:
         default=3, metadata=_prop("transaction.state.log.replication.factor")
     )
     transaction_max_timeout_ms: int = field(default=900000, metadata=_prop("transaction.max.timeout.ms"))
+    transactional_id_expiration_ms: int = field(
+        default=604800000,
+        metadata=_prop(
+            "transactional.id.expiration.ms",
+            "How long the transaction coordinator keeps an idle transactional id (Complete or Empty).",
+        ),
+    )
     producer_id_expiration_ms: int = field(
         default=86400000,
         metadata=_prop(

@@ -55,6 +55,7 @@ class TxnShell(CoordinatorShell[TransactionCoordinatorCore]):
             TxnConfig(
                 max_timeout_ms=self.broker.config.transaction_max_timeout_ms,
                 refresh_after_ms=retention_ms // 2 if retention_ms >= 0 else -1,
+                transactional_id_expiration_ms=self.broker.config.transactional_id_expiration_ms,
             ),
             partition=partition.index,
             coordinator_epoch=partition.leader_epoch,

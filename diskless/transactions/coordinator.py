@@ -66,6 +66,7 @@ class TxnState(enum.Enum):
 
 PREPARE_STATES = frozenset({TxnState.PREPARE_COMMIT, TxnState.PREPARE_ABORT})
 COMPLETE_STATES = frozenset({TxnState.COMPLETE_COMMIT, TxnState.COMPLETE_ABORT})
+_EXPIRABLE_STATES = COMPLETE_STATES | {TxnState.EMPTY}
 _ADDABLE_STATES = COMPLETE_STATES | {TxnState.EMPTY, TxnState.ONGOING}
 
 
@@ -87,6 +88,10 @@ class TxnConfig:
     # partition offline for days) would leave the log, and a coordinator loaded after a failover
     # would never finish it. The shell sets half the topic's retention.ms.
     refresh_after_ms: int = -1
+    # transactional.id.expiration.ms: an id idle (Complete or Empty) for this long is forgotten, as
+    # Kafka's removeExpiredTransactionalIds; its records leave the log with retention meanwhile, so
+    # a coordinator loaded after a failover has forgotten it too. -1: never.
+    transactional_id_expiration_ms: int = 604_800_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -557,11 +562,21 @@ class TransactionCoordinatorCore:
             and entry.meta.txn_start_ms + entry.meta.timeout_ms < now_ms
         ]
         refreshes = []
-        for entry in list(self._txns.values()):
+        for txn_id, entry in list(self._txns.items()):
             due = self._refresh_due(entry)
             if due is not None and due <= now_ms:
                 refreshes.append(self._begin(entry, replace(entry.meta, last_update_ms=now_ms), TransitKind.REFRESH))
+            expires = self._expiry_due(entry)
+            if expires is not None and expires <= now_ms:
+                del self._txns[txn_id]
         return fences + refreshes
+
+    def _expiry_due(self, entry: _Entry) -> int | None:
+        """When an idle transactional id is forgotten (None: not one that expires)."""
+        expiration = self.config.transactional_id_expiration_ms
+        if expiration < 0 or entry.pending is not None or entry.meta.state not in _EXPIRABLE_STATES:
+            return None
+        return entry.meta.last_update_ms + expiration
 
     def _refresh_due(self, entry: _Entry) -> int | None:
         """When a Prepare* state's record must be written again (None: not one to refresh now;
@@ -587,6 +602,9 @@ class TransactionCoordinatorCore:
                 refresh = self._refresh_due(entry)
                 if refresh is not None:
                     deadlines.append(refresh)
+            expires = self._expiry_due(entry)
+            if expires is not None:
+                deadlines.append(expires)
         return min(deadlines) if deadlines else None
 
 

@@ -444,7 +444,9 @@ async def test_timed_out_transaction_is_aborted_and_fenced() -> None:
     assert await client.end(True, version=2) is E.producer_fenced
     assert await client.end(False, version=1) is E.invalid_producer_epoch
     assert await client.add([TP0], version=1) == {TP0: E.invalid_producer_epoch}
-    assert core.next_deadline_ms() is None
+    meta = core.get(TXN)
+    assert meta is not None  # nothing left to do but forget the idle id one day
+    assert core.next_deadline_ms() == meta.last_update_ms + core.config.transactional_id_expiration_ms
     assert await client.init(expected=True) is E.producer_fenced
     assert await Client(facade).init() is E.none
 

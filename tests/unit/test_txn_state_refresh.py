@@ -18,6 +18,7 @@ from kio.schema.errors import ErrorCode
 from loghelpers import T0, open_log
 
 from diskless.broker.txn_shell import TxnShell
+from diskless.config import BrokerConfig
 from diskless.log.partition_log import PartitionLog
 from diskless.protocol import records as wire
 from diskless.transactions import records
@@ -58,7 +59,7 @@ def test_a_stuck_prepare_state_is_written_again_at_half_the_retention() -> None:
 
 def test_a_prepare_state_stuck_for_longer_than_the_retention_survives_a_failover(tmp_path: Path) -> None:
     log = open_log(tmp_path)
-    shell = TxnShell(SimpleNamespace(config=SimpleNamespace(transaction_max_timeout_ms=900_000)))
+    shell = TxnShell(SimpleNamespace(config=BrokerConfig()))
     core = shell.load(SimpleNamespace(index=0, leader_epoch=3, log=log))
     assert core.config.refresh_after_ms == RETENTION_MS // 2  # from the topic's retention
     core.load(_prepare(T0))
@@ -74,3 +75,22 @@ def test_a_prepare_state_stuck_for_longer_than_the_retention_survives_a_failover
 
     reloaded = shell.load(SimpleNamespace(index=0, leader_epoch=4, log=log))
     assert reloaded.pending_completions() == ["txn"]
+
+
+def test_an_idle_transactional_id_is_forgotten_after_the_expiration() -> None:
+    """transactional.id.expiration.ms (Kafka's removeExpiredTransactionalIds): an id Complete or
+    Empty for that long leaves the live core, as its records leave the log with retention; it
+    used to stay in memory for good, and only a coordinator loaded after a failover forgot it."""
+    expiration = 7 * DAY_MS
+    core = TransactionCoordinatorCore(
+        TxnConfig(refresh_after_ms=RETENTION_MS // 2, transactional_id_expiration_ms=expiration)
+    )
+    done = replace(_prepare(T0), state=TxnState.COMPLETE_COMMIT, partitions=frozenset())
+    core.load(done)
+    core.load(replace(_prepare(T0), transactional_id="stuck"))  # Prepare*: never expires
+    assert core.next_deadline_ms() is not None and core.next_deadline_ms() <= T0 + expiration  # type: ignore[operator]
+    core.tick(T0 + expiration - 1)
+    assert core.get("txn") is not None
+    core.tick(T0 + expiration)
+    assert core.get("txn") is None
+    assert core.get("stuck") is not None
