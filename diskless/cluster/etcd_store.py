@@ -49,6 +49,7 @@ from .metadata import (
     TopicMetadata,
     UnreadableRecord,
     apply_record,
+    broker_from_record,
     broker_record,
     is_initial,
     partition_record,
@@ -94,8 +95,8 @@ def _monotonic_ms() -> int:
 def _incarnation_of(record: bytes) -> str:
     """The incarnation a stored broker record names ("" if unreadable or from an older version)."""
     try:
-        return str(json.loads(record).get("incarnation", ""))
-    except (ValueError, AttributeError):
+        return broker_from_record(record).incarnation
+    except (ValueError, TypeError, AttributeError):
         return ""
 
 

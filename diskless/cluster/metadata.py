@@ -308,6 +308,11 @@ def broker_record(info: BrokerInfo) -> bytes:
     return json.dumps(asdict(info)).encode()
 
 
+def broker_from_record(value: bytes) -> BrokerInfo:
+    """The ``BrokerInfo`` a ``brokers/<id>`` record holds (ValueError, TypeError if unreadable)."""
+    return BrokerInfo(**_known_fields(BrokerInfo, json.loads(value)))
+
+
 def initial_state(replicas: Sequence[int]) -> PartitionState:
     """A new partition's state: led by its first replica, every replica in sync, epoch 0."""
     return PartitionState(replicas=list(replicas), leader=replicas[0], leader_epoch=0, isr=list(replicas))
@@ -381,7 +386,7 @@ def _apply_record(metadata: ClusterMetadata, path: str, value: bytes | None) -> 
         if value is None:
             metadata.brokers.pop(node_id, None)
         else:
-            metadata.brokers[node_id] = BrokerInfo(**_known_fields(BrokerInfo, json.loads(value)))
+            metadata.brokers[node_id] = broker_from_record(value)
         return [("broker", parts[1])]
     if parts[0] == "controller" and len(parts) == 1:
         metadata.controller_id = -1 if value is None else int(json.loads(value)["node_id"])

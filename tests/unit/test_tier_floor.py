@@ -15,13 +15,12 @@ from pathlib import Path
 
 import msgpack
 from loghelpers import T0, open_log
-from test_tier_log import commit_batch, pointer_log, segment_of
+from test_tier_log import adopt_and_copy, commit_batch, pointer_log, segment_of
 
 from diskless.log.config import LogConfig
 from diskless.log.partition_log import TIERED, PartitionLog
 from diskless.storage import pointer
 from diskless.storage.segment_object import SegmentInfo
-from diskless.tiering.entry import unwrap_tier_state
 
 
 def first_offset_served(log: PartitionLog, offset: int, max_offset: int | None = None) -> int:
@@ -85,12 +84,7 @@ def test_a_replica_that_adopted_its_leaders_tiers_serves_them_at_once(tmp_path: 
     leader.high_watermark = leader.log_end_offset
     commit_batch(leader, "wal/after")
     fresh = open_log(tmp_path / "fresh", segment_bytes=300, diskless_enabled=True, commit=False)
-    state = unwrap_tier_state(leader.tier_state_for_replica())
-    assert state is not None
-    fresh.adopt_tier_state(state, T0)
-    while fresh.log_end_offset < leader.log_end_offset:
-        data = leader.read(fresh.log_end_offset, 1 << 20, tiered=False, max_offset=leader.log_end_offset).records
-        fresh.append_pointers_as_follower(data, T0)
+    adopt_and_copy(leader, fresh)
     # Before the replica's high watermark moves again: the tiered range is served from the
     # segment object, never from the pointers that follow it.
     assert first_offset_served(fresh, 0, max_offset=fresh.log_end_offset) == 0

@@ -54,6 +54,17 @@ def pointer_log(tmp_path: Path, batches: int = 6, **config: object) -> tuple[Par
     return log, served
 
 
+def adopt_and_copy(leader: PartitionLog, fresh: PartitionLog) -> None:
+    """A replica behind the leader's pointers adopts its tiers, then copies the pointers after
+    them, as the replica fetcher does (its high watermark left where adoption put it)."""
+    state = unwrap_tier_state(leader.tier_state_for_replica())
+    assert state is not None
+    fresh.adopt_tier_state(state, T0)
+    while fresh.log_end_offset < leader.log_end_offset:
+        data = leader.read(fresh.log_end_offset, 1 << 20, tiered=False, max_offset=leader.log_end_offset).records
+        fresh.append_pointers_as_follower(data, T0)
+
+
 def test_tier_commit_takes_effect_once_committed(tmp_path: Path) -> None:
     log, served = pointer_log(tmp_path)
     assert log.references("wal/obj-0") and log.active_segment.kind == POINTERS
@@ -167,12 +178,7 @@ def test_replica_behind_the_leaders_pointers_adopts_its_tiers(tmp_path: Path) ->
     fresh = open_log(tmp_path / "fresh", segment_bytes=300, diskless_enabled=True, commit=False)
     with pytest.raises(OffsetMovedToTiered):
         leader.read(fresh.log_end_offset, 1 << 20, tiered=False)
-    state = unwrap_tier_state(leader.tier_state_for_replica())
-    assert state is not None
-    fresh.adopt_tier_state(state, T0)
-    while fresh.log_end_offset < leader.log_end_offset:
-        data = leader.read(fresh.log_end_offset, 1 << 20, tiered=False, max_offset=leader.log_end_offset).records
-        fresh.append_pointers_as_follower(data, T0)
+    adopt_and_copy(leader, fresh)
     fresh.high_watermark = leader.high_watermark
     assert fresh.log_start_offset == 0 and [t.info for t in fresh.tiers] == [info]
     assert fresh.read(0, 100).kind == TIERED and fresh.read(0, 100).records == leader.read(0, 100).records
