@@ -39,6 +39,7 @@ from diskless.protocol import internal
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError, KafkaClientConnection
 from diskless.protocol.framing import FrameDecoder, FrameError
+from diskless.replication.follower_reads import max_staleness_ms
 from diskless.security.cluster_secret import configured_secret, load_cluster_secret
 from diskless.security.internal_auth import ClusterSecret, InternalAuthState
 from diskless.security.tls import internal_client_context, server_context
@@ -82,6 +83,16 @@ def check_config(config: BrokerConfig) -> None:
         raise ConfigError(
             f"wal.manager.grace.ms ({config.wal_manager_grace_ms}) must exceed diskless.wal.commit.timeout.ms "
             f"plus wal.manager.clock.skew.ms ({floor})"
+        )
+    staleness = max_staleness_ms(config.replica_fetch_wait_max_ms, config.replica_lag_time_max_ms)
+    if config.wal_manager_confirm_ms < staleness:
+        # Not refused: a read of a deleted object fails and is retried, nothing is lost. But
+        # zone-aligned followers serve reads for this long after their last word from the leader
+        # (replication/follower_reads.py), so a shorter delay lets one read an object just deleted.
+        log.warning(
+            "wal.manager.confirm.ms is shorter than how long a follower serves reads without news from its leader",
+            confirm_ms=config.wal_manager_confirm_ms,
+            follower_staleness_ms=staleness,
         )
     if not config.metadata_etcd_endpoints or not config.diskless_s3_endpoint:
         raise ConfigError("the WAL manager needs metadata.etcd.endpoints and diskless.s3.endpoint")

@@ -37,7 +37,7 @@ TIMINGS = {
     "diskless.wal.commit.timeout.ms": "2000",
     "wal.manager.clock.skew.ms": "500",
     "wal.manager.grace.ms": str(GRACE_MS),
-    "wal.manager.confirm.ms": "300",
+    "wal.manager.confirm.ms": "2500",  # >= the follower read staleness (2 s)
     "wal.manager.check.interval.ms": "300",
     "wal.manager.scan.interval.ms": "500",
     "diskless.tier.commit.timeout.ms": "20000",

@@ -29,7 +29,7 @@ TIMINGS = {
     "diskless.wal.commit.timeout.ms": "2000",
     "wal.manager.clock.skew.ms": "1000",
     "wal.manager.grace.ms": str(GRACE_MS),
-    "wal.manager.confirm.ms": "500",
+    "wal.manager.confirm.ms": "2500",  # >= the follower read staleness (2 s)
     "wal.manager.check.interval.ms": "300",
     "wal.manager.scan.interval.ms": "1000",
     "broker.session.timeout.ms": "2000",
@@ -94,7 +94,10 @@ async def produce(bootstrap: str, topic: str, values: list[bytes], timestamp_ms:
 
 
 async def read_all(bootstrap: str, topic: str) -> list[bytes]:
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None)
+    # earliest: a read from the start racing retention (a follower that has not yet heard the
+    # leader's new log start) gets OFFSET_OUT_OF_RANGE and must start again at the new start, not
+    # jump to the end as aiokafka's default reset (latest) would, reading nothing.
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest")
     await consumer.start()
     out: list[bytes] = []
     try:

@@ -200,3 +200,21 @@ def test_settings_the_core_cannot_work_with_are_refused_at_start(setting: dict[s
     )
     with pytest.raises(ConfigError, match=r"wal\.manager settings"):
         check_config(config)
+
+
+@pytest.mark.parametrize(("confirm_ms", "warned"), [(500, True), (2_000, False)])
+def test_a_confirmation_delay_shorter_than_follower_staleness_is_warned_of(confirm_ms: int, warned: bool) -> None:
+    """Zone-aligned followers serve reads up to 2 s (defaults) after their last word from the
+    leader; deleting sooner than that lets one read an object just deleted."""
+    from structlog.testing import capture_logs
+
+    from wal_manager.service import check_config
+
+    config = BrokerConfig(
+        metadata_etcd_endpoints="127.0.0.1:2379",
+        diskless_s3_endpoint="http://127.0.0.1:9000",
+        wal_manager_confirm_ms=confirm_ms,
+    )
+    with capture_logs() as logs:
+        check_config(config)
+    assert any("wal.manager.confirm.ms" in entry["event"] for entry in logs) == warned
