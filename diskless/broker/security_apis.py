@@ -499,7 +499,7 @@ class SecurityApis(ApiFamily):
         mechanism = session.mechanism
         try:
             if mechanism == "PLAIN":
-                _, user, password = parse_plain(bytes(request.auth_bytes))
+                user, password = parse_plain(bytes(request.auth_bytes))
                 if not await self._plain_ok(user, password):
                     raise AuthenticationFailed(f"invalid PLAIN credentials for user {user!r}")
                 session.became(f"User:{user}")

@@ -96,8 +96,11 @@ def credential_from_password(
     return credential_from_salted(mechanism, salt_password(mechanism, password, salt, iterations), salt, iterations)
 
 
-def parse_plain(message: bytes) -> tuple[str, str, str]:
-    """``authzid NUL authcid NUL passwd`` (RFC 4616) -> (authzid, user, password)."""
+def parse_plain(message: bytes) -> tuple[str, str]:
+    """``authzid NUL authcid NUL passwd`` (RFC 4616) -> (user, password).
+
+    An authorization id other than the user itself is refused, as Kafka's PlainSaslServer does:
+    a client asking to act as someone else must not be let in as itself without being told."""
     parts = message.split(b"\x00")
     if len(parts) != 3:
         raise AuthenticationFailed("malformed PLAIN message")
@@ -107,7 +110,9 @@ def parse_plain(message: bytes) -> tuple[str, str, str]:
         raise AuthenticationFailed("PLAIN message is not UTF-8") from None
     if not user or not password:
         raise AuthenticationFailed("PLAIN user or password empty")
-    return authzid, user, password
+    if authzid and authzid != user:
+        raise AuthenticationFailed("PLAIN authorization id differs from the user")
+    return user, password
 
 
 def verify_plain(password: str, credential: ScramCredential) -> bool:

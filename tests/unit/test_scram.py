@@ -99,15 +99,20 @@ def test_any_user_and_password_round_trip(mechanism: str, user: str, password: s
 
 def test_plain_is_checked_against_the_scram_credential() -> None:
     credential = credential_from_password("SCRAM-SHA-512", PASSWORD, SALT, 4096)
-    assert parse_plain(b"\x00user\x00pencil") == ("", "user", "pencil")
-    assert parse_plain(b"admin\x00user\x00pencil") == ("admin", "user", "pencil")
+    assert parse_plain(b"\x00user\x00pencil") == ("user", "pencil")
+    assert parse_plain(b"user\x00user\x00pencil") == ("user", "pencil")  # authorization id: itself
     assert verify_plain("pencil", credential)
     assert not verify_plain("pencil2", credential)
     for bad in (b"user\x00pencil", b"\x00\x00pencil", b"\x00user\x00"):
         with pytest.raises(AuthenticationFailed):
-            user, password = parse_plain(bad)[1:]
-            if not user or not password:
-                raise AuthenticationFailed("empty")
+            parse_plain(bad)
+
+
+def test_plain_refuses_an_authorization_id_other_than_the_user() -> None:
+    """As Kafka's PlainSaslServer: asking to act as another principal fails authentication.
+    Before, the id was ignored and the client was let in as itself."""
+    with pytest.raises(AuthenticationFailed, match="authorization id"):
+        parse_plain(b"admin\x00user\x00pencil")
 
 
 def test_librdkafka_before_2_6_1_repeated_client_nonce_is_accepted() -> None:
