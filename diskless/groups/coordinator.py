@@ -1128,15 +1128,29 @@ class GroupCoordinatorCore:
 
     @_delivers_replies
     def validate_commit(
-        self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None, now_ms: int
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None,
+        now_ms: int,
+        *,
+        transactional: bool = False,
     ) -> ErrorCode:
-        """May this OffsetCommit go ahead? Stores nothing: ``apply_offsets`` once persisted.
+        """May this OffsetCommit (``transactional``: TxnOffsetCommit) go ahead? Stores nothing:
+        ``apply_offsets`` once persisted.
 
         A commit from a current member counts as a heartbeat, as in Kafka. For a consumer-protocol
-        group ``generation_id`` is the member epoch (OffsetCommit v9+).
+        group ``generation_id`` is the member epoch (OffsetCommit v9+). TxnOffsetCommit differs as in
+        Kafka: a commit without member id and generation (all that v0-2 carry) is accepted from
+        anyone; the group state is not enforced (the Java producer treats REBALANCE_IN_PROGRESS as
+        fatal); a stale member epoch is ILLEGAL_GENERATION (STALE_MEMBER_EPOCH is fatal to it too).
         """
         if self.consumer.is_consumer_group(group_id):
-            return self.consumer.validate_offset_commit(group_id, member_id, generation_id)
+            error = self.consumer.validate_offset_commit(group_id, member_id, generation_id)
+            if transactional and error is ErrorCode.stale_member_epoch:
+                return ErrorCode.illegal_generation
+            return error
         group = self._groups.get(group_id)
         if group is None:
             # Unknown group: fine for a simple consumer (no group management), else a stale member.
@@ -1149,9 +1163,13 @@ class GroupCoordinatorCore:
                 return error
             if generation_id != group.generation_id:
                 return ErrorCode.illegal_generation
+        elif transactional:
+            return ErrorCode.none
         elif group.state is not _EMPTY:
             # Once the group has members, only they may commit.
             return ErrorCode.unknown_member_id
+        if transactional:
+            return ErrorCode.none
         if group.state is _COMPLETING:
             # A member of this generation that has not synced yet: its assignment is not final.
             return ErrorCode.rebalance_in_progress
