@@ -1278,9 +1278,9 @@ class GroupCoordinatorCore:
 
         An Empty group that has had members loses all its offsets ``retention_ms`` after it became
         Empty; a group that never had members (simple consumers) loses each offset that long after
-        its commit; a consumer group with members loses offsets of topics it no longer subscribes
-        to. The shell persists tombstones, then calls ``remove_offsets``. ``group_ids`` limits the
-        look to those groups.
+        its commit; a Stable consumer group loses offsets of topics it no longer subscribes to. The
+        shell persists tombstones, then calls ``remove_offsets``. ``group_ids`` limits the look to
+        those groups.
         """
         expired: dict[str, list[TopicPartition]] = {}
         groups = (
@@ -1304,7 +1304,11 @@ class GroupCoordinatorCore:
                 expired_all = now_ms - group.state_timestamp_ms >= retention_ms
                 tps = list(group.offsets) if expired_all else []
             elif group.state is _EMPTY or (
-                group.protocol_type == CONSUMER_PROTOCOL_TYPE and group.subscribed_topics is not None
+                # Only while Stable, as in Kafka: during a rebalance the subscription may be changing,
+                # and a topic a member rejoins for must keep its offsets.
+                group.state is _STABLE
+                and group.protocol_type == CONSUMER_PROTOCOL_TYPE
+                and group.subscribed_topics is not None
             ):
                 subscribed = group.subscribed_topics or frozenset()
                 tps = [
