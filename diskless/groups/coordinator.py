@@ -146,11 +146,16 @@ class LeaveResult:
     error: ErrorCode
 
 
+CLASSIC_GROUP_TYPE = "classic"
+CONSUMER_GROUP_TYPE = "consumer"  # a KIP-848 (ConsumerGroupHeartbeat) group
+
+
 @dataclass(frozen=True, slots=True)
 class GroupOverview:
     group_id: str
     protocol_type: str
     state: str
+    group_type: str = CLASSIC_GROUP_TYPE
 
 
 @dataclass(frozen=True, slots=True)
@@ -1393,7 +1398,7 @@ class GroupCoordinatorCore:
         for cg in self.consumer.groups.values():
             state = cg.state.value
             if wanted is None or state.lower() in wanted:
-                overviews.append(GroupOverview(cg.group_id, CONSUMER_PROTOCOL_TYPE, state))
+                overviews.append(GroupOverview(cg.group_id, CONSUMER_PROTOCOL_TYPE, state, CONSUMER_GROUP_TYPE))
         return overviews
 
     def describe_group(self, group_id: str) -> GroupDescription:
