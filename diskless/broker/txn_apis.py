@@ -82,14 +82,15 @@ class TxnApis(ApiFamily):
         core = shell.coordinator(group_id)
         code = core if isinstance(core, ErrorCode) else ErrorCode.none
         now = self.broker.now_ms()
-        generation = getattr(request, "generation_id", -1)
-        if not isinstance(core, ErrorCode) and generation >= 0:
+        if not isinstance(core, ErrorCode):
+            # v0-2 carry no member: generation -1 and an empty member id, accepted from anyone.
             code = core.validate_commit(
                 group_id,
-                generation,
+                getattr(request, "generation_id", -1),
                 getattr(request, "member_id", ""),
                 getattr(request, "group_instance_id", None),
                 now,
+                transactional=True,
             )
         offsets: dict[tuple[str, int], OffsetAndMetadata] = {}
         for topic in request.topics:

@@ -516,9 +516,9 @@ class ConsumerGroups:
                 return
             member.pending_revocation = {}
             member.rebalance_deadline_ms = None
-            self._next_assignment(group, member, target_epoch, now_ms)
+            self._next_assignment(group, member, target_epoch, owned, now_ms)
         elif member.state is MemberState.UNRELEASED_PARTITIONS or member.member_epoch != target_epoch:
-            self._next_assignment(group, member, target_epoch, now_ms)
+            self._next_assignment(group, member, target_epoch, owned, now_ms)
 
     @staticmethod
     def _still_owns(owned: Assignment | None, revoking: Assignment) -> bool:
@@ -526,8 +526,10 @@ class ConsumerGroups:
             return True  # unchanged since the last heartbeat: still owns them
         return bool(_flatten(owned) & _flatten(revoking))
 
-    def _next_assignment(self, group: ConsumerGroup, member: ConsumerMember, target_epoch: int, now_ms: int) -> None:
-        """Kafka's computeNextAssignment."""
+    def _next_assignment(
+        self, group: ConsumerGroup, member: ConsumerMember, target_epoch: int, owned: Assignment | None, now_ms: int
+    ) -> None:
+        """Kafka's computeNextAssignment; ``owned`` is what the heartbeat reports (None: unchanged)."""
         target = _flatten(group.target.get(member.member_id, {}))
         current = _flatten(member.assigned)
         kept = current & target
@@ -536,8 +538,10 @@ class ConsumerGroups:
         elsewhere = self._owner_elsewhere(group, member)
         free = {tp for tp in wanted if tp not in elsewhere}
         unreleased = bool(wanted - free)
-        if revoking:
-            # New partitions are withheld until the member confirms the revocation.
+        if revoking and self._still_owns(owned, _group_by_topic(revoking)):
+            # New partitions are withheld until the member confirms the revocation. A member that
+            # already reports owning none of them (it had not taken them yet) has nothing to
+            # confirm: waiting for a change of its ownership that will not come would stall it.
             member.assigned = _group_by_topic(kept)
             member.pending_revocation = _group_by_topic(revoking)
             member.state = MemberState.UNREVOKED_PARTITIONS

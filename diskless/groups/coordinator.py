@@ -146,11 +146,16 @@ class LeaveResult:
     error: ErrorCode
 
 
+CLASSIC_GROUP_TYPE = "classic"
+CONSUMER_GROUP_TYPE = "consumer"  # a KIP-848 (ConsumerGroupHeartbeat) group
+
+
 @dataclass(frozen=True, slots=True)
 class GroupOverview:
     group_id: str
     protocol_type: str
     state: str
+    group_type: str = CLASSIC_GROUP_TYPE
 
 
 @dataclass(frozen=True, slots=True)
@@ -1128,15 +1133,29 @@ class GroupCoordinatorCore:
 
     @_delivers_replies
     def validate_commit(
-        self, group_id: str, generation_id: int, member_id: str, group_instance_id: str | None, now_ms: int
+        self,
+        group_id: str,
+        generation_id: int,
+        member_id: str,
+        group_instance_id: str | None,
+        now_ms: int,
+        *,
+        transactional: bool = False,
     ) -> ErrorCode:
-        """May this OffsetCommit go ahead? Stores nothing: ``apply_offsets`` once persisted.
+        """May this OffsetCommit (``transactional``: TxnOffsetCommit) go ahead? Stores nothing:
+        ``apply_offsets`` once persisted.
 
         A commit from a current member counts as a heartbeat, as in Kafka. For a consumer-protocol
-        group ``generation_id`` is the member epoch (OffsetCommit v9+).
+        group ``generation_id`` is the member epoch (OffsetCommit v9+). TxnOffsetCommit differs as in
+        Kafka: a commit without member id and generation (all that v0-2 carry) is accepted from
+        anyone; the group state is not enforced (the Java producer treats REBALANCE_IN_PROGRESS as
+        fatal); a stale member epoch is ILLEGAL_GENERATION (STALE_MEMBER_EPOCH is fatal to it too).
         """
         if self.consumer.is_consumer_group(group_id):
-            return self.consumer.validate_offset_commit(group_id, member_id, generation_id)
+            error = self.consumer.validate_offset_commit(group_id, member_id, generation_id)
+            if transactional and error is ErrorCode.stale_member_epoch:
+                return ErrorCode.illegal_generation
+            return error
         group = self._groups.get(group_id)
         if group is None:
             # Unknown group: fine for a simple consumer (no group management), else a stale member.
@@ -1149,9 +1168,13 @@ class GroupCoordinatorCore:
                 return error
             if generation_id != group.generation_id:
                 return ErrorCode.illegal_generation
+        elif transactional:
+            return ErrorCode.none
         elif group.state is not _EMPTY:
             # Once the group has members, only they may commit.
             return ErrorCode.unknown_member_id
+        if transactional:
+            return ErrorCode.none
         if group.state is _COMPLETING:
             # A member of this generation that has not synced yet: its assignment is not final.
             return ErrorCode.rebalance_in_progress
@@ -1260,9 +1283,9 @@ class GroupCoordinatorCore:
 
         An Empty group that has had members loses all its offsets ``retention_ms`` after it became
         Empty; a group that never had members (simple consumers) loses each offset that long after
-        its commit; a consumer group with members loses offsets of topics it no longer subscribes
-        to. The shell persists tombstones, then calls ``remove_offsets``. ``group_ids`` limits the
-        look to those groups.
+        its commit; a Stable consumer group loses offsets of topics it no longer subscribes to. The
+        shell persists tombstones, then calls ``remove_offsets``. ``group_ids`` limits the look to
+        those groups.
         """
         expired: dict[str, list[TopicPartition]] = {}
         groups = (
@@ -1286,7 +1309,11 @@ class GroupCoordinatorCore:
                 expired_all = now_ms - group.state_timestamp_ms >= retention_ms
                 tps = list(group.offsets) if expired_all else []
             elif group.state is _EMPTY or (
-                group.protocol_type == CONSUMER_PROTOCOL_TYPE and group.subscribed_topics is not None
+                # Only while Stable, as in Kafka: during a rebalance the subscription may be changing,
+                # and a topic a member rejoins for must keep its offsets.
+                group.state is _STABLE
+                and group.protocol_type == CONSUMER_PROTOCOL_TYPE
+                and group.subscribed_topics is not None
             ):
                 subscribed = group.subscribed_topics or frozenset()
                 tps = [
@@ -1371,7 +1398,7 @@ class GroupCoordinatorCore:
         for cg in self.consumer.groups.values():
             state = cg.state.value
             if wanted is None or state.lower() in wanted:
-                overviews.append(GroupOverview(cg.group_id, CONSUMER_PROTOCOL_TYPE, state))
+                overviews.append(GroupOverview(cg.group_id, CONSUMER_PROTOCOL_TYPE, state, CONSUMER_GROUP_TYPE))
         return overviews
 
     def describe_group(self, group_id: str) -> GroupDescription:

@@ -52,7 +52,6 @@ API_CONSUMER_GROUP_HEARTBEAT = 68
 API_CONSUMER_GROUP_DESCRIBE = 69
 
 NO_AUTHORIZED_OPERATIONS = -(2**31)
-CLASSIC_GROUP_TYPE = "classic"
 
 
 class GroupFacade(Protocol):
@@ -548,19 +547,19 @@ async def offset_delete(facade: GroupFacade, header: RequestHeader, request: Any
 
 async def list_groups(facade: GroupFacade, header: RequestHeader, request: Any) -> dict[str, Any]:
     """ListGroups; ``states_filter`` (v4+) and ``types_filter`` (v5+) are case-insensitive.
-    Every group here is a classic group."""
+    KIP-848 groups are of type "consumer", the others "classic", as in Kafka."""
     states = list(getattr(request, "states_filter", ()) or ())
     types = {t.lower() for t in getattr(request, "types_filter", ()) or ()}
     groups: list[dict[str, Any]] = []
-    if not types or CLASSIC_GROUP_TYPE in types:
-        for core in facade.all_cores():
-            for g in core.list_groups(states or None):
+    for core in facade.all_cores():
+        for g in core.list_groups(states or None):
+            if not types or g.group_type in types:
                 groups.append(
                     {
                         "group_id": g.group_id,
                         "protocol_type": g.protocol_type,
                         "group_state": g.state,
-                        "group_type": CLASSIC_GROUP_TYPE,
+                        "group_type": g.group_type,
                     }
                 )
     return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": groups}

@@ -246,3 +246,26 @@ def test_offset_delete_keeps_offsets_of_topics_members_subscribe_to() -> None:
     a.heartbeat(member_epoch=-1)  # the last member leaves
     assert core.delete_offsets(GROUP, [(TOPIC, 0)]) == {(TOPIC, 0): ErrorCode.none}
     assert core.fetch_offsets(GROUP) == {}
+
+
+def test_a_member_that_reports_owning_none_of_the_revoked_partitions_moves_on_at_once() -> None:
+    """Kafka's CurrentAssignmentBuilder asks for a revocation only if the member's heartbeat still
+    lists a partition to revoke. A member that reports owning none of them (it had not taken them
+    yet) gets the new epoch at once; held in UNREVOKED_PARTITIONS it waited for an ownership change
+    that would not come (its next heartbeats send null: unchanged), blocking the new member's
+    partitions, until its rebalance timeout removed it."""
+    core, clock = make_core(), Clock()
+    first = Member(core, "m0", clock)
+    assert first.heartbeat().member_epoch == 1 and len(first.owned) == 12
+    late = Member(core, "m1", clock)
+    late.heartbeat()
+    assert late.owned == set()  # all twelve still belong to m0
+    result = first.heartbeat(owned={})  # m0 has not taken any of its partitions yet
+    assert result.error is ErrorCode.none and result.member_epoch == 2 and len(first.owned) == 6
+    late.heartbeat()
+    assert len(late.owned) == 6 and not late.owned & first.owned
+    clock.now += 30_001  # past the rebalance timeout: nobody is waiting for a revocation
+    core.tick(clock.now)
+    for m in (first, late):
+        assert m.heartbeat(owned=None).error is ErrorCode.none
+    assert set(core.consumer.owners(GROUP).values()) == {"m0", "m1"}

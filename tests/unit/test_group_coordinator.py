@@ -657,6 +657,27 @@ def test_expired_offsets_and_pruning() -> None:
     assert core.group_state(G) is None
 
 
+def test_offsets_of_topics_outside_the_subscription_expire_only_while_the_group_is_stable() -> None:
+    """Kafka expires them by commit time only in a Stable group: during a rebalance the
+    subscription of the last generation may be changing (a member rejoining for another topic must
+    find that topic's offsets when it gets its partitions)."""
+    core = make_core()
+    a, b = form_group(core, 0, n=2, protocols=[("range", consumer_subscription("live"))])
+    core.commit_offsets(G, 1, a.member_id, None, {("live", 0): om(1), ("next", 0): om(2)}, 0)
+    both = [("range", consumer_subscription("live", "next"))]
+    rejoin_a = join(core, 500, a.member_id, protocols=both)
+    assert core.group_state(G) is GroupState.PREPARING_REBALANCE
+    assert core.expired_offsets(1_000, 1_000) == {}
+    rejoin_b = join(core, 500, b.member_id, protocols=both)
+    assert core.group_state(G) is GroupState.COMPLETING_REBALANCE
+    assert core.expired_offsets(1_000, 1_000) == {}
+    generation = rejoin_a.value.generation_id
+    sync(core, 500, b.member_id, generation)
+    sync(core, 500, a.member_id, generation, {a.member_id: b"x", b.member_id: b"y"})
+    assert rejoin_b.value.error is E.none and core.group_state(G) is GroupState.STABLE
+    assert core.expired_offsets(1_000, 1_000) == {}  # "next" is subscribed now
+
+
 # --- ListGroups / DescribeGroups / unload -------------------------------------------------------
 
 

@@ -20,6 +20,7 @@ from kio.serial import entity_reader, entity_writer
 
 from diskless.groups import handlers as h
 from diskless.groups import records
+from diskless.groups.consumer_protocol import HeartbeatRequest
 from diskless.groups.coordinator import GroupConfig, GroupCoordinatorCore, GroupState, OffsetAndMetadata
 from diskless.protocol import messages as m
 
@@ -400,6 +401,21 @@ async def test_list_groups(version: int) -> None:
         assert none.groups == ()
         classic = await call(facade, h.API_LIST_GROUPS, version, {"types_filter": ["Classic"]})
         assert len(classic.groups) == 2
+
+
+async def test_list_groups_reports_kip848_groups_as_consumer_groups() -> None:
+    """Kafka lists a ConsumerGroupHeartbeat group with group_type "consumer", the type a
+    types_filter selects it by; only the others are "classic"."""
+    facade = FakeFacade()
+    await form(facade, 5, 3)
+    joining = HeartbeatRequest("kip848", "m1", 0, rebalance_timeout_ms=10_000, subscribed_topic_names=("t",), owned={})
+    assert facade.core.consumer_group_heartbeat(joining, facade.clock).error is E.none
+    listed = await call(facade, h.API_LIST_GROUPS, 5, {})
+    assert {(g.group_id, g.group_type) for g in listed.groups} == {(G, "classic"), ("kip848", "consumer")}
+    consumer = await call(facade, h.API_LIST_GROUPS, 5, {"types_filter": ["Consumer"]})
+    assert [(g.group_id, g.protocol_type) for g in consumer.groups] == [("kip848", "consumer")]
+    classic = await call(facade, h.API_LIST_GROUPS, 5, {"types_filter": ["classic"]})
+    assert [g.group_id for g in classic.groups] == [G]
 
 
 @pytest.mark.parametrize("version", [0, 3, 5, 6])

@@ -26,9 +26,11 @@ from kio.schema.errors import ErrorCode
 from loghelpers import T0
 
 from diskless.broker.group_shell import GroupShell
+from diskless.broker.txn_apis import TxnApis
 from diskless.config import BrokerConfig
 from diskless.groups import handlers
-from diskless.groups.coordinator import GroupCoordinatorCore, OffsetAndMetadata
+from diskless.groups.consumer_protocol import HeartbeatRequest
+from diskless.groups.coordinator import GroupCoordinatorCore, GroupState, JoinResult, OffsetAndMetadata
 from diskless.groups.records import encode_offset, encode_offset_tombstone
 from diskless.log.config import LogConfig
 from diskless.log.partition_log import PartitionLog
@@ -274,3 +276,52 @@ def test_live_offsets_always_match_a_replay_of_the_log(
         expected = {tp: v for v, tp, txn in appended if txn is None or txn in committed}
         assert offsets(shell) == expected == replayed(shell, partition)
         assert shell.pending_partitions(GROUP) == set().union(*open_txns.values())
+
+
+def txn_offset_commit(
+    shell: GroupShell, generation: int, member_id: str, instance: str | None = None, group: str = GROUP
+) -> ErrorCode:
+    """TxnOffsetCommit v3 through the broker's handler; the error of its one partition."""
+    version = 3
+    request = m.build(
+        load_request_schema(m.API_TXN_OFFSET_COMMIT, version),
+        {
+            "transactional_id": "tx",
+            "group_id": group,
+            "producer_id": PID,
+            "producer_epoch": 0,
+            "generation_id": generation,
+            "member_id": member_id,
+            "group_instance_id": instance,
+            "topics": [{"name": "in", "partitions": [{"partition_index": 0, "committed_offset": 7}]}],
+        },
+    )
+    header = m.RequestHeader(m.API_TXN_OFFSET_COMMIT, version, 1, "producer")
+    apis = TxnApis(SimpleNamespace(groups=shell, now_ms=lambda: T0))  # type: ignore[arg-type]
+    answer = asyncio.run(apis.txn_offset_commit(header, request))
+    return answer["topics"][0]["partitions"][0]["error_code"]
+
+
+def test_txn_offset_commit_follows_kafkas_transactional_validation(tmp_path: Path) -> None:
+    """Kafka does not enforce the group state on TxnOffsetCommit (REBALANCE_IN_PROGRESS is fatal
+    to the Java producer), and answers a stale KIP-848 member epoch with ILLEGAL_GENERATION (the
+    producer's abortable CommitFailedException) rather than STALE_MEMBER_EPOCH (fatal)."""
+    shell, _ = make_shell(tmp_path)
+    core = core_of(shell)
+    joined: list[JoinResult] = []
+    core.join_group(GROUP, "", "instance", "consumer", [("range", b"")], 10_000, 10_000, T0, joined.append)
+    deadline = core.next_deadline_ms()
+    assert deadline is not None
+    core.tick(deadline)  # the initial rebalance delay ends: the member has its generation, no assignment yet
+    member = joined[0]
+    assert core.group_state(GROUP) is GroupState.COMPLETING_REBALANCE
+    assert txn_offset_commit(shell, member.generation_id, member.member_id, "instance") is ErrorCode.none
+    stale_generation = txn_offset_commit(shell, member.generation_id + 1, member.member_id, "instance")
+    assert stale_generation is ErrorCode.illegal_generation
+    # A member id is checked even without a generation, as Kafka does for a non-empty group.
+    assert txn_offset_commit(shell, -1, "stranger") is ErrorCode.unknown_member_id
+
+    joining = HeartbeatRequest("kip848", "m1", 0, rebalance_timeout_ms=10_000, subscribed_topic_names=("in",), owned={})
+    epoch = core.consumer_group_heartbeat(joining, T0).member_epoch
+    assert txn_offset_commit(shell, epoch, "m1", group="kip848") is ErrorCode.none
+    assert txn_offset_commit(shell, epoch - 1, "m1", group="kip848") is ErrorCode.illegal_generation
