@@ -1,0 +1,58 @@
+"""Topic and broker config validation against Kafka (LogConfig's ConfigDef, ControllerConfigurationValidator,
+ConfigAdminManager.preprocess, DynamicBrokerConfig.validate). Handlers driven on an in-memory broker."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from admin_broker import FakeBroker, broker_with_topic
+from kio.schema.errors import ErrorCode
+
+from diskless.broker.api_base import OP_SET, RESOURCE_TOPIC
+from diskless.broker.config_apis import ConfigApis
+from diskless.config import load_config
+from diskless.log.config import ConfigError
+
+
+def incremental(broker: FakeBroker, resource_type: int, name: str, configs: list[tuple[str, int, str | None]]) -> Any:
+    res = SimpleNamespace(
+        resource_type=resource_type,
+        resource_name=name,
+        configs=[SimpleNamespace(name=n, config_operation=op, value=v) for n, op, v in configs],
+    )
+    request = SimpleNamespace(resources=[res], validate_only=False)
+    return asyncio.run(ConfigApis(broker).incremental_alter_configs(None, request))["responses"][0]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("retention.ms", str(2**63)),
+        ("retention.bytes", str(2**63)),
+        ("retention.bytes", str(-(2**63) - 1)),
+        ("message.timestamp.before.max.ms", "99999999999999999999"),
+    ],
+)
+def test_long_config_beyond_java_long_is_invalid_config(name: str, value: str) -> None:
+    """LONG configs are parsed with Long.parseLong: a value outside [-2^63, 2^63) is "Not a number"
+    -> INVALID_CONFIG. Diskless checked the range of INT configs only and stored such a LONG."""
+    broker = broker_with_topic()
+    out = incremental(broker, RESOURCE_TOPIC, "t", [(name, OP_SET, value)])
+    assert out["error_code"] == ErrorCode.invalid_config
+    assert broker.metadata.topics["t"].configs == {}
+    # The broker-level synonym is checked against the same table at startup.
+    synonym = {"retention.ms": "log.retention.ms", "retention.bytes": "log.retention.bytes"}.get(name)
+    if synonym:
+        with pytest.raises(ConfigError):
+            load_config(environ={}, overrides={synonym: value})
+
+
+def test_long_config_bounds_are_accepted() -> None:
+    broker = broker_with_topic()
+    bounds = [("retention.ms", OP_SET, str(2**63 - 1)), ("retention.bytes", OP_SET, str(-(2**63)))]
+    out = incremental(broker, RESOURCE_TOPIC, "t", bounds)
+    assert out["error_code"] == ErrorCode.none
+    assert broker.metadata.topics["t"].configs == {"retention.ms": str(2**63 - 1), "retention.bytes": str(-(2**63))}
