@@ -56,3 +56,27 @@ def test_long_config_bounds_are_accepted() -> None:
     out = incremental(broker, RESOURCE_TOPIC, "t", bounds)
     assert out["error_code"] == ErrorCode.none
     assert broker.metadata.topics["t"].configs == {"retention.ms": str(2**63 - 1), "retention.bytes": str(-(2**63))}
+
+
+def legacy(broker: FakeBroker, resource_type: int, name: str, configs: list[tuple[str, str]]) -> Any:
+    res = SimpleNamespace(
+        resource_type=resource_type, resource_name=name, configs=[SimpleNamespace(name=n, value=v) for n, v in configs]
+    )
+    request = SimpleNamespace(resources=[res], validate_only=False)
+    return asyncio.run(ConfigApis(broker).alter_configs(None, request))["responses"][0]  # type: ignore[arg-type]
+
+
+def test_alter_configs_of_an_impossible_topic_name() -> None:
+    """ControllerConfigurationValidator.validateTopicName runs before the existence check: the
+    empty name is INVALID_REQUEST "Default topic resources are not allowed.", an illegal name
+    INVALID_TOPIC_EXCEPTION. Diskless answered UNKNOWN_TOPIC_OR_PARTITION (a retriable error) for both."""
+    broker = broker_with_topic()
+    for alter in (
+        lambda name: incremental(broker, RESOURCE_TOPIC, name, [("retention.ms", OP_SET, "1000")]),
+        lambda name: legacy(broker, RESOURCE_TOPIC, name, [("retention.ms", "1000")]),
+    ):
+        assert alter("")["error_code"] == ErrorCode.invalid_request
+        for name in ("bad/name", "x" * 250, ".."):
+            assert alter(name)["error_code"] == ErrorCode.invalid_topic_exception, name
+        assert alter("missing")["error_code"] == ErrorCode.unknown_topic_or_partition
+    assert broker.metadata.topics["t"].configs == {}
