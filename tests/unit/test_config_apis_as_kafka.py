@@ -11,8 +11,9 @@ import pytest
 from admin_broker import FakeBroker, broker_with_topic
 from kio.schema.errors import ErrorCode
 
-from diskless.broker.api_base import OP_SET, RESOURCE_TOPIC
+from diskless.broker.api_base import OP_APPEND, OP_SET, RESOURCE_BROKER, RESOURCE_TOPIC
 from diskless.broker.config_apis import ConfigApis
+from diskless.broker.operations import Operations
 from diskless.config import load_config
 from diskless.log.config import ConfigError
 
@@ -80,3 +81,39 @@ def test_alter_configs_of_an_impossible_topic_name() -> None:
             assert alter(name)["error_code"] == ErrorCode.invalid_topic_exception, name
         assert alter("missing")["error_code"] == ErrorCode.unknown_topic_or_partition
     assert broker.metadata.topics["t"].configs == {}
+
+
+def broker_with_operations() -> FakeBroker:
+    """A FakeBroker whose dynamic broker configs go through the real Operations into its metadata."""
+    broker = FakeBroker()
+
+    async def update_broker_configs(name: str, configs: dict[str, str]) -> bool:
+        broker.metadata.broker_configs[name] = dict(configs)
+        return True
+
+    broker.backend = SimpleNamespace(update_broker_configs=update_broker_configs)  # type: ignore[attr-defined]
+    broker.operations = Operations(broker)  # type: ignore[arg-type,assignment]
+    return broker
+
+
+@pytest.mark.parametrize("resource", ["0", ""])
+def test_broker_config_refusals_are_invalid_request(resource: str) -> None:
+    """Kafka validates a broker resource on the receiving broker (ConfigAdminManager.preprocess):
+    DynamicBrokerConfig throws ConfigException ("Cannot update these configs dynamically:
+    Set(num.partitions)", a bad value), which is answered INVALID_REQUEST, not INVALID_CONFIG
+    (KAFKA-13609 keeps it so for compatibility; kafka-configs.sh prints InvalidRequestException).
+    Diskless answered INVALID_CONFIG. APPEND to a non-list config stays INVALID_CONFIG, as Kafka's
+    prepareIncrementalConfigs throws InvalidConfigurationException."""
+    broker = broker_with_operations()
+    for change in (("num.partitions", OP_SET, "3"), ("log.retention.ms", OP_SET, "soon")):
+        out = incremental(broker, RESOURCE_BROKER, resource, [change])
+        assert out["error_code"] == ErrorCode.invalid_request, change
+    out = legacy(broker, RESOURCE_BROKER, resource, [("num.partitions", "3")])
+    assert out["error_code"] == ErrorCode.invalid_request
+    out = incremental(broker, RESOURCE_BROKER, resource, [("log.retention.ms", OP_APPEND, "1")])
+    assert out["error_code"] == ErrorCode.invalid_config
+    assert broker.metadata.broker_configs == {}
+    # A dynamic config with a valid value is stored.
+    out = incremental(broker, RESOURCE_BROKER, resource, [("log.retention.ms", OP_SET, "1000")])
+    assert out["error_code"] == ErrorCode.none
+    assert broker.metadata.broker_configs == {resource or "default": {"log.retention.ms": "1000"}}
