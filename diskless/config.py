@@ -467,6 +467,15 @@ class BrokerConfig:
         names = {s.name for s in self.listener_specs}
         if self.inter_broker_listener not in names:
             raise ConfigError(f"inter.broker.listener.name {self.inter_broker_listener} is not a listener")
+        if self.advertised_listeners:
+            # Parsed here, not first when the broker advertises itself (after binding its ports). A
+            # name that is no listener would be ignored, advertising the bind address instead; with
+            # one listener, one advertised address is its own whatever its name (advertised_endpoints).
+            advertised = {s.name for s in parse_listeners(self.advertised_listeners)}
+            if not advertised <= names and not (len(advertised) == 1 and len(names) == 1):
+                raise ConfigError(
+                    f"advertised.listeners names {sorted(advertised - names)} that are not in listeners {sorted(names)}"
+                )
         unknown = set(parse_listener_az_map(self.diskless_listener_az_map)) - names
         if unknown:
             raise ConfigError(f"diskless.listener.az.map names unknown listeners {sorted(unknown)}")

@@ -136,3 +136,20 @@ def test_ratios_are_floats() -> None:
     )
     assert (config.diskless_s3_hedge_quantile, config.diskless_s3_hedge_max_ratio) == (0.0, 0.1)
     assert BrokerConfig().diskless_s3_hedge_quantile == 0.95
+
+
+def test_advertised_listeners_are_checked_at_load() -> None:
+    """Kafka checks advertised.listeners at startup: unparseable, or naming a listener that is not
+    in listeners ("advertised.listeners listener names must be equal to or a subset of the ones
+    defined in listeners"), stops the broker. Diskless loaded both: the first failed only in
+    Broker.start after the listeners were bound, the second advertised the bind address instead."""
+    with pytest.raises(ConfigError):
+        load_config(environ={}, overrides={"advertised.listeners": "garbage"})
+    two = {"listeners": "A://:9092,B://:9093", "listener.security.protocol.map": "A:PLAINTEXT,B:PLAINTEXT"}
+    with pytest.raises(ConfigError, match=r"advertised\.listeners names \[.C.\]"):
+        load_config(environ={}, overrides={**two, "advertised.listeners": "A://a:1,C://c:3"})
+    config = load_config(environ={}, overrides={**two, "advertised.listeners": "B://b:2"})
+    assert config.advertised_endpoints({"A": 9092})["B"] == Endpoint("b", 2)
+    # One listener: an advertised address under another name (PLAINTEXT when bare) is its own.
+    config = load_config(environ={}, overrides={"listeners": "INTERNAL://:9092", "advertised.listeners": "h:19092"})
+    assert config.advertised(9092) == Endpoint("h", 19092)
