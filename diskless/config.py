@@ -502,13 +502,17 @@ _TOPIC_SYNONYMS = {d.broker_synonym: d for d in TOPIC_CONFIGS.values() if d.brok
 def _coerce(name: str, raw: str) -> Any:
     f = _PROPERTY_FIELDS[name]
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    # As Kafka's ConfigDef.parseType: every value trimmed first, whatever its source or type.
+    raw = raw.strip()
     if kind.startswith("int"):
+        if "_" in raw:  # Python's int() accepts "1_000"; Java's parseInt does not
+            raise ValueError(f"invalid number {raw!r}")
         return int(raw)
     if kind.startswith("float"):
         return float(raw)
     if kind.startswith("bool"):
         if raw.lower() not in ("true", "false"):
-            raise ConfigError(f"{name}: expected true or false, got {raw!r}")
+            raise ValueError(f"expected true or false, got {raw!r}")  # load_config names the setting
         return raw.lower() == "true"
     return raw
 

@@ -153,3 +153,16 @@ def test_advertised_listeners_are_checked_at_load() -> None:
     # One listener: an advertised address under another name (PLAINTEXT when bare) is its own.
     config = load_config(environ={}, overrides={"listeners": "INTERNAL://:9092", "advertised.listeners": "h:19092"})
     assert config.advertised(9092) == Endpoint("h", 19092)
+
+
+def test_values_are_trimmed_and_parsed_as_kafka_does() -> None:
+    """Kafka's ConfigDef.parseType trims every value before parsing it (BOOLEAN, INT, STRING...)
+    and parses numbers with Integer.parseInt. Diskless trimmed properties-file values and numbers
+    only: " false" from the environment stopped the broker, a rack "az-a " kept its space (so
+    matched no client's AZ), and int() took "1_0" as 10."""
+    env = {"DISKLESS_AUTO_CREATE_TOPICS_ENABLE": " false ", "DISKLESS_BROKER_RACK": " az-a "}
+    config = load_config(environ=env)
+    assert config.auto_create_topics_enable is False
+    assert config.broker_rack == "az-a"
+    with pytest.raises(ConfigError):
+        load_config(environ={}, overrides={"node.id": "1_0"})
