@@ -10,7 +10,9 @@ value stops the broker at startup rather than at first use.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+import string
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -517,17 +519,60 @@ def _coerce(name: str, raw: str) -> Any:
     return raw
 
 
+_BLANKS = " \t\f"
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _logical_lines(text: str) -> Iterator[str]:
+    """java.util.Properties' logical lines: a line ending in an odd number of backslashes goes on
+    on the next one (whose leading blanks are dropped); comments and blank lines are skipped."""
+    pending: str | None = None
+    for line in re.split(r"\r\n|\r|\n", text):
+        line = line.lstrip(_BLANKS)
+        if pending is None and (not line or line[0] in "#!"):
+            continue
+        if (len(line) - len(line.rstrip("\\"))) % 2:
+            pending = (pending or "") + line[:-1]
+            continue
+        yield (pending or "") + line
+        pending = None
+    if pending is not None:
+        yield pending
+
+
+def _unescape(text: str, path: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text):
+            if text[i + 1] == "u":
+                digits = text[i + 2 : i + 6]
+                if len(digits) != 4 or not all(c in string.hexdigits for c in digits):
+                    raise ConfigError(f"{path}: malformed \\uxxxx escape in {text!r}")
+                out.append(chr(int(digits, 16)))
+                i += 6
+                continue
+            out.append(_ESCAPES.get(text[i + 1], text[i + 1]))
+            i += 2
+            continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
 def read_properties(path: str) -> dict[str, str]:
+    """A Java properties file, read as java.util.Properties (Kafka's server.properties) reads it:
+    continuation lines, a key ended by '=', ':' or a blank, backslash escapes."""
     out: dict[str, str] = {}
     with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line or line[0] in "#!":
-                continue
-            sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
-            if sep < 0:
-                raise ConfigError(f"{path}: cannot parse line {line!r}")
-            out[line[:sep].strip()] = line[sep + 1 :].strip()
+        text = f.read()
+    for line in _logical_lines(text):
+        end = 0
+        while end < len(line) and line[end] not in "=:" + _BLANKS:
+            end += 2 if line[end] == "\\" else 1
+        rest = line[end:].lstrip(_BLANKS)
+        if rest[:1] in ("=", ":"):
+            rest = rest[1:].lstrip(_BLANKS)
+        out[_unescape(line[:end], path)] = _unescape(rest, path).strip()
     return out
 
 

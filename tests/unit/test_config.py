@@ -108,8 +108,11 @@ def test_read_properties(tmp_path: Path) -> None:
     assert config.listener == Endpoint("0.0.0.0", 9999)
     assert config.advertised(9999) == Endpoint("127.0.0.1", 9999)
     assert config.broker_rack == "az-1"
-    with pytest.raises(ConfigError):
-        read_properties(_file(tmp_path, "just words\n"))
+    # "just words" is the key "just" with the value "words" (java.util.Properties), unknown here.
+    with pytest.raises(ConfigError, match="unknown broker config 'just'"):
+        load_config(_file(tmp_path, "just words\n"), environ={})
+    with pytest.raises(ConfigError, match="malformed"):
+        read_properties(_file(tmp_path, "broker.rack=\\u12\n"))
 
 
 @pytest.mark.parametrize(
@@ -166,3 +169,27 @@ def test_values_are_trimmed_and_parsed_as_kafka_does() -> None:
     assert config.broker_rack == "az-a"
     with pytest.raises(ConfigError):
         load_config(environ={}, overrides={"node.id": "1_0"})
+
+
+def test_read_properties_as_java_does(tmp_path: Path) -> None:
+    """java.util.Properties (what Kafka reads server.properties with): a line ending in a backslash
+    goes on on the next line (its leading blanks dropped), a key may end at a blank instead of '='
+    or ':', and backslash escapes a separator or a backslash. Diskless read each physical line on
+    its own, so a listeners list split over lines stopped the broker ("unknown broker config
+    'SSL'") and "num.partitions 3" was refused."""
+    text = (
+        "listeners=A://:9092,\\\n"
+        "    B://:9093\n"
+        "num.partitions 3\n"
+        "broker.rack = az\\:1\n"
+        "log.dirs=C:\\\\data\n"
+        "super.users=User:a;\\\n"
+        "  User:b\n"
+    )
+    assert read_properties(_file(tmp_path, text)) == {
+        "listeners": "A://:9092,B://:9093",
+        "num.partitions": "3",
+        "broker.rack": "az:1",
+        "log.dirs": "C:\\data",
+        "super.users": "User:a;User:b",
+    }
