@@ -10,7 +10,9 @@ value stops the broker at startup rather than at first use.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+import re
+import string
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -467,6 +469,15 @@ class BrokerConfig:
         names = {s.name for s in self.listener_specs}
         if self.inter_broker_listener not in names:
             raise ConfigError(f"inter.broker.listener.name {self.inter_broker_listener} is not a listener")
+        if self.advertised_listeners:
+            # Parsed here, not first when the broker advertises itself (after binding its ports). A
+            # name that is no listener would be ignored, advertising the bind address instead; with
+            # one listener, one advertised address is its own whatever its name (advertised_endpoints).
+            advertised = {s.name for s in parse_listeners(self.advertised_listeners)}
+            if not advertised <= names and not (len(advertised) == 1 and len(names) == 1):
+                raise ConfigError(
+                    f"advertised.listeners names {sorted(advertised - names)} that are not in listeners {sorted(names)}"
+                )
         unknown = set(parse_listener_az_map(self.diskless_listener_az_map)) - names
         if unknown:
             raise ConfigError(f"diskless.listener.az.map names unknown listeners {sorted(unknown)}")
@@ -493,28 +504,75 @@ _TOPIC_SYNONYMS = {d.broker_synonym: d for d in TOPIC_CONFIGS.values() if d.brok
 def _coerce(name: str, raw: str) -> Any:
     f = _PROPERTY_FIELDS[name]
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    # As Kafka's ConfigDef.parseType: every value trimmed first, whatever its source or type.
+    raw = raw.strip()
     if kind.startswith("int"):
+        if "_" in raw:  # Python's int() accepts "1_000"; Java's parseInt does not
+            raise ValueError(f"invalid number {raw!r}")
         return int(raw)
     if kind.startswith("float"):
         return float(raw)
     if kind.startswith("bool"):
         if raw.lower() not in ("true", "false"):
-            raise ConfigError(f"{name}: expected true or false, got {raw!r}")
+            raise ValueError(f"expected true or false, got {raw!r}")  # load_config names the setting
         return raw.lower() == "true"
     return raw
 
 
+_BLANKS = " \t\f"
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _logical_lines(text: str) -> Iterator[str]:
+    """java.util.Properties' logical lines: a line ending in an odd number of backslashes goes on
+    on the next one (whose leading blanks are dropped); comments and blank lines are skipped."""
+    pending: str | None = None
+    for line in re.split(r"\r\n|\r|\n", text):
+        line = line.lstrip(_BLANKS)
+        if pending is None and (not line or line[0] in "#!"):
+            continue
+        if (len(line) - len(line.rstrip("\\"))) % 2:
+            pending = (pending or "") + line[:-1]
+            continue
+        yield (pending or "") + line
+        pending = None
+    if pending is not None:
+        yield pending
+
+
+def _unescape(text: str, path: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text):
+            if text[i + 1] == "u":
+                digits = text[i + 2 : i + 6]
+                if len(digits) != 4 or not all(c in string.hexdigits for c in digits):
+                    raise ConfigError(f"{path}: malformed \\uxxxx escape in {text!r}")
+                out.append(chr(int(digits, 16)))
+                i += 6
+                continue
+            out.append(_ESCAPES.get(text[i + 1], text[i + 1]))
+            i += 2
+            continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
 def read_properties(path: str) -> dict[str, str]:
+    """A Java properties file, read as java.util.Properties (Kafka's server.properties) reads it:
+    continuation lines, a key ended by '=', ':' or a blank, backslash escapes."""
     out: dict[str, str] = {}
     with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if not line or line[0] in "#!":
-                continue
-            sep = min((i for i in (line.find("="), line.find(":")) if i >= 0), default=-1)
-            if sep < 0:
-                raise ConfigError(f"{path}: cannot parse line {line!r}")
-            out[line[:sep].strip()] = line[sep + 1 :].strip()
+        text = f.read()
+    for line in _logical_lines(text):
+        end = 0
+        while end < len(line) and line[end] not in "=:" + _BLANKS:
+            end += 2 if line[end] == "\\" else 1
+        rest = line[end:].lstrip(_BLANKS)
+        if rest[:1] in ("=", ":"):
+            rest = rest[1:].lstrip(_BLANKS)
+        out[_unescape(line[:end], path)] = _unescape(rest, path).strip()
     return out
 
 

@@ -222,6 +222,13 @@ class ConfigApis(ApiFamily):
                 continue
             try:
                 if res.resource_type == RESOURCE_TOPIC:
+                    # Kafka's ControllerConfigurationValidator checks the name before the topic's
+                    # existence: "" would be a default topic resource, which Kafka does not have.
+                    if res.resource_name == "":
+                        raise MetadataError(ErrorCode.invalid_request, "Default topic resources are not allowed.")
+                    illegal = _illegal_topic_name(res.resource_name)
+                    if illegal is not None:
+                        raise illegal
                     topic = self._meta.topics.get(res.resource_name)
                     if topic is None:
                         raise MetadataError(

@@ -97,11 +97,15 @@ def is_dynamic(name: str) -> bool:
 
 
 def validate_dynamic(updates: Mapping[str, str | None]) -> dict[str, str | None]:
-    """Check values for dynamic broker configs and normalise them; None deletes."""
+    """Check values for dynamic broker configs and normalise them; None deletes.
+
+    A refusal is INVALID_REQUEST, not INVALID_CONFIG: Kafka's ConfigAdminManager turns the
+    ConfigException of DynamicBrokerConfig.validate (a static config, a bad value) into an
+    InvalidRequestException, and keeps it so for compatibility (KAFKA-13609)."""
     out: dict[str, str | None] = {}
     for name, raw in updates.items():
         if not is_dynamic(name):
-            raise BrokerConfigError(ErrorCode.invalid_config, f"Cannot update these configs dynamically: {{{name}}}")
+            raise BrokerConfigError(ErrorCode.invalid_request, f"Cannot update these configs dynamically: Set({name})")
         if raw is None:
             out[name] = None
             continue
@@ -115,7 +119,8 @@ def validate_dynamic(updates: Mapping[str, str | None]) -> dict[str, str | None]
                     raise ValueError(raw)
                 out[name] = str(value)
         except (ConfigError, ValueError):
-            raise BrokerConfigError(ErrorCode.invalid_config, f"Invalid value {raw} for configuration {name}") from None
+            message = f"Invalid value {raw} for configuration {name}"
+            raise BrokerConfigError(ErrorCode.invalid_request, message) from None
     return out
 
 

@@ -39,10 +39,12 @@ class ConfigDef:
                 value = int(raw)
             except ValueError:
                 raise ConfigError(f"Invalid value {raw} for configuration {self.name}: Not a number") from None
+            # Kafka parses with Integer.parseInt / Long.parseLong: beyond the Java type is no number.
+            bits = 31 if self.kind == "int" else 63
+            if not -(2**bits) <= value < 2**bits:
+                raise ConfigError(f"Invalid value {raw} for configuration {self.name}: out of {self.kind} range")
             if self.minimum is not None and value < self.minimum:
                 raise ConfigError(f"Invalid value {raw} for configuration {self.name}: must be >= {self.minimum}")
-            if self.kind == "int" and not -(2**31) <= value < 2**31:
-                raise ConfigError(f"Invalid value {raw} for configuration {self.name}: out of int range")
             return value
         if self.kind == "boolean":
             if raw.lower() not in ("true", "false"):

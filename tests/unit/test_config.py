@@ -108,8 +108,11 @@ def test_read_properties(tmp_path: Path) -> None:
     assert config.listener == Endpoint("0.0.0.0", 9999)
     assert config.advertised(9999) == Endpoint("127.0.0.1", 9999)
     assert config.broker_rack == "az-1"
-    with pytest.raises(ConfigError):
-        read_properties(_file(tmp_path, "just words\n"))
+    # "just words" is the key "just" with the value "words" (java.util.Properties), unknown here.
+    with pytest.raises(ConfigError, match="unknown broker config 'just'"):
+        load_config(_file(tmp_path, "just words\n"), environ={})
+    with pytest.raises(ConfigError, match="malformed"):
+        read_properties(_file(tmp_path, "broker.rack=\\u12\n"))
 
 
 @pytest.mark.parametrize(
@@ -136,3 +139,57 @@ def test_ratios_are_floats() -> None:
     )
     assert (config.diskless_s3_hedge_quantile, config.diskless_s3_hedge_max_ratio) == (0.0, 0.1)
     assert BrokerConfig().diskless_s3_hedge_quantile == 0.95
+
+
+def test_advertised_listeners_are_checked_at_load() -> None:
+    """Kafka checks advertised.listeners at startup: unparseable, or naming a listener that is not
+    in listeners ("advertised.listeners listener names must be equal to or a subset of the ones
+    defined in listeners"), stops the broker. Diskless loaded both: the first failed only in
+    Broker.start after the listeners were bound, the second advertised the bind address instead."""
+    with pytest.raises(ConfigError):
+        load_config(environ={}, overrides={"advertised.listeners": "garbage"})
+    two = {"listeners": "A://:9092,B://:9093", "listener.security.protocol.map": "A:PLAINTEXT,B:PLAINTEXT"}
+    with pytest.raises(ConfigError, match=r"advertised\.listeners names \[.C.\]"):
+        load_config(environ={}, overrides={**two, "advertised.listeners": "A://a:1,C://c:3"})
+    config = load_config(environ={}, overrides={**two, "advertised.listeners": "B://b:2"})
+    assert config.advertised_endpoints({"A": 9092})["B"] == Endpoint("b", 2)
+    # One listener: an advertised address under another name (PLAINTEXT when bare) is its own.
+    config = load_config(environ={}, overrides={"listeners": "INTERNAL://:9092", "advertised.listeners": "h:19092"})
+    assert config.advertised(9092) == Endpoint("h", 19092)
+
+
+def test_values_are_trimmed_and_parsed_as_kafka_does() -> None:
+    """Kafka's ConfigDef.parseType trims every value before parsing it (BOOLEAN, INT, STRING...)
+    and parses numbers with Integer.parseInt. Diskless trimmed properties-file values and numbers
+    only: " false" from the environment stopped the broker, a rack "az-a " kept its space (so
+    matched no client's AZ), and int() took "1_0" as 10."""
+    env = {"DISKLESS_AUTO_CREATE_TOPICS_ENABLE": " false ", "DISKLESS_BROKER_RACK": " az-a "}
+    config = load_config(environ=env)
+    assert config.auto_create_topics_enable is False
+    assert config.broker_rack == "az-a"
+    with pytest.raises(ConfigError):
+        load_config(environ={}, overrides={"node.id": "1_0"})
+
+
+def test_read_properties_as_java_does(tmp_path: Path) -> None:
+    """java.util.Properties (what Kafka reads server.properties with): a line ending in a backslash
+    goes on on the next line (its leading blanks dropped), a key may end at a blank instead of '='
+    or ':', and backslash escapes a separator or a backslash. Diskless read each physical line on
+    its own, so a listeners list split over lines stopped the broker ("unknown broker config
+    'SSL'") and "num.partitions 3" was refused."""
+    text = (
+        "listeners=A://:9092,\\\n"
+        "    B://:9093\n"
+        "num.partitions 3\n"
+        "broker.rack = az\\:1\n"
+        "log.dirs=C:\\\\data\n"
+        "super.users=User:a;\\\n"
+        "  User:b\n"
+    )
+    assert read_properties(_file(tmp_path, text)) == {
+        "listeners": "A://:9092,B://:9093",
+        "num.partitions": "3",
+        "broker.rack": "az:1",
+        "log.dirs": "C:\\data",
+        "super.users": "User:a;User:b",
+    }
