@@ -126,7 +126,7 @@ class ProduceApis(ApiFamily):
             errors = [p["error_code"] for t in responses for p in t["partition_responses"] if p["error_code"]]
             if errors:
                 raise CloseConnection(f"acks=0 produce failed: {[e.name for e in errors]}")
-            return None
+            return self._await_buffered(remote) if remote else None
         body = {"responses": responses, "throttle_time": 0}
         if not pending and not remote:
             return body
@@ -140,7 +140,10 @@ class ProduceApis(ApiFamily):
         timeout_s: float,
     ) -> dict[str, Any]:
         if remote:
-            await asyncio.wait([f for _, f in remote], timeout=timeout_s)
+            try:
+                await asyncio.wait([f for _, f in remote], timeout=timeout_s)
+            finally:
+                self._withdraw(remote)  # timed out or cancelled: no batch waits for room on our behalf
             for entry, future in remote:
                 outcome = future.result() if future.done() else {"error_code": int(ErrorCode.request_timed_out)}
                 code = ErrorCode(outcome["error_code"])
@@ -164,6 +167,30 @@ class ProduceApis(ApiFamily):
             code = ErrorCode.request_timed_out if replica.leads_at(epoch) else ErrorCode.not_leader_or_follower
             entry.update(error_code=code, base_offset=-1, log_append_time=None, log_start_offset=-1)
         return body
+
+    async def _await_buffered(self, remote: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]]) -> None:
+        """acks=0: handled until its diskless batches are buffered, as Kafka appends an acks=0 batch
+        before it reads the connection's next request. Meanwhile its frame stays counted in
+        ``queued.max.request.bytes``, the only bound on batches waiting for room in the
+        representative's buffer; returning at once let acks=0 producers pile batches up there
+        without bound. No timeout, as in Kafka: the representative moves on in bounded time."""
+        representative = self.broker.representative
+        assert representative is not None
+        waits = [w for _, future in remote if (w := representative.until_buffered(future)) is not None]
+        try:
+            if waits:
+                await asyncio.wait(waits)
+        finally:
+            self._withdraw(remote)  # the connection closed meanwhile: those still waiting go
+
+    def _withdraw(self, remote: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]]) -> None:
+        """The request ends: its batches still waiting for room are never written (REQUEST_TIMED_OUT)."""
+        representative = self.broker.representative
+        if representative is None:
+            return
+        for _, future in remote:
+            if not future.done():
+                representative.withdraw(future)
 
     def _is_diskless(self, topic: str) -> bool:
         meta = self._meta.topics.get(topic)

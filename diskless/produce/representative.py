@@ -67,6 +67,7 @@ from diskless.storage.wal_format import WalObjectWriter, wal_object_key
 from .commit_pipeline import (
     NOT_LEADER,
     STORAGE_ERROR,
+    TIMED_OUT,
     UNKNOWN_PARTITION,
     CommitPipeline,
     NoRoute,
@@ -117,6 +118,10 @@ class _Item:
     guard: list[int] | None = None
     verifying: bool = False
     verify_error: int | None = None
+    # Not buffered yet (verifying, or waiting for room): ``admitted`` is done once it is buffered
+    # or answered (``until_buffered``); ``withdrawn`` when its request ended first (``withdraw``).
+    admitted: asyncio.Future[None] | None = None
+    withdrawn: bool = False
 
 
 @dataclass(frozen=True)
@@ -181,6 +186,9 @@ class Representative:
         # Per (topic id, partition, producer id): batches in arrival order, held while the first
         # of them is being verified, so that verification never reorders a producer's batches.
         self._verifying: dict[tuple[str, int, int], deque[_Item]] = {}
+        # Batches submitted but not buffered yet (being verified, or waiting for room), by their
+        # futures: their requests may end first (``withdraw``) or wait for them (``until_buffered``).
+        self._unbuffered: dict[asyncio.Future[dict[str, Any]], _Item] = {}
         self.stats = {"flushes": 0, "puts": 0, "commit_rpcs": 0, "objects": 0, "delayed": 0, "max_held_bytes": 0}
 
     # --- accepting batches ------------------------------------------------------------------
@@ -211,6 +219,7 @@ class Representative:
         if queue is None:
             queue = self._verifying[key] = deque()
         queue.append(item)
+        self._track(item)
         if txn is not None:
             item.verifying = True
             self._spawn(self._verify(key, item, txn))
@@ -224,21 +233,67 @@ class Representative:
             self._buffer(item)
         else:
             self.stats["delayed"] += 1
+            self._track(item)
+
+    def _track(self, item: _Item) -> None:
+        if item.future not in self._unbuffered:
+            self._unbuffered[item.future] = item
+            # Answered without being buffered (a failed verification, shutdown): out of the line.
+            item.future.add_done_callback(lambda future: self._leave_line(item))
+
+    def _leave_line(self, item: _Item) -> None:
+        if self._unbuffered.pop(item.future, None) is None:
+            return
+        if item.admitted is not None and not item.admitted.done():
+            item.admitted.set_result(None)
+
+    def until_buffered(self, future: asyncio.Future[dict[str, Any]]) -> asyncio.Future[None] | None:
+        """Done once the batch ``submit`` returned ``future`` for is buffered (or answered); None
+        when it is already. An acks=0 request is handled until then: its frame stays counted in
+        ``queued.max.request.bytes``, the only bound on batches waiting for room."""
+        item = self._unbuffered.get(future)
+        if item is None:
+            return None
+        if item.admitted is None:
+            item.admitted = asyncio.get_running_loop().create_future()
+        return item.admitted
+
+    def withdraw(self, future: asyncio.Future[dict[str, Any]]) -> None:
+        """The request of ``future``'s batch ended (timed out, or its connection closed) while the
+        batch was not buffered yet: it is never written, and answered REQUEST_TIMED_OUT.
+
+        Its frame no longer counts in ``queued.max.request.bytes``, so a batch left waiting for
+        room would be held by nothing bounded (S3 stalled: every retry of a timed-out producer
+        piled up here). A batch already buffered stays and may still be committed, as Kafka may
+        append the batch of a request it answered REQUEST_TIMED_OUT."""
+        item = self._unbuffered.get(future)
+        if item is None or future.done():
+            return
+        if not self.admission.remove(item):
+            item.withdrawn = True  # in its producer's verification queue: leaves it in turn (_release)
+            return
+        self._leave_line(item)
+        self._fail_unbuffered(item, TIMED_OUT)
+        self._admit_waiting()  # a smaller batch behind it may fit now
+
+    def _fail_unbuffered(self, item: _Item, code: int) -> None:
+        # Later batches of its producer may reach the leader and be refused out of order: the hint
+        # makes them report this failure instead (CommitPipeline, R4).
+        self.pipeline.note_failure((item.batch.topic_id, item.batch.partition), item.batch.data, code, _now_ms())
+        _resolve(item, {"error_code": code})
 
     def _release(self, key: tuple[str, int, int]) -> None:
         """Admit a producer's verified batches from the front of its queue, in arrival order."""
         queue = self._verifying.get(key)
         while queue and not queue[0].verifying:
             item = queue.popleft()
-            if item.verify_error is None:
+            if item.withdrawn:
+                self._leave_line(item)
+                self._fail_unbuffered(item, TIMED_OUT)
+            elif item.verify_error is None:
                 self._admit(item)
-                continue
-            # Later batches of this producer may reach the leader first and be refused out of
-            # order: the hint makes them report this failure instead (CommitPipeline, R4).
-            self.pipeline.note_failure(
-                (item.batch.topic_id, item.batch.partition), item.batch.data, item.verify_error, _now_ms()
-            )
-            _resolve(item, {"error_code": item.verify_error})
+            else:
+                self._fail_unbuffered(item, item.verify_error)
         if queue is not None and not queue:
             del self._verifying[key]
 
@@ -285,6 +340,7 @@ class Representative:
         return self.buffer.size + self.pipeline.in_flight_bytes + self._released_uploading
 
     def _buffer(self, item: _Item) -> None:
+        self._leave_line(item)
         item.buffered = time.monotonic()
         PRODUCE_STAGE["admission"].observe(item.buffered - item.submitted)
         self._items[item.batch.token] = item

@@ -16,9 +16,10 @@ rate). Each drained flush gets a sequence number; the order of commits per parti
 batches buffered here plus batches handed to the pipeline and still without an ordering
 outcome. A batch that does not fit waits, first come first served, so batches are buffered in
 the order they arrived (the order the pipeline keeps per partition); its producer's answer is
-later by that much. The waiting line itself is bounded by the connections and their in-flight
-request limits (the server stops reading a connection with too many requests outstanding), as
-Kafka's own request queue is.
+later by that much. The waiting line itself is bounded by ``queued.max.request.bytes`` (the
+server stops reading client requests while those being handled hold that much), as Kafka's own
+request queue is: a produce request is handled until its batches are buffered (acks=0 too), and
+a batch whose request ends first (timed out, connection closed) leaves the line (``remove``).
 """
 
 from __future__ import annotations
@@ -136,6 +137,15 @@ class Admission:
             held_bytes += size
             taken.append(item)
         return taken
+
+    def remove(self, item: Any) -> bool:
+        """Take ``item`` out of the line (its request ended); False when it is not waiting."""
+        for index, (size, waiting) in enumerate(self._waiting):
+            if waiting is item:
+                del self._waiting[index]
+                self._waiting_bytes -= size
+                return True
+        return False
 
     def drop_waiting(self) -> list[Any]:
         """Everything still waiting (at shutdown)."""

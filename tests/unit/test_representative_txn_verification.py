@@ -116,6 +116,26 @@ async def test_a_failed_verification_answers_the_producer_and_later_batches_fail
         await rep.close()
 
 
+async def test_a_batch_withdrawn_while_verified_is_never_written() -> None:
+    """Its request timed out (or its connection closed) during the verification: once verified it
+    leaves instead of waiting for room with nothing bounding it (test_produce_waiting_for_room), and
+    the producer's next batch, out of order at the leader, reports the same REQUEST_TIMED_OUT."""
+    cluster, rep, verification, commits = await setup()
+    try:
+        first = rep.submit(TOPIC, TOPIC_ID, 0, txn_batch(0), 1, check(0))
+        second = rep.submit(TOPIC, TOPIC_ID, 0, txn_batch(1), 1, check(1))
+        rep.withdraw(first)
+        verification.answer(0)
+        verification.answer(1)
+        answers = await asyncio.wait_for(asyncio.gather(first, second), 5)
+        timed_out = int(ErrorCode.request_timed_out)
+        assert [a["error_code"] for a in answers] == [timed_out, timed_out]
+        assert cluster.logs[0].seqs == []
+        assert [e["header"] for e in commits] == [txn_batch(1)[:61]], "the withdrawn batch was committed"
+    finally:
+        await rep.close()
+
+
 async def test_close_answers_batches_still_being_verified() -> None:
     _, rep, _, _ = await setup()
     waiting = rep.submit(TOPIC, TOPIC_ID, 0, txn_batch(0), 1, check(0))
