@@ -45,7 +45,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -652,11 +652,15 @@ class Representative:
             if item.sent:
                 commit.observe(now - item.sent)
             item.appended = now
+            self._flush_progress(item, appended)
             if appended and item.acks == -1 and not result.get("committed", False):
+                # The wait needs the partition and the offsets only. The bytes would be held for up
+                # to its timeout outside diskless.produce.buffer.max.bytes: with replication stalled,
+                # memory would grow by the ingest rate times that timeout.
+                item.batch = replace(item.batch, data=b"")
                 replicate.setdefault(item.channel, []).append((item, result))
             else:
                 _resolve(item, _producer_answer(result))
-            self._flush_progress(item, appended)
         for channel, waiting in replicate.items():
             self._spawn(self._replicate(channel, waiting))
         self._admit_waiting()
