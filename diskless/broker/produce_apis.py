@@ -139,6 +139,10 @@ class ProduceApis(ApiFamily):
         remote: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]],
         timeout_s: float,
     ) -> dict[str, Any]:
+        # One deadline for the whole request, as Kafka's delayed produce: a request with diskless
+        # and classic partitions waited the timeout for each kind in turn, twice it in all.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
         if remote:
             try:
                 await asyncio.wait([f for _, f in remote], timeout=timeout_s)
@@ -158,7 +162,7 @@ class ProduceApis(ApiFamily):
                     append_time = outcome.get("log_append_time", -1)
                     entry["log_append_time"] = append_time if append_time >= 0 else None
         waits = [(replica, last, epoch) for _, replica, last, epoch in pending]
-        results = await wait_for_commits(waits, timeout_s, first=False)
+        results = await wait_for_commits(waits, max(0.0, deadline - loop.time()), first=False)
         for (entry, replica, _, epoch), committed in zip(pending, results, strict=True):
             if committed:
                 if len(replica.isr) < replica.log.config.min_insync_replicas:
