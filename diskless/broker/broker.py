@@ -36,7 +36,7 @@ from diskless.config import BrokerConfig
 from diskless.fetch.read_quota import ReadQuota
 from diskless.fetch.wal_reader import WalCache, WalReader
 from diskless.groups.offsets_upkeep import check_interval_ms
-from diskless.log.config import LogConfig, effective_values
+from diskless.log.config import LogConfig, canonical_name, effective_values
 from diskless.log.segment import POINTERS, BatchLocation, LogSegment
 from diskless.metrics import EVENT_LOOP_LAG_SECONDS, METADATA_APPLY_ERRORS, RETENTION_DELETED_SEGMENTS, serve_metrics
 from diskless.produce.host import RepresentativeHost
@@ -61,6 +61,7 @@ log = structlog.get_logger(__name__)
 
 HW_CHECKPOINT_INTERVAL_S = 5.0
 LOG_CONFIG_CACHE_MAX = 100_000  # parsed topic configs kept (log_config)
+DISKLESS_ENABLED = "diskless.enabled"
 LOOP_LAG_INTERVAL_S = 0.1  # how often the event loop's lateness is sampled (diskless_event_loop_lag_seconds)
 # Longest stretch of applying metadata changes before the event loop gets a turn. Bounded in time,
 # not in changes: one change can cost milliseconds of disk under load (a new log), and the etcd
@@ -647,7 +648,13 @@ class Broker:
         internal: bool = False,
     ) -> TopicMetadata:
         topic = self.metadata.create_topic(
-            name, partitions, replication_factor, configs, assignments, validate_only=True, internal=internal
+            name,
+            partitions,
+            replication_factor,
+            self._with_kind_pinned(configs),
+            assignments,
+            validate_only=True,
+            internal=internal,
         )
         if validate_only:
             return topic
@@ -687,8 +694,25 @@ class Broker:
             10,
         )
 
+    def _with_kind_pinned(self, configs: Mapping[str, str | None]) -> dict[str, str | None]:
+        """``configs`` with ``diskless.enabled`` set, to this broker's default where not given.
+
+        Whether a topic is diskless must not depend on which broker looks: each decides from the
+        topic's configs or else from its own default (``log_config``), and brokers whose defaults
+        differ (a per-broker setting, a rolling change) would treat one topic as both kinds, the
+        representatives of some committing pointers while its leader appends records."""
+        if any(canonical_name(key) == DISKLESS_ENABLED and value is not None for key, value in configs.items()):
+            return dict(configs)
+        default = effective_values({}, self.config.broker_value)[DISKLESS_ENABLED][0]
+        pinned = {key: value for key, value in configs.items() if canonical_name(key) != DISKLESS_ENABLED}
+        pinned[DISKLESS_ENABLED] = "true" if default else "false"
+        return pinned
+
     async def alter_topic_configs(self, name: str, updates: Mapping[str, str | None], validate_only: bool) -> None:
         configs = self.metadata.plan_configs(name, updates)
+        if DISKLESS_ENABLED not in configs:
+            # Deleted: the kind becomes this broker's default, pinned as at creation.
+            configs = self.metadata.plan_configs(name, self._with_kind_pinned(updates))
         if validate_only:
             return
         current = self.metadata.topics[name]
