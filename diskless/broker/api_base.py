@@ -32,6 +32,8 @@ EARLIEST = -2
 LATEST = -1
 MAX_TIMESTAMP = -3
 READ_COMMITTED = 1
+# What handlers put in authorized-operations fields (Kafka's "not asked" default); the security
+# layer (SecurityApis._fill_authorized_operations) replaces it where the request asks for them.
 NO_AUTHORIZED_OPERATIONS = -(2**31)
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 REF_NO, REF_YES, REF_UNKNOWN = 0, 1, 2

@@ -111,8 +111,8 @@ class KafkaApis:
                 result = await result
             return result
 
-        if self.security.authorizer is None:
-            return await run(request)  # no authorizer (Kafka's default): nothing to decide
+        # With no authorizer (Kafka's default) nothing is decided, but the answer's authorized
+        # operations (KIP-430) are still filled in there: every operation, as Kafka answers.
         return await self.security.handle_authorized(header, request, run)
 
     def api_versions(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:

@@ -10,6 +10,11 @@ TOPIC_AUTHORIZATION_FAILED, or left out of an all-topics Metadata, and the handl
 the others); any other request is refused whole, with the error code of the resource kind that
 was denied, when any resource it names is denied. An API this table does not know needs ALTER
 on the cluster (fail closed). Connections that proved the cluster secret are super users.
+
+Answers that carry authorized operations (KIP-430: Metadata, DescribeCluster, DescribeGroups,
+ConsumerGroupDescribe when the request asks for them, DescribeTopicPartitions always) get them
+filled here, after the handler, from one function (``authorized_operations``): handlers leave
+the fields at Kafka's "not asked" value (-2**31).
 """
 
 from __future__ import annotations
@@ -150,7 +155,10 @@ _CHECKS: dict[int, Callable[[Any], list[Check]]] = {
     m.API_TXN_OFFSET_COMMIT: lambda r: (
         _txn(r.transactional_id) + _group(a.READ, r.group_id) + _topics(a.READ, _names(r.topics, "name"))
     ),
-    m.API_DESCRIBE_CLUSTER: lambda r: _cluster(a.DESCRIBE),
+    # Not authorized, as Kafka's brokers (AuthHelper.computeDescribeClusterResponse): any principal
+    # learns the brokers and the cluster id (Metadata tells them anyway); DESCRIBE on the cluster only decides
+    # whether its authorized operations are shown (_cluster_authorized_operations).
+    m.API_DESCRIBE_CLUSTER: lambda r: [],
     m.API_WRITE_TXN_MARKERS: lambda r: _cluster(a.CLUSTER_ACTION),
     API_DESCRIBE_ACLS: lambda r: _cluster(a.DESCRIBE),
     API_CREATE_ACLS: lambda r: _cluster(a.ALTER),
@@ -246,11 +254,72 @@ class SecurityApis(ApiFamily):
         session = self._session()
         return self.authorizer is None or session is None or session.principal in self.authorizer.super_users
 
+    def authorized_operations(self, resource_type: int, name: str) -> int:
+        """The bit set of the operations this connection's principal may do on the resource, of
+        those Kafka supports for its type (AuthHelper.authorizedOperations), implied ones counted
+        as the authorizer counts them (READ implies DESCRIBE, ...). The one computation behind
+        every authorized-operations field. With no authorizer, a super user or the broker
+        itself: every supported operation (nothing is denied to them)."""
+        supported = a.SUPPORTED_OPERATIONS[resource_type]
+        if self._bypass():
+            return a.operations_bit_field(supported)
+        return a.operations_bit_field(op for op in supported if self.allowed(op, resource_type, name))
+
+    def _cluster_authorized_operations(self) -> int:
+        """The cluster's authorized operations as Metadata v8-10 and DescribeCluster show them: 0
+        to a principal that may not DESCRIBE the cluster, whatever else it may do on it (Kafka)."""
+        if not self.allowed(a.DESCRIBE, a.CLUSTER, a.CLUSTER_NAME):
+            return 0
+        return self.authorized_operations(a.CLUSTER, a.CLUSTER_NAME)
+
+    def _fill_authorized_operations(self, header: m.RequestHeader, request: Any, body: dict[str, Any]) -> None:
+        """Fill the authorized-operations fields of an answer, where Kafka fills them: only when the
+        request asks (DescribeTopicPartitions has no flag: always), and only in the entries that
+        describe the resource (no error, or, for topics, any but an authorization failure: a
+        topic the principal may describe but that does not exist gets them too, as in Kafka)."""
+        key = header.api_key
+        if key == m.API_METADATA:
+            if header.api_version < 8:
+                return  # no such fields before v8
+            if getattr(request, "include_topic_authorized_operations", False):
+                self._fill_topics(body.get("topics", ()))
+            # v11 dropped the cluster's (DescribeCluster tells it): the flag is only in v8-10.
+            if getattr(request, "include_cluster_authorized_operations", False):
+                body["cluster_authorized_operations"] = self._cluster_authorized_operations()
+        elif key == API_DESCRIBE_TOPIC_PARTITIONS:
+            self._fill_topics(body.get("topics", ()))
+        elif key == m.API_DESCRIBE_CLUSTER:
+            if getattr(request, "include_cluster_authorized_operations", False) and body.get("error_code") == 0:
+                body["cluster_authorized_operations"] = self._cluster_authorized_operations()
+        elif key in (m.API_DESCRIBE_GROUPS, m.API_CONSUMER_GROUP_DESCRIBE) and getattr(
+            request,
+            "include_authorized_operations",
+            False,  # DescribeGroups: from v3 (absent before)
+        ):
+            for group in body.get("groups", ()):
+                if group.get("error_code") == 0:
+                    group["authorized_operations"] = self.authorized_operations(a.GROUP, group["group_id"])
+
+    def _fill_topics(self, topics: Any) -> None:
+        for topic in topics:
+            name = topic.get("name")
+            # Denied topics (and unknown ids, which have no name) keep -2**31, as in Kafka.
+            if name is not None and topic.get("error_code") != ErrorCode.topic_authorization_failed:
+                topic["topic_authorized_operations"] = self.authorized_operations(a.TOPIC, name)
+
     async def handle_authorized(
         self, header: m.RequestHeader, request: Any, handle: Callable[[Any], Awaitable[dict[str, Any] | None]]
     ) -> dict[str, Any] | None:
         """Run ``handle`` on the part of ``request`` this connection's principal may do; answer the
-        rest with Kafka's authorization errors."""
+        rest with Kafka's authorization errors. The answer's authorized operations are filled in."""
+        body = await self._handle_authorized(header, request, handle)
+        if body is not None:
+            self._fill_authorized_operations(header, request, body)
+        return body
+
+    async def _handle_authorized(
+        self, header: m.RequestHeader, request: Any, handle: Callable[[Any], Awaitable[dict[str, Any] | None]]
+    ) -> dict[str, Any] | None:
         key = header.api_key
         if key in _ALWAYS or self._bypass():
             return await handle(request)

@@ -7,6 +7,11 @@ binding matches; when no binding at all names the resource, ``allow.everyone.if.
 decides. READ, WRITE, DELETE and ALTER imply DESCRIBE; ALTER_CONFIGS implies DESCRIBE_CONFIGS;
 ALL implies everything (for DENY too, as Kafka).
 
+``SUPPORTED_OPERATIONS`` and ``operations_bit_field`` make the authorized-operations bit sets
+(KIP-430) that Metadata, DescribeCluster, DescribeGroups, ConsumerGroupDescribe and
+DescribeTopicPartitions answer with: bit ``1 << code`` for each operation of the resource's type
+the principal is allowed.
+
 ``AclFilter`` is what DescribeAcls and DeleteAcls send: ANY matches any value, MATCH matches
 every binding that would apply to the named resource.
 """
@@ -34,10 +39,29 @@ CLUSTER_NAME = "kafka-cluster"
 WILDCARD = "*"
 RESOURCE_TYPES = frozenset({TOPIC, GROUP, CLUSTER, TRANSACTIONAL_ID, DELEGATION_TOKEN, USER})
 OPERATIONS = frozenset(range(ALL, DESCRIBE_TOKENS + 1))
+# AclEntry.supportedOperations: the operations a resource of each type is ever authorized for;
+# an authorized-operations bit set names only these (ALL is never one of its bits).
+SUPPORTED_OPERATIONS: dict[int, frozenset[int]] = {
+    TOPIC: frozenset({READ, WRITE, CREATE, DESCRIBE, DELETE, ALTER, DESCRIBE_CONFIGS, ALTER_CONFIGS}),
+    GROUP: frozenset({READ, DESCRIBE, DELETE, DESCRIBE_CONFIGS, ALTER_CONFIGS}),
+    CLUSTER: frozenset({CREATE, CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE, ALTER, DESCRIBE}),
+    TRANSACTIONAL_ID: frozenset({DESCRIBE, WRITE}),
+    DELEGATION_TOKEN: frozenset({DESCRIBE}),
+    USER: frozenset({CREATE_TOKENS, DESCRIBE_TOKENS}),
+}
 _IMPLIED_BY = {
     DESCRIBE: frozenset({DESCRIBE, READ, WRITE, DELETE, ALTER, ALL}),
     DESCRIBE_CONFIGS: frozenset({DESCRIBE_CONFIGS, ALTER_CONFIGS, ALL}),
 }
+
+
+def operations_bit_field(operations: Iterable[int]) -> int:
+    """The int32 bit set of ``operations``, bit ``1 << code`` each (Kafka's Utils.to32BitField);
+    every operation code is below 31, so the value is never negative."""
+    bits = 0
+    for operation in operations:
+        bits |= 1 << operation
+    return bits
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Every API the broker serves, asked by a principal with no ACLs: refused with Kafka's
-authorization error before its handler runs (never a crash), while a super user's request reaches
+authorization error before its handler runs (never a crash; DescribeCluster, which Kafka's
+brokers do not authorize, is answered), while a super user's request reaches
 the handler untouched; Produce is decided per topic (security_apis.handle_authorized)."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
+from diskless.broker.metadata_apis import MetadataApis
 from diskless.broker.security_apis import SecurityApis
 from diskless.config import BrokerConfig
 from diskless.protocol import messages as m
@@ -62,6 +64,9 @@ def test_no_acl_means_refused_before_the_handler(api_key: int, version: int) -> 
     request = Sample().build(load_request_schema(api_key, version))
     body, seen = run(security(), "User:nobody", api_key, version, request)
     if api_key in ALWAYS:
+        assert seen == [request]
+        return
+    if api_key == m.API_DESCRIBE_CLUSTER:  # not authorized on a broker (Kafka's computeDescribeClusterResponse)
         assert seen == [request]
         return
     if api_key == m.API_LIST_GROUPS:  # answered, with only the groups the principal may describe
@@ -121,3 +126,30 @@ def test_delete_topics_by_id_is_checked_against_the_topic_name() -> None:
         assert bool(seen) is allowed, name
         if not allowed:
             assert {r["error_code"] for r in body["responses"]} == {ErrorCode.topic_authorization_failed}
+
+
+def test_describe_cluster_is_answered_to_a_principal_without_acls() -> None:
+    """Kafka's brokers do not authorize DescribeCluster (AuthHelper.computeDescribeClusterResponse:
+    DESCRIBE on the cluster only decides whether its authorized operations are shown); it was
+    refused CLUSTER_AUTHORIZATION_FAILED here without DESCRIBE on the cluster."""
+    apis = security()
+    apis.broker.metadata = SimpleNamespace(topics={}, brokers={}, cluster_id="c1", controller_id=1)
+    apis.broker.node_id = 1
+    handler = MetadataApis(apis.broker)
+    header = m.RequestHeader(m.API_DESCRIBE_CLUSTER, 1, 1, "c")
+    request = load_request_schema(m.API_DESCRIBE_CLUSTER, 1)(include_cluster_authorized_operations=False)
+
+    async def main() -> Any:
+        CURRENT_SESSION.set(SecuritySession("SASL_SSL", "10.0.0.1", "User:nobody", authenticated=True))
+        return await apis.handle_authorized(
+            header, request, lambda allowed: _now(handler.describe_cluster(header, allowed))
+        )
+
+    body = asyncio.run(main())
+    assert body["error_code"] == ErrorCode.none
+    assert (body["cluster_id"], body["controller_id"], body["brokers"]) == ("c1", 1, [])
+    assert body["cluster_authorized_operations"] == -(2**31)  # not asked
+
+
+async def _now(value: Any) -> Any:
+    return value
