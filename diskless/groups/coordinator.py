@@ -1141,6 +1141,7 @@ class GroupCoordinatorCore:
         now_ms: int,
         *,
         transactional: bool = False,
+        api_version: int = -1,
     ) -> ErrorCode:
         """May this OffsetCommit (``transactional``: TxnOffsetCommit) go ahead? Stores nothing:
         ``apply_offsets`` once persisted.
@@ -1150,6 +1151,7 @@ class GroupCoordinatorCore:
         Kafka: a commit without member id and generation (all that v0-2 carry) is accepted from
         anyone; the group state is not enforced (the Java producer treats REBALANCE_IN_PROGRESS as
         fatal); a stale member epoch is ILLEGAL_GENERATION (STALE_MEMBER_EPOCH is fatal to it too).
+        ``api_version`` is the OffsetCommit version (-1: none, as for TxnOffsetCommit).
         """
         if self.consumer.is_consumer_group(group_id):
             error = self.consumer.validate_offset_commit(group_id, member_id, generation_id)
@@ -1158,8 +1160,12 @@ class GroupCoordinatorCore:
             return error
         group = self._groups.get(group_id)
         if group is None:
-            # Unknown group: fine for a simple consumer (no group management), else a stale member.
-            return ErrorCode.none if generation_id < 0 else ErrorCode.illegal_generation
+            # Unknown group: fine for a simple consumer (no group management). A member's commit is
+            # GROUP_ID_NOT_FOUND from OffsetCommit v9 on, as in Kafka: both protocols' clients know it
+            # there. Older versions (and TxnOffsetCommit) keep ILLEGAL_GENERATION, which they expect.
+            if generation_id < 0:
+                return ErrorCode.none
+            return ErrorCode.group_id_not_found if api_version >= 9 else ErrorCode.illegal_generation
         if group.state is _DEAD:
             return ErrorCode.coordinator_not_available
         if generation_id >= 0 or member_id != UNKNOWN_MEMBER_ID or group_instance_id is not None:

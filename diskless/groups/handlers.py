@@ -401,6 +401,7 @@ async def offset_commit(facade: GroupFacade, header: RequestHeader, request: Any
         request.member_id,
         getattr(request, "group_instance_id", None),
         now,
+        api_version=header.api_version,
     )
     facade.wake()
     if error is not ErrorCode.none:

@@ -513,3 +513,21 @@ def test_versions_cover_what_kio_knows() -> None:
         for version in range(low, high + 1):
             load_request_schema(api_key, version)
             load_response_schema(api_key, version)
+
+
+# --- a group id of the other type, unknown groups (Kafka's GroupMetadataManager/OffsetMetadataManager) ----
+
+
+@pytest.mark.parametrize(("version", "expected"), [(8, E.illegal_generation), (9, E.group_id_not_found)])
+async def test_commit_with_a_generation_to_an_unknown_group(version: int, expected: ErrorCode) -> None:
+    """Kafka's OffsetMetadataManager: a commit carrying a generation (or member epoch) for a group
+    that does not exist is GROUP_ID_NOT_FOUND from OffsetCommit v9, which both protocols' clients
+    understand; older versions keep ILLEGAL_GENERATION. Nothing is stored either way."""
+    facade = FakeFacade()
+    body = commit_body(3, "m") | {"group_id": "ghost"}
+    resp = await call(facade, h.API_OFFSET_COMMIT, version, body)
+    assert set(errors_of(resp).values()) == {expected}
+    assert facade.log == [] and facade.core.group_state("ghost") is None
+    # Without a generation it is a simple consumer's commit: the group is created to hold it.
+    simple = await call(facade, h.API_OFFSET_COMMIT, version, commit_body() | {"group_id": "ghost"})
+    assert set(errors_of(simple).values()) == {E.none}
