@@ -1243,16 +1243,17 @@ class GroupCoordinatorCore:
         subscribed to (GROUP_SUBSCRIBED_TO_TOPIC); other non-empty groups refuse (NON_EMPTY_GROUP).
         """
         partitions = list(partitions)
-        group = self._groups.get(group_id)
-        if group is None or group.state is _DEAD:
-            return ErrorCode.group_id_not_found, {}
         consumer_group = self.consumer.group(group_id)
         if consumer_group is not None:
-            # A KIP-848 group: its offsets live in an Empty classic record, its members here.
+            # A KIP-848 group: its offsets live in an Empty classic record, its members here. It is
+            # looked up first: until a member commits there is no such record, yet the group exists.
             subscribed = consumer_group.subscribed_topics()
             return ErrorCode.none, {
                 tp: ErrorCode.group_subscribed_to_topic if tp[0] in subscribed else ErrorCode.none for tp in partitions
             }
+        group = self._groups.get(group_id)
+        if group is None or group.state is _DEAD:
+            return ErrorCode.group_id_not_found, {}
         if group.state is _EMPTY:
             return ErrorCode.none, dict.fromkeys(partitions, ErrorCode.none)
         if group.protocol_type == CONSUMER_PROTOCOL_TYPE:
