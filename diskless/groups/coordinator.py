@@ -176,6 +176,7 @@ class GroupDescription:
     protocol_type: str
     protocol_data: str
     members: tuple[MemberDescription, ...]
+    error_message: str | None = None  # why a group that does not exist (as a classic group) is not described
 
 
 JoinReply = Callable[[JoinResult], None]
@@ -1413,13 +1414,15 @@ class GroupCoordinatorCore:
 
         Member metadata and assignments are only shown when the group is Stable.
         """
-        consumer_group = self.consumer.group(group_id)
-        if consumer_group is not None:
-            # DescribeGroups sees a consumer-protocol group without its members (ConsumerGroupDescribe has them).
-            return GroupDescription(group_id, True, consumer_group.state.value, CONSUMER_PROTOCOL_TYPE, "", ())
+        if self.consumer.is_consumer_group(group_id):
+            # Kafka's DescribeGroups describes classic groups only: a KIP-848 group is answered like an
+            # unknown one (the admin client describes it with ConsumerGroupDescribe instead).
+            return GroupDescription(
+                group_id, False, _DEAD.value, "", "", (), f"Group {group_id} is not a classic group."
+            )
         group = self._groups.get(group_id)
         if group is None:
-            return GroupDescription(group_id, False, _DEAD.value, "", "", ())
+            return GroupDescription(group_id, False, _DEAD.value, "", "", (), f"Group {group_id} not found.")
         stable = group.state is _STABLE and group.protocol_name is not None
         members = tuple(
             MemberDescription(

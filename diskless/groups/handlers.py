@@ -580,8 +580,8 @@ def _described(group_id: str, error: ErrorCode, message: str | None = None) -> d
 
 
 async def describe_groups(facade: GroupFacade, header: RequestHeader, request: Any) -> dict[str, Any]:
-    """DescribeGroups. An unknown group is "Dead" with no error up to v5 and GROUP_ID_NOT_FOUND
-    from v6 (KIP-1043), as Kafka answers."""
+    """DescribeGroups. An unknown group, or one that is not a classic group (KIP-848), is "Dead"
+    with no error up to v5 and GROUP_ID_NOT_FOUND from v6 (KIP-1043), as Kafka answers."""
     described = []
     for group_id in request.groups:
         core = facade.coordinator(group_id)
@@ -590,7 +590,7 @@ async def describe_groups(facade: GroupFacade, header: RequestHeader, request: A
             continue
         d = core.describe_group(group_id)
         if not d.exists and header.api_version >= 6:
-            entry = _described(group_id, ErrorCode.group_id_not_found, f"Group {group_id} not found.")
+            entry = _described(group_id, ErrorCode.group_id_not_found, d.error_message)
             entry["group_state"] = d.state
             described.append(entry)
             continue

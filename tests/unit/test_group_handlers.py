@@ -531,3 +531,25 @@ async def test_commit_with_a_generation_to_an_unknown_group(version: int, expect
     # Without a generation it is a simple consumer's commit: the group is created to hold it.
     simple = await call(facade, h.API_OFFSET_COMMIT, version, commit_body() | {"group_id": "ghost"})
     assert set(errors_of(simple).values()) == {E.none}
+
+
+def join_kip848(facade: FakeFacade, group_id: str = "kip848") -> None:
+    joining = HeartbeatRequest(group_id, "m1", 0, rebalance_timeout_ms=10_000, subscribed_topic_names=("t",), owned={})
+    assert facade.core.consumer_group_heartbeat(joining, facade.clock).error is E.none
+
+
+@pytest.mark.parametrize("version", [0, 5, 6])
+async def test_describe_groups_sees_a_kip848_group_as_not_a_classic_group(version: int) -> None:
+    """Kafka's DescribeGroups only describes classic groups: a KIP-848 group is answered like an
+    unknown one, Dead with no members, with GROUP_ID_NOT_FOUND and its reason from v6 (KIP-1043).
+    Admin clients then describe it with ConsumerGroupDescribe."""
+    facade = FakeFacade()
+    join_kip848(facade)
+    body = {"groups": ["kip848"], "include_authorized_operations": False}
+    (described,) = (await call(facade, h.API_DESCRIBE_GROUPS, version, body)).groups
+    assert (described.group_state, described.protocol_type, described.members) == ("Dead", "", ())
+    if version >= 6:
+        assert described.error_code is E.group_id_not_found
+        assert described.error_message == "Group kip848 is not a classic group."
+    else:
+        assert described.error_code is E.none
