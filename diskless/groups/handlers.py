@@ -36,7 +36,7 @@ from diskless.protocol.messages import RequestHeader
 
 from . import records
 from .consumer_protocol import HeartbeatRequest, HeartbeatResult
-from .coordinator import GroupCoordinatorCore, JoinResult, OffsetAndMetadata, SyncResult, TopicPartition
+from .coordinator import GroupCoordinatorCore, GroupState, JoinResult, OffsetAndMetadata, SyncResult, TopicPartition
 
 API_OFFSET_COMMIT = 8
 API_OFFSET_FETCH = 9
@@ -339,8 +339,10 @@ async def consumer_group_describe(facade: GroupFacade, header: RequestHeader, re
         if isinstance(core, ErrorCode):
             entry["error_code"] = core
         elif group is None:
+            # As Kafka: GROUP_ID_NOT_FOUND for a classic group too, the message telling it apart.
+            classic = core.group_state(group_id) not in (None, GroupState.DEAD)
             entry["error_code"] = ErrorCode.group_id_not_found
-            entry["error_message"] = f"Group {group_id} not found."
+            entry["error_message"] = f"Group {group_id} " + ("is not a consumer group." if classic else "not found.")
         else:
             entry.update(
                 group_state=group.state.value,

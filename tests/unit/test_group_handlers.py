@@ -553,3 +553,14 @@ async def test_describe_groups_sees_a_kip848_group_as_not_a_classic_group(versio
         assert described.error_message == "Group kip848 is not a classic group."
     else:
         assert described.error_code is E.none
+
+
+async def test_consumer_group_describe_of_a_classic_group() -> None:
+    """Kafka's ConsumerGroupDescribe: GROUP_ID_NOT_FOUND for a classic group as for an unknown one,
+    the message telling which it is."""
+    facade = FakeFacade()
+    await form(facade, 5, 3)
+    body = {"group_ids": [G, "unknown"], "include_authorized_operations": False}
+    classic, unknown = (await call(facade, h.API_CONSUMER_GROUP_DESCRIBE, 0, body)).groups
+    assert (classic.error_code, classic.error_message) == (E.group_id_not_found, f"Group {G} is not a consumer group.")
+    assert (unknown.error_code, unknown.error_message) == (E.group_id_not_found, "Group unknown not found.")
