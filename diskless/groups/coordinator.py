@@ -176,6 +176,7 @@ class GroupDescription:
     protocol_type: str
     protocol_data: str
     members: tuple[MemberDescription, ...]
+    error_message: str | None = None  # why a group that does not exist (as a classic group) is not described
 
 
 JoinReply = Callable[[JoinResult], None]
@@ -1141,6 +1142,7 @@ class GroupCoordinatorCore:
         now_ms: int,
         *,
         transactional: bool = False,
+        api_version: int = -1,
     ) -> ErrorCode:
         """May this OffsetCommit (``transactional``: TxnOffsetCommit) go ahead? Stores nothing:
         ``apply_offsets`` once persisted.
@@ -1150,6 +1152,7 @@ class GroupCoordinatorCore:
         Kafka: a commit without member id and generation (all that v0-2 carry) is accepted from
         anyone; the group state is not enforced (the Java producer treats REBALANCE_IN_PROGRESS as
         fatal); a stale member epoch is ILLEGAL_GENERATION (STALE_MEMBER_EPOCH is fatal to it too).
+        ``api_version`` is the OffsetCommit version (-1: none, as for TxnOffsetCommit).
         """
         if self.consumer.is_consumer_group(group_id):
             error = self.consumer.validate_offset_commit(group_id, member_id, generation_id)
@@ -1158,8 +1161,12 @@ class GroupCoordinatorCore:
             return error
         group = self._groups.get(group_id)
         if group is None:
-            # Unknown group: fine for a simple consumer (no group management), else a stale member.
-            return ErrorCode.none if generation_id < 0 else ErrorCode.illegal_generation
+            # Unknown group: fine for a simple consumer (no group management). A member's commit is
+            # GROUP_ID_NOT_FOUND from OffsetCommit v9 on, as in Kafka: both protocols' clients know it
+            # there. Older versions (and TxnOffsetCommit) keep ILLEGAL_GENERATION, which they expect.
+            if generation_id < 0:
+                return ErrorCode.none
+            return ErrorCode.group_id_not_found if api_version >= 9 else ErrorCode.illegal_generation
         if group.state is _DEAD:
             return ErrorCode.coordinator_not_available
         if generation_id >= 0 or member_id != UNKNOWN_MEMBER_ID or group_instance_id is not None:
@@ -1237,16 +1244,17 @@ class GroupCoordinatorCore:
         subscribed to (GROUP_SUBSCRIBED_TO_TOPIC); other non-empty groups refuse (NON_EMPTY_GROUP).
         """
         partitions = list(partitions)
-        group = self._groups.get(group_id)
-        if group is None or group.state is _DEAD:
-            return ErrorCode.group_id_not_found, {}
         consumer_group = self.consumer.group(group_id)
         if consumer_group is not None:
-            # A KIP-848 group: its offsets live in an Empty classic record, its members here.
+            # A KIP-848 group: its offsets live in an Empty classic record, its members here. It is
+            # looked up first: until a member commits there is no such record, yet the group exists.
             subscribed = consumer_group.subscribed_topics()
             return ErrorCode.none, {
                 tp: ErrorCode.group_subscribed_to_topic if tp[0] in subscribed else ErrorCode.none for tp in partitions
             }
+        group = self._groups.get(group_id)
+        if group is None or group.state is _DEAD:
+            return ErrorCode.group_id_not_found, {}
         if group.state is _EMPTY:
             return ErrorCode.none, dict.fromkeys(partitions, ErrorCode.none)
         if group.protocol_type == CONSUMER_PROTOCOL_TYPE:
@@ -1406,13 +1414,15 @@ class GroupCoordinatorCore:
 
         Member metadata and assignments are only shown when the group is Stable.
         """
-        consumer_group = self.consumer.group(group_id)
-        if consumer_group is not None:
-            # DescribeGroups sees a consumer-protocol group without its members (ConsumerGroupDescribe has them).
-            return GroupDescription(group_id, True, consumer_group.state.value, CONSUMER_PROTOCOL_TYPE, "", ())
+        if self.consumer.is_consumer_group(group_id):
+            # Kafka's DescribeGroups describes classic groups only: a KIP-848 group is answered like an
+            # unknown one (the admin client describes it with ConsumerGroupDescribe instead).
+            return GroupDescription(
+                group_id, False, _DEAD.value, "", "", (), f"Group {group_id} is not a classic group."
+            )
         group = self._groups.get(group_id)
         if group is None:
-            return GroupDescription(group_id, False, _DEAD.value, "", "", ())
+            return GroupDescription(group_id, False, _DEAD.value, "", "", (), f"Group {group_id} not found.")
         stable = group.state is _STABLE and group.protocol_name is not None
         members = tuple(
             MemberDescription(

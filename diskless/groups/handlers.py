@@ -36,7 +36,7 @@ from diskless.protocol.messages import RequestHeader
 
 from . import records
 from .consumer_protocol import HeartbeatRequest, HeartbeatResult
-from .coordinator import GroupCoordinatorCore, JoinResult, OffsetAndMetadata, SyncResult, TopicPartition
+from .coordinator import GroupCoordinatorCore, GroupState, JoinResult, OffsetAndMetadata, SyncResult, TopicPartition
 
 API_OFFSET_COMMIT = 8
 API_OFFSET_FETCH = 9
@@ -339,8 +339,10 @@ async def consumer_group_describe(facade: GroupFacade, header: RequestHeader, re
         if isinstance(core, ErrorCode):
             entry["error_code"] = core
         elif group is None:
+            # As Kafka: GROUP_ID_NOT_FOUND for a classic group too, the message telling it apart.
+            classic = core.group_state(group_id) not in (None, GroupState.DEAD)
             entry["error_code"] = ErrorCode.group_id_not_found
-            entry["error_message"] = f"Group {group_id} not found."
+            entry["error_message"] = f"Group {group_id} " + ("is not a consumer group." if classic else "not found.")
         else:
             entry.update(
                 group_state=group.state.value,
@@ -401,6 +403,7 @@ async def offset_commit(facade: GroupFacade, header: RequestHeader, request: Any
         request.member_id,
         getattr(request, "group_instance_id", None),
         now,
+        api_version=header.api_version,
     )
     facade.wake()
     if error is not ErrorCode.none:
@@ -579,8 +582,8 @@ def _described(group_id: str, error: ErrorCode, message: str | None = None) -> d
 
 
 async def describe_groups(facade: GroupFacade, header: RequestHeader, request: Any) -> dict[str, Any]:
-    """DescribeGroups. An unknown group is "Dead" with no error up to v5 and GROUP_ID_NOT_FOUND
-    from v6 (KIP-1043), as Kafka answers."""
+    """DescribeGroups. An unknown group, or one that is not a classic group (KIP-848), is "Dead"
+    with no error up to v5 and GROUP_ID_NOT_FOUND from v6 (KIP-1043), as Kafka answers."""
     described = []
     for group_id in request.groups:
         core = facade.coordinator(group_id)
@@ -589,7 +592,7 @@ async def describe_groups(facade: GroupFacade, header: RequestHeader, request: A
             continue
         d = core.describe_group(group_id)
         if not d.exists and header.api_version >= 6:
-            entry = _described(group_id, ErrorCode.group_id_not_found, f"Group {group_id} not found.")
+            entry = _described(group_id, ErrorCode.group_id_not_found, d.error_message)
             entry["group_state"] = d.state
             described.append(entry)
             continue

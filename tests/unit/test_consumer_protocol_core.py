@@ -269,3 +269,15 @@ def test_a_member_that_reports_owning_none_of_the_revoked_partitions_moves_on_at
     for m in (first, late):
         assert m.heartbeat(owned=None).error is ErrorCode.none
     assert set(core.consumer.owners(GROUP).values()) == {"m0", "m1"}
+
+
+def test_offset_delete_on_a_consumer_group_without_committed_offsets() -> None:
+    """Kafka's OffsetDelete on an existing consumer group never fails at group level: a group whose
+    members committed nothing yet answers per partition, like one with offsets."""
+    core, clock = make_core(), Clock()
+    converge([Member(core, "a", clock)])
+    assert core.check_delete_offsets(GROUP, [(TOPIC, 0), ("other", 0)]) == (
+        ErrorCode.none,
+        {(TOPIC, 0): ErrorCode.group_subscribed_to_topic, ("other", 0): ErrorCode.none},
+    )
+    assert core.delete_offsets(GROUP, [("other", 0)]) == {("other", 0): ErrorCode.none}

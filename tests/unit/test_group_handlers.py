@@ -513,3 +513,54 @@ def test_versions_cover_what_kio_knows() -> None:
         for version in range(low, high + 1):
             load_request_schema(api_key, version)
             load_response_schema(api_key, version)
+
+
+# --- a group id of the other type, unknown groups (Kafka's GroupMetadataManager/OffsetMetadataManager) ----
+
+
+@pytest.mark.parametrize(("version", "expected"), [(8, E.illegal_generation), (9, E.group_id_not_found)])
+async def test_commit_with_a_generation_to_an_unknown_group(version: int, expected: ErrorCode) -> None:
+    """Kafka's OffsetMetadataManager: a commit carrying a generation (or member epoch) for a group
+    that does not exist is GROUP_ID_NOT_FOUND from OffsetCommit v9, which both protocols' clients
+    understand; older versions keep ILLEGAL_GENERATION. Nothing is stored either way."""
+    facade = FakeFacade()
+    body = commit_body(3, "m") | {"group_id": "ghost"}
+    resp = await call(facade, h.API_OFFSET_COMMIT, version, body)
+    assert set(errors_of(resp).values()) == {expected}
+    assert facade.log == [] and facade.core.group_state("ghost") is None
+    # Without a generation it is a simple consumer's commit: the group is created to hold it.
+    simple = await call(facade, h.API_OFFSET_COMMIT, version, commit_body() | {"group_id": "ghost"})
+    assert set(errors_of(simple).values()) == {E.none}
+
+
+def join_kip848(facade: FakeFacade, group_id: str = "kip848") -> None:
+    joining = HeartbeatRequest(group_id, "m1", 0, rebalance_timeout_ms=10_000, subscribed_topic_names=("t",), owned={})
+    assert facade.core.consumer_group_heartbeat(joining, facade.clock).error is E.none
+
+
+@pytest.mark.parametrize("version", [0, 5, 6])
+async def test_describe_groups_sees_a_kip848_group_as_not_a_classic_group(version: int) -> None:
+    """Kafka's DescribeGroups only describes classic groups: a KIP-848 group is answered like an
+    unknown one, Dead with no members, with GROUP_ID_NOT_FOUND and its reason from v6 (KIP-1043).
+    Admin clients then describe it with ConsumerGroupDescribe."""
+    facade = FakeFacade()
+    join_kip848(facade)
+    body = {"groups": ["kip848"], "include_authorized_operations": False}
+    (described,) = (await call(facade, h.API_DESCRIBE_GROUPS, version, body)).groups
+    assert (described.group_state, described.protocol_type, described.members) == ("Dead", "", ())
+    if version >= 6:
+        assert described.error_code is E.group_id_not_found
+        assert described.error_message == "Group kip848 is not a classic group."
+    else:
+        assert described.error_code is E.none
+
+
+async def test_consumer_group_describe_of_a_classic_group() -> None:
+    """Kafka's ConsumerGroupDescribe: GROUP_ID_NOT_FOUND for a classic group as for an unknown one,
+    the message telling which it is."""
+    facade = FakeFacade()
+    await form(facade, 5, 3)
+    body = {"group_ids": [G, "unknown"], "include_authorized_operations": False}
+    classic, unknown = (await call(facade, h.API_CONSUMER_GROUP_DESCRIBE, 0, body)).groups
+    assert (classic.error_code, classic.error_message) == (E.group_id_not_found, f"Group {G} is not a consumer group.")
+    assert (unknown.error_code, unknown.error_message) == (E.group_id_not_found, "Group unknown not found.")
