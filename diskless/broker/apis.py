@@ -29,7 +29,7 @@ from .logdir_apis import LogDirApis
 from .metadata_apis import MetadataApis
 from .produce_apis import ProduceApis
 from .reassign_apis import ReassignApis
-from .security_apis import SecurityApis
+from .security_apis import AUTHORIZED_OPERATIONS_APIS, SecurityApis
 from .tier_rpcs import TierRpcs
 from .txn_apis import TxnApis
 from .txn_verification_rpcs import TxnVerificationRpcs
@@ -111,8 +111,10 @@ class KafkaApis:
                 result = await result
             return result
 
-        # With no authorizer (Kafka's default) nothing is decided, but the answer's authorized
-        # operations (KIP-430) are still filled in there: every operation, as Kafka answers.
+        if self.security.authorizer is None and header.api_key not in AUTHORIZED_OPERATIONS_APIS:
+            return await run(request)  # no authorizer (Kafka's default): nothing to decide or fill
+        # The answers of a few APIs carry authorized operations (KIP-430), filled in there even
+        # with no authorizer: every operation, as Kafka answers.
         return await self.security.handle_authorized(header, request, run)
 
     def api_versions(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:

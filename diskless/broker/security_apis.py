@@ -175,6 +175,16 @@ _CHECKS: dict[int, Callable[[Any], list[Check]]] = {
     API_DESCRIBE_TOPIC_PARTITIONS: lambda r: _topics(a.DESCRIBE, _names(getattr(r, "topics", None), "name")),
 }
 _ALWAYS = frozenset({m.API_API_VERSIONS, API_SASL_HANDSHAKE, API_SASL_AUTHENTICATE})
+# The APIs whose answers carry authorized operations (``_fill_authorized_operations``).
+AUTHORIZED_OPERATIONS_APIS = frozenset(
+    {
+        m.API_METADATA,
+        m.API_DESCRIBE_CLUSTER,
+        m.API_DESCRIBE_GROUPS,
+        m.API_CONSUMER_GROUP_DESCRIBE,
+        API_DESCRIBE_TOPIC_PARTITIONS,
+    }
+)
 
 
 @dataclasses.dataclass(frozen=True)
