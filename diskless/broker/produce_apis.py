@@ -263,7 +263,9 @@ class ProduceApis(ApiFamily):
                 )
             # Verified with the leader before it is buffered: its commit may come late (KIP-890).
             txn = TxnCheck(transactional_id, header.producer_id, header.producer_epoch, now + timeout_ms)
-        return entry, representative.submit(topic, meta.topic_id, partition, bytes(batch), acks, txn)
+        return entry, representative.submit(
+            topic, meta.topic_id, partition, bytes(batch), acks, txn, timeout_s=timeout_ms / 1000
+        )
 
     def _produce_partition(
         self, topic: str, partition: int, data: bytes | None, acks: int, now: int

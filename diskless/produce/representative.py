@@ -87,7 +87,7 @@ log = structlog.get_logger(__name__)
 LEADERSHIP_RETRY_S = 10.0  # a ready batch without an append outcome this long fails (retriably)
 RETRY_BACKOFF_MS = 100  # after a leadership answer, unless the metadata changes first
 COMMIT_ANSWER_TIMEOUT_S = 30.0  # a commit answer is an append, never a replication wait
-REPLICATION_TIMEOUT_S = 30.0  # acks=all: as long as the leader's own wait used to be
+REPLICATION_TIMEOUT_S = 30.0  # acks=all: how long replication is awaited when no request timeout is given
 REPLICATION_POLL_MS = 5000  # the leader answers an AwaitReplicated at the latest after this
 # A remote leader may hold a CommitBatches answer this long for acks=all replication, sparing an
 # AwaitReplicated round trip when followers are healthy; never more (a slow follower's partition
@@ -122,6 +122,8 @@ class _Item:
     # or answered (``until_buffered``); ``withdrawn`` when its request ended first (``withdraw``).
     admitted: asyncio.Future[None] | None = None
     withdrawn: bool = False
+    # acks=all: replication is awaited this long after submission (the Produce request's timeout).
+    timeout_s: float = REPLICATION_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -194,19 +196,31 @@ class Representative:
     # --- accepting batches ------------------------------------------------------------------
 
     def submit(
-        self, topic: str, topic_id: str, partition: int, batch: bytes, acks: int, txn: TxnCheck | None = None
+        self,
+        topic: str,
+        topic_id: str,
+        partition: int,
+        batch: bytes,
+        acks: int,
+        txn: TxnCheck | None = None,
+        timeout_s: float | None = None,
     ) -> asyncio.Future[dict[str, Any]]:
         """Take one validated batch; the future resolves to {error_code, base_offset, ...}.
 
         A transactional batch (``txn``) is first verified with the partition's leader, which
         hands back the guard its commit carries (``log/txn_verification.py``): a commit that
-        arrives after its transaction ended is then refused instead of opening or joining one."""
+        arrives after its transaction ended is then refused instead of opening or joining one.
+        ``timeout_s``: the Produce request's timeout, for which acks=all replication is awaited."""
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         if self._closed:
             future.set_result({"error_code": STORAGE_ERROR})
             return future
         item = _Item(
-            BufferedBatch(topic, topic_id, partition, batch, next(self._ids)), future, acks, submitted=time.monotonic()
+            BufferedBatch(topic, topic_id, partition, batch, next(self._ids)),
+            future,
+            acks,
+            submitted=time.monotonic(),
+            timeout_s=REPLICATION_TIMEOUT_S if timeout_s is None else timeout_s,
         )
         if txn is None and not self._verifying:  # the common case: no transaction being verified here
             self._admit(item)
@@ -687,7 +701,8 @@ class Representative:
 
         The leader answers as soon as any entry is decided, so each partition is answered at its
         own pace; the rest are asked again."""
-        deadline = time.monotonic() + REPLICATION_TIMEOUT_S
+        # Until the last of their requests times out (the Produce handler answers each at its own).
+        deadline = max(item.submitted + item.timeout_s for item, _ in waiting)
         leader = self.host.node_id if channel[0] == LOCAL else channel[0]  # type: ignore[index]
         try:
             while waiting and time.monotonic() < deadline:

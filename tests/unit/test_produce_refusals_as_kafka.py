@@ -33,7 +33,9 @@ class Representative:
     def __init__(self) -> None:
         self.submitted: list[bytes] = []
 
-    def submit(self, topic: str, topic_id: str, partition: int, batch: bytes, acks: int, txn: Any) -> Any:
+    def submit(
+        self, topic: str, topic_id: str, partition: int, batch: bytes, acks: int, txn: Any, timeout_s: float = 30
+    ) -> Any:
         self.submitted.append(batch)
         future: asyncio.Future[dict[str, Any]] = asyncio.get_event_loop().create_future()
         future.set_result({"error_code": 0, "base_offset": len(self.submitted) - 1})
