@@ -77,9 +77,15 @@ GRPC_KEEPALIVE = {
 _LOAD_ORDER = {"brokers": 0, "controller": 1, "wal-manager": 1, "broker-configs": 1, "topics": 2, "partitions": 3}
 
 
-def _retrying() -> AsyncRetrying:
+# Startup steps (loading, registering) wait out a busy etcd ("etcdserver: request timed out"
+# while its disk is slow) for ~30 s, as a Kafka broker keeps asking the controller to register it;
+# a broker that gave up at the first such answer exited before it had started.
+STARTUP_ATTEMPTS = 20
+
+
+def _retrying(attempts: int = 8) -> AsyncRetrying:
     return AsyncRetrying(
-        stop=stop_after_attempt(8),
+        stop=stop_after_attempt(attempts),
         wait=wait_exponential(multiplier=0.05, max=2),
         retry=retry_if_exception_type(
             (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError)
@@ -167,7 +173,9 @@ class EtcdMetadataStore:
 
     async def _load(self) -> int:
         """Replace the local copy with the stored state; returns the revision it was read at."""
-        result = await self.client.get_prefix(self.prefix.encode())
+        async for attempt in _retrying(STARTUP_ATTEMPTS):
+            with attempt:
+                result = await self.client.get_prefix(self.prefix.encode())
         records = []
         for kv in result:
             path = kv.key.decode()[len(self.prefix) :]
@@ -272,18 +280,13 @@ class EtcdMetadataStore:
     async def register_broker(self, info: BrokerInfo, ttl_seconds: int) -> None:
         """Register under a fresh lease. A previous incarnation's key (a restart faster than the
         lease TTL) is revoked first, so the controller sees the restart and fences the old one."""
-        key = self._key(f"brokers/{info.node_id}")
-        previous = await self.client.get(key)
-        if previous is not None and previous.lease:
-            with contextlib.suppress(Exception):
-                await self.client.revoke_lease(previous.lease)
         self._registration = (info, ttl_seconds)
-        # We are now the incarnation that started last: a stale copy of this node id may not
-        # register again (``_claim_registration``).
-        await self.client.put(self._key(f"broker-incarnations/{info.node_id}"), info.incarnation.encode())
         if self.fence is None:
             self.fence = LeaseFence(ttl_seconds * 1000)
-        await self._grant_and_put(info, ttl_seconds)
+        # Each step may be repeated: a lease granted by an attempt that failed later expires unused.
+        async for attempt in _retrying(STARTUP_ATTEMPTS):
+            with attempt:
+                await self._register_once(info, ttl_seconds)
         if self._keeper is None:
             # Keepalives on their own thread and connection: a busy event loop cannot lose the lease
             # (lease_keeper.py). The fence stops leader duties once none succeeded for the TTL.
@@ -298,6 +301,17 @@ class EtcdMetadataStore:
             assert self._lease is not None
             self._keeper.keep(int(self._lease.id))
             self._keeper.start()
+
+    async def _register_once(self, info: BrokerInfo, ttl_seconds: int) -> None:
+        key = self._key(f"brokers/{info.node_id}")
+        previous = await self.client.get(key)
+        if previous is not None and previous.lease:
+            with contextlib.suppress(Exception):
+                await self.client.revoke_lease(previous.lease)
+        # We are now the incarnation that started last: a stale copy of this node id may not
+        # register again (``_claim_registration``).
+        await self.client.put(self._key(f"broker-incarnations/{info.node_id}"), info.incarnation.encode())
+        await self._grant_and_put(info, ttl_seconds)
 
     async def _grant_and_put(self, info: BrokerInfo, ttl_seconds: int, *, again: bool = False) -> None:
         """A new lease and our broker key under it; the fence learns when the lease started.
