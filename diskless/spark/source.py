@@ -272,8 +272,10 @@ class DisklessReader(DataSourceReader):
             client = ClusterClient(plan.settings)
             try:
                 parts = await plan.partitions(client)
-                starts, earliest, latest = await plan.offsets(client, parts, "start")
-                ends, _, _ = await plan.offsets(client, parts, "end")
+                starts, earliest, _ = await plan.offsets(client, parts, "start")
+                # Ends are checked against the latest offsets of their own ListOffsets: records
+                # produced since the starts were resolved make "latest" larger than it was then.
+                ends, _, latest = await plan.offsets(client, parts, "end")
                 out: list[RangePartition] = []
                 brokers = _brokers(client)
                 settings = await client.with_secret()

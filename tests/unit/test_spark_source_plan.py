@@ -1,0 +1,55 @@
+"""The ``diskless`` data source's driver-side planning (``diskless/spark/source.py``), without a
+SparkSession or a cluster: a fake ``ClusterClient`` answers Metadata and ListOffsets."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from diskless.spark import source
+from diskless.spark.cluster import EARLIEST, LATEST, ClusterView, PartitionInfo
+
+PART = PartitionInfo("t", "tid", 0, 1, (1,))
+
+
+class _GrowingCluster:
+    """One partition [0, latest) whose latest offset grows by 5 at every ListOffsets LATEST: records
+    produced while the query is planned."""
+
+    def __init__(self, settings: Any) -> None:
+        self.settings = settings
+        self.view = ClusterView(brokers={1: ("127.0.0.1", 1)}, topics={"t": [PART]})
+        self.latest = 10
+
+    async def metadata(self, topics: list[str] | None) -> ClusterView:
+        return self.view
+
+    async def list_offsets(self, queries: list[tuple[PartitionInfo, int]]) -> list[int]:
+        out = []
+        for _, ts in queries:
+            if ts == LATEST:
+                out.append(self.latest)
+                self.latest += 5
+            else:
+                assert ts == EARLIEST
+                out.append(0)
+        return out
+
+    async def with_secret(self) -> Any:
+        return self.settings
+
+    async def close(self) -> None:
+        pass
+
+
+def test_a_batch_query_planned_while_records_are_produced_reads_up_to_the_latest_offset(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """endingOffsets=latest (the default) was resolved by a later ListOffsets than the one it was
+    checked against: with records produced in between, the end was "past the latest readable
+    offset" and the query failed."""
+    monkeypatch.setattr(source, "ClusterClient", _GrowingCluster)
+    reader = source.DisklessReader({"bootstrap.servers": "127.0.0.1:1", "topic": "t"})
+    ranges = reader.partitions()
+    assert [(r.start, r.end) for r in ranges] == [(0, 15)]  # type: ignore[attr-defined]
