@@ -3,14 +3,15 @@
 ``spark.dataSource.register(DisklessDataSource)`` then ``spark.read.format("diskless")`` gives
 Kafka's Spark schema (key, value, topic, partition, offset, timestamp, timestampType, headers).
 Options follow Spark's Kafka source: ``bootstrap.servers`` (or ``dev.dir``, a ``diskless dev``
-directory), ``topic`` / ``subscribe`` (comma list) / ``subscribePattern``, ``startingOffsets`` and
-``endingOffsets`` (``earliest``, ``latest`` or JSON ``{"topic": {"0": 12, "1": -2}}`` with -2
-earliest and -1 latest), ``startingTimestamp`` / ``endingTimestamp`` (ms; the first offset whose
-record is at or after it, the end of the log when there is none), ``isolation.level``
-(``read_committed`` by default), ``maxRecordsPerPartition`` (splits a partition's range over
-several Spark partitions), ``maxOffsetsPerTrigger`` (streaming), ``timeout.ms`` (every network
-step), and broker-style ``diskless.*`` properties (``diskless.s3.endpoint``...) or
-``diskless.config`` (a broker properties file) for object storage.
+directory), ``topic`` / ``subscribe`` (comma list) / ``subscribePattern`` (a regex the whole name
+matches), ``startingOffsets`` and ``endingOffsets`` (``earliest``, ``latest`` or JSON ``{"topic":
+{"0": 12, "1": -2}}`` with -2 earliest and -1 latest), ``startingTimestamp`` / ``endingTimestamp``
+(ms; the first offset whose record is at or after it, the end of the log when there is none),
+``isolation.level`` (``read_committed`` by default), ``maxRecordsPerPartition`` (splits a
+partition's range over several Spark partitions), ``maxOffsetsPerTrigger`` (streaming),
+``timeout.ms`` (every network step), and broker-style ``diskless.*`` properties
+(``diskless.s3.endpoint``...) or ``diskless.config`` (a broker properties file) for object
+storage.
 
 Planning runs on the driver and asks brokers for metadata only; each Spark partition then reads
 its offset range on an executor (``cluster.PartitionReader``): diskless data straight from S3,
@@ -166,7 +167,8 @@ class _Plan:
 
     async def partitions(self, client: ClusterClient) -> list[PartitionInfo]:
         view = await client.metadata(self.topics)
-        names = self.topics if self.topics is not None else sorted(t for t in view.topics if self.pattern.search(t))  # type: ignore[union-attr]
+        # The whole name must match, as Kafka's consumer (and Spark's Kafka source) subscribe.
+        names = self.topics if self.topics is not None else sorted(t for t in view.topics if self.pattern.fullmatch(t))  # type: ignore[union-attr]
         if not names:
             raise DisklessSourceError(f"subscribePattern {self.pattern.pattern!r} matches no topic")  # type: ignore[union-attr]
         return [p for name in names for p in view.topics[name]]

@@ -53,3 +53,28 @@ def test_a_batch_query_planned_while_records_are_produced_reads_up_to_the_latest
     reader = source.DisklessReader({"bootstrap.servers": "127.0.0.1:1", "topic": "t"})
     ranges = reader.partitions()
     assert [(r.start, r.end) for r in ranges] == [(0, 15)]  # type: ignore[attr-defined]
+
+
+class _Topics:
+    """Metadata of several topics, one partition each."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.view = ClusterView(
+            brokers={1: ("127.0.0.1", 1)}, topics={n: [PartitionInfo(n, f"id-{n}", 0, 1, (1,))] for n in names}
+        )
+
+    async def metadata(self, topics: list[str] | None) -> ClusterView:
+        return self.view
+
+
+def test_subscribe_pattern_matches_whole_topic_names_as_kafka_does() -> None:
+    """Spark's Kafka source (and Kafka's consumer) subscribe to the topics whose whole name matches
+    the pattern (Java's ``String.matches``); a search anywhere in the name also read "orders-dlq"
+    and "old-orders" for subscribePattern=orders."""
+    import asyncio
+
+    plan = source._Plan({"bootstrap.servers": "127.0.0.1:1", "subscribePattern": "orders"}, streaming=False)
+    client = _Topics(["old-orders", "orders", "orders-dlq"])
+    assert [p.topic for p in asyncio.run(plan.partitions(client))] == ["orders"]  # type: ignore[arg-type]
+    plan = source._Plan({"bootstrap.servers": "127.0.0.1:1", "subscribePattern": "orders.*"}, streaming=False)
+    assert [p.topic for p in asyncio.run(plan.partitions(client))] == ["orders", "orders-dlq"]  # type: ignore[arg-type]
