@@ -123,10 +123,19 @@ def _offsets_spec(name: str, text: str | None, default: str) -> str | dict[str, 
         return text
     try:
         spec = json.loads(text)
-        return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in spec.items()}
+        out: dict[str, dict[str, int]] = {}
+        for topic, parts in spec.items():
+            out[str(topic)] = {}
+            for index, offset in parts.items():
+                # Whole numbers only (a cast would read 1.5, true or "12" as offsets), and partitions
+                # keyed as their number prints, which is how they are looked up ("00" is "0").
+                if not isinstance(offset, int) or isinstance(offset, bool):
+                    raise TypeError(f"offset {offset!r} of partition {index!r} is not an integer")
+                out[str(topic)][str(int(index))] = offset
+        return out
     except (ValueError, AttributeError, TypeError) as exc:
         raise DisklessSourceError(
-            f'{name} must be earliest, latest or JSON like {{"topic": {{"0": 23}}}}, not {text!r}'
+            f'{name} must be earliest, latest or JSON like {{"topic": {{"0": 23}}}}, not {text!r} ({exc})'
         ) from exc
 
 

@@ -78,3 +78,30 @@ def test_subscribe_pattern_matches_whole_topic_names_as_kafka_does() -> None:
     assert [p.topic for p in asyncio.run(plan.partitions(client))] == ["orders"]  # type: ignore[arg-type]
     plan = source._Plan({"bootstrap.servers": "127.0.0.1:1", "subscribePattern": "orders.*"}, streaming=False)
     assert [p.topic for p in asyncio.run(plan.partitions(client))] == ["orders", "orders-dlq"]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"t": {"x": 1}}', "startingOffsets"),  # not a partition number
+        ('{"t": {"0": "12"}}', "startingOffsets"),  # an offset that is a string
+        ('{"t": {"0": 1.5}}', "startingOffsets"),  # or not a whole number
+        ('{"t": {"0": true}}', "startingOffsets"),
+    ],
+)
+def test_offsets_json_that_is_not_partition_numbers_to_offsets_is_refused_with_the_option_named(
+    text: str, message: str
+) -> None:
+    """Partition keys were checked only when the partitions were known (a bare ValueError from
+    int() for "x"), and offsets were cast (1.5 read from 1, true from 1, "12" from 12)."""
+    with pytest.raises(source.DisklessSourceError, match=message):
+        source._Plan({"bootstrap.servers": "127.0.0.1:1", "topic": "t", "startingOffsets": text}, streaming=False)
+
+
+def test_offsets_json_names_partitions_by_number() -> None:
+    """A partition written "00" passed the check against the topic's partitions (int("00") is 0)
+    but was looked up as "0": the offset given was ignored and the default (earliest) read."""
+    plan = source._Plan(
+        {"bootstrap.servers": "127.0.0.1:1", "topic": "t", "startingOffsets": '{"t": {"00": 7}}'}, streaming=False
+    )
+    assert plan._resolve_spec("startingOffsets", plan.starting, [PART], EARLIEST) == [7]
