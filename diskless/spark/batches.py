@@ -63,15 +63,18 @@ class AbortedFilter:
 
     def skip(self, header: BatchHeader, control_type: int | None) -> bool:
         """Whether the batch's records are hidden; updates the state for the batches after it."""
+        if header.producer_id >= 0:
+            # Taken in before an ABORT marker ends the dropping, as Kafka's consumer does for every
+            # batch with a producer id: a read starting between an aborted transaction's records
+            # and its marker sees the marker first, and taking the transaction in only later would
+            # hide the producer's next (committed) transaction.
+            while self.pending and self.pending[0][0] <= header.last_offset:
+                self.aborting.add(heapq.heappop(self.pending)[1])
         if header.is_control:
             if control_type == CONTROL_ABORT:
                 self.aborting.discard(header.producer_id)
             return True
-        if not header.is_transactional:
-            return False
-        while self.pending and self.pending[0][0] <= header.last_offset:
-            self.aborting.add(heapq.heappop(self.pending)[1])
-        return header.producer_id in self.aborting
+        return header.is_transactional and header.producer_id in self.aborting
 
 
 def control_type(batch: memoryview, header: BatchHeader) -> int | None:

@@ -3,14 +3,15 @@
 ``spark.dataSource.register(DisklessDataSource)`` then ``spark.read.format("diskless")`` gives
 Kafka's Spark schema (key, value, topic, partition, offset, timestamp, timestampType, headers).
 Options follow Spark's Kafka source: ``bootstrap.servers`` (or ``dev.dir``, a ``diskless dev``
-directory), ``topic`` / ``subscribe`` (comma list) / ``subscribePattern``, ``startingOffsets`` and
-``endingOffsets`` (``earliest``, ``latest`` or JSON ``{"topic": {"0": 12, "1": -2}}`` with -2
-earliest and -1 latest), ``startingTimestamp`` / ``endingTimestamp`` (ms; the first offset whose
-record is at or after it, the end of the log when there is none), ``isolation.level``
-(``read_committed`` by default), ``maxRecordsPerPartition`` (splits a partition's range over
-several Spark partitions), ``maxOffsetsPerTrigger`` (streaming), ``timeout.ms`` (every network
-step), and broker-style ``diskless.*`` properties (``diskless.s3.endpoint``...) or
-``diskless.config`` (a broker properties file) for object storage.
+directory), ``topic`` / ``subscribe`` (comma list) / ``subscribePattern`` (a regex the whole name
+matches), ``startingOffsets`` and ``endingOffsets`` (``earliest``, ``latest`` or JSON ``{"topic":
+{"0": 12, "1": -2}}`` with -2 earliest and -1 latest), ``startingTimestamp`` / ``endingTimestamp``
+(ms; the first offset whose record is at or after it, the end of the log when there is none),
+``isolation.level`` (``read_committed`` by default), ``maxRecordsPerPartition`` (splits a
+partition's range over several Spark partitions), ``maxOffsetsPerTrigger`` (streaming),
+``timeout.ms`` (every network step), and broker-style ``diskless.*`` properties
+(``diskless.s3.endpoint``...) or ``diskless.config`` (a broker properties file) for object
+storage.
 
 Planning runs on the driver and asks brokers for metadata only; each Spark partition then reads
 its offset range on an executor (``cluster.PartitionReader``): diskless data straight from S3,
@@ -122,10 +123,19 @@ def _offsets_spec(name: str, text: str | None, default: str) -> str | dict[str, 
         return text
     try:
         spec = json.loads(text)
-        return {str(t): {str(p): int(o) for p, o in parts.items()} for t, parts in spec.items()}
+        out: dict[str, dict[str, int]] = {}
+        for topic, parts in spec.items():
+            out[str(topic)] = {}
+            for index, offset in parts.items():
+                # Whole numbers only (a cast would read 1.5, true or "12" as offsets), and partitions
+                # keyed as their number prints, which is how they are looked up ("00" is "0").
+                if not isinstance(offset, int) or isinstance(offset, bool):
+                    raise TypeError(f"offset {offset!r} of partition {index!r} is not an integer")
+                out[str(topic)][str(int(index))] = offset
+        return out
     except (ValueError, AttributeError, TypeError) as exc:
         raise DisklessSourceError(
-            f'{name} must be earliest, latest or JSON like {{"topic": {{"0": 23}}}}, not {text!r}'
+            f'{name} must be earliest, latest or JSON like {{"topic": {{"0": 23}}}}, not {text!r} ({exc})'
         ) from exc
 
 
@@ -166,7 +176,8 @@ class _Plan:
 
     async def partitions(self, client: ClusterClient) -> list[PartitionInfo]:
         view = await client.metadata(self.topics)
-        names = self.topics if self.topics is not None else sorted(t for t in view.topics if self.pattern.search(t))  # type: ignore[union-attr]
+        # The whole name must match, as Kafka's consumer (and Spark's Kafka source) subscribe.
+        names = self.topics if self.topics is not None else sorted(t for t in view.topics if self.pattern.fullmatch(t))  # type: ignore[union-attr]
         if not names:
             raise DisklessSourceError(f"subscribePattern {self.pattern.pattern!r} matches no topic")  # type: ignore[union-attr]
         return [p for name in names for p in view.topics[name]]
@@ -272,8 +283,10 @@ class DisklessReader(DataSourceReader):
             client = ClusterClient(plan.settings)
             try:
                 parts = await plan.partitions(client)
-                starts, earliest, latest = await plan.offsets(client, parts, "start")
-                ends, _, _ = await plan.offsets(client, parts, "end")
+                starts, earliest, _ = await plan.offsets(client, parts, "start")
+                # Ends are checked against the latest offsets of their own ListOffsets: records
+                # produced since the starts were resolved make "latest" larger than it was then.
+                ends, _, latest = await plan.offsets(client, parts, "end")
                 out: list[RangePartition] = []
                 brokers = _brokers(client)
                 settings = await client.with_secret()

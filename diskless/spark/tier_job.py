@@ -287,17 +287,25 @@ class Driver:
         last = -1
         size = 0
         offset = r.start
+        log_start = -1
         while offset < r.end:
             body = {
                 "topic": r.topic,
                 "topic_id": r.topic_id,
                 "partition": r.partition,
-                "offset": offset,
+                # A range starts on a batch boundary, which may lie below the log start (DeleteRecords
+                # inside a batch): asked from the log start, the leader answers that batch whole.
+                "offset": max(offset, log_start),
                 "max_bytes": POINTERS_PER_REQUEST,
                 "read_committed": True,
             }
             answer = await self._internal(r.broker, internal.INTERNAL_FETCH_POINTERS, body)
-            if answer.get("error_code", 0) != 0 or answer.get("kind") != POINTERS or not answer.get("data"):
+            code = answer.get("error_code", 0)
+            moved = answer.get("log_start_offset", -1)
+            if code == ErrorCode.offset_out_of_range and body["offset"] < moved < r.end:
+                log_start = moved
+                continue
+            if code != 0 or answer.get("kind") != POINTERS or not answer.get("data"):
                 log.info(
                     "range not readable as pointers",
                     topic=r.topic,

@@ -180,3 +180,29 @@ async def test_pointers_into_a_deleted_wal_object_are_asked_for_again() -> None:
     assert out is not None and out.column("value").to_pylist() == [b"a", b"b", b"c"]
     assert client.asked == [0, 0]
     assert await reader.next_batch() is None
+
+
+async def test_a_range_starting_between_an_aborted_transaction_and_its_marker_keeps_the_next_transaction() -> None:
+    """A read starting after an aborted transaction's records but before its ABORT marker (a range
+    split by maxRecordsPerPartition, or a FetchPointers slice cut there): the leader lists that
+    transaction (it overlaps the read), the marker is the first batch seen. Kafka's consumer takes
+    in the aborted transactions up to every batch with a producer id, markers included, before the
+    marker ends the dropping; done only at data batches, the transaction was taken in after its
+    marker and the same producer's next, committed, transaction was hidden."""
+    from diskless.spark.cluster import PartitionInfo, PartitionReader
+
+    log = [
+        make_batch([b"aborted"], base_offset=0, producer_id=1, transactional=True),
+        _marker(1, 1, commit=False),
+        make_batch([b"committed"], base_offset=2, producer_id=1, transactional=True),
+        _marker(1, 3, commit=True),
+    ]
+    common = {"error_code": 0, "high_watermark": 4, "last_stable_offset": 4, "log_start_offset": 0}
+    # FetchPointers at offset 1: the batches from the marker on, and the aborted transaction of
+    # pid 1 that began at 0 (aborted_between(1, 4) lists it: its marker is at 1).
+    client = _FakeClient([{**common, "kind": "records", "data": b"".join(log[1:]), "aborted_transactions": [[1, 0]]}])
+    reader = PartitionReader(client, PartitionInfo("t", "id", 0, 1, (1,)), 1, 4, SCHEMA)  # type: ignore[arg-type]
+    out = await reader.next_batch()
+    assert out is not None and out.column("value").to_pylist() == [b"committed"]
+    assert out.column("offset").to_pylist() == [2]
+    assert await reader.next_batch() is None

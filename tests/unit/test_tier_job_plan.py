@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 from batches import Record, make_batch
+from kio.schema.errors import ErrorCode
 from loghelpers import T0, open_log
 
 from diskless.config import load_config
-from diskless.log.partition_log import PartitionLog
+from diskless.log.partition_log import OffsetOutOfRange, PartitionLog
 from diskless.log.segment import POINTERS
 from diskless.protocol import internal, records
 from diskless.spark.tier_job import Driver, Range, TierSettings, due
@@ -29,14 +30,18 @@ class LogDriver(Driver):
 
     async def _internal(self, broker: int, api_key: int, body: dict[str, Any]) -> dict[str, Any]:
         assert api_key == internal.INTERNAL_FETCH_POINTERS and body["read_committed"]
-        result = self.log.read(body["offset"], body["max_bytes"], max_offset=self.log.last_stable_offset)
-        return {"error_code": 0, "kind": result.kind, "data": result.records}
+        answer = {"log_start_offset": self.log.log_start_offset, "high_watermark": self.log.high_watermark}
+        try:
+            result = self.log.read(body["offset"], body["max_bytes"], max_offset=self.log.last_stable_offset)
+        except OffsetOutOfRange:
+            return {"error_code": int(ErrorCode.offset_out_of_range), **answer}
+        return {"error_code": 0, "kind": result.kind, "data": result.records, **answer}
 
 
-def filled_log(tmp_path: Path, batches: int) -> PartitionLog:
+def filled_log(tmp_path: Path, batches: int, per_batch: int = 1) -> PartitionLog:
     log = open_log(tmp_path, diskless_enabled=True)
     for i in range(batches):
-        batch = make_batch([Record(b"x" * 100, timestamp=T0 + i)], base_timestamp=T0 + i)
+        batch = make_batch([Record(b"x" * 100, timestamp=T0 + i)] * per_batch, base_timestamp=T0 + i)
         log.append_pointer_as_leader(batch[: records.HEADER_SIZE], f"wal/{i}", 0, 0, T0)
     log.high_watermark = log.log_end_offset
     return log
@@ -63,6 +68,18 @@ def test_leader_batches_alone_are_not_a_segment(tmp_path: Path) -> None:
     assert log.read(3, 100).kind == POINTERS
     assert plan(log, 0, 1 << 30) == [(0, 3, 4)]  # with data before it: part of the segment
     assert plan(log, 3, 1 << 30) == []  # alone: waits for the next range with data
+
+
+def test_a_log_start_inside_a_batch_does_not_stop_tiering(tmp_path: Path) -> None:
+    """DeleteRecords to an offset inside a batch of a partition with nothing tiered: the leader's
+    next range starts at that batch (TierCommits must start on batch boundaries), below the log
+    start, where FetchPointers answers OFFSET_OUT_OF_RANGE. The job planned nothing, at every
+    run, so the partition's pointers and WAL objects were never tiered again."""
+    log = filled_log(tmp_path, 4, per_batch=2)  # batches [0, 1], [2, 3], [4, 5], [6, 7]
+    assert log.delete_records_before(3) == 3
+    assert log.tier_end == 2
+    assert plan(log, log.tier_end, 1 << 30) == [(2, 7, 3)]
+    log.range_digest(2, 7)  # the leader takes a segment starting there
 
 
 def test_every_policy() -> None:
