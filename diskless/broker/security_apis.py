@@ -7,8 +7,13 @@ security store (``security/store.py``: etcd, or a file for a standalone broker).
 is on when ``authorizer.class.name`` is set, as in Kafka, and follows Kafka's rules per API:
 Produce, Fetch and Metadata are decided per topic (denied topics are answered
 TOPIC_AUTHORIZATION_FAILED, or left out of an all-topics Metadata, and the handler sees only
-the others); any other request is refused whole, with the error code of the resource kind that
-was denied, when any resource it names is denied. An API this table does not know needs ALTER
+the others); so are the APIs Kafka authorizes item by item (``_PER_ITEM``: DescribeGroups,
+ConsumerGroupDescribe, DeleteGroups, DescribeTopicPartitions, ListOffsets, OffsetForLeaderEpoch,
+DeleteRecords, CreatePartitions, the config APIs, OffsetCommit, TxnOffsetCommit, OffsetDelete,
+AddPartitionsToTxn): each denied item is answered with its resource kind's error, after the
+request-wide checks Kafka makes first (a commit's group, its transactional id); any other request
+is refused whole, with the error code of the resource kind that was denied, when any resource it
+names is denied. An API this table does not know needs ALTER
 on the cluster (fail closed). Connections that proved the cluster secret are super users.
 
 Answers that carry authorized operations (KIP-430: Metadata, DescribeCluster, DescribeGroups,
@@ -99,14 +104,17 @@ def _txn(txn_id: Any) -> list[Check]:
     return [(a.WRITE, a.TRANSACTIONAL_ID, txn_id)] if isinstance(txn_id, str) and txn_id else []
 
 
-def _config_checks(op: int, resources: Any) -> list[Check]:
-    out: list[Check] = []
-    for r in resources or ():
-        if r.resource_type == 2:
-            out.append((op, a.TOPIC, r.resource_name))
-        else:
-            out.append((op, a.CLUSTER, a.CLUSTER_NAME))
-    return out
+# ConfigResource types with a resource of their own; brokers, broker loggers and client metrics
+# are the cluster's (ConfigHelper, ControllerApis.authorizeAlterResource).
+_CONFIG_RESOURCE_KINDS = {2: a.TOPIC, 32: a.GROUP}
+
+
+def _config_check(op: int) -> Callable[[Any], Check]:
+    def check(resource: Any) -> Check:
+        kind = _CONFIG_RESOURCE_KINDS.get(resource.resource_type, a.CLUSTER)
+        return (op, kind, a.CLUSTER_NAME if kind == a.CLUSTER else resource.resource_name)
+
+    return check
 
 
 def _find_coordinator(r: Any) -> list[Check]:
@@ -122,39 +130,118 @@ def _offset_fetch(r: Any) -> list[Check]:
     return _group(a.DESCRIBE, getattr(r, "group_id", None))
 
 
-# Every request but Produce, Fetch and Metadata: the resources it needs, all or nothing.
+def _topic_check(op: int) -> Callable[[Any], Check]:
+    return lambda item: (op, a.TOPIC, getattr(item, "name", None) or getattr(item, "topic", ""))
+
+
+def _group_check(op: int) -> Callable[[Any], Check]:
+    return lambda group_id: (op, a.GROUP, group_id)
+
+
+def _after_cursor(request: Any, item: Any) -> bool:
+    cursor = getattr(request, "cursor", None)
+    return cursor is None or item.name >= cursor.topic_name
+
+
+@dataclasses.dataclass(frozen=True)
+class _PerItem:
+    """How Kafka authorizes an API item by item (its handlers' partitionSeqByAuthorized and
+    filterByAuthorized): the handler sees the request with only the allowed items of its list
+    ``items``; each denied item is answered in the answer's list ``answer`` with its resource
+    kind's authorization error, the entry ``error_responses`` builds for a failed request naming
+    only that item."""
+
+    items: str
+    answer: str
+    check: Callable[[Any], Check]
+    # Checked first, all or nothing, as Kafka checks them before the items (a commit's group, ...).
+    whole: Callable[[Any], list[Check]] = lambda r: []
+    # Where Kafka's answer has the denied entries: before the handler's (DescribeGroups, the
+    # response builders of the commits, the controller's config and partition answers), or after.
+    denied_first: bool = False
+    # The handler runs with nothing allowed too: its answer carries the group's own error (OffsetDelete).
+    always: bool = False
+    # Denied entries carry the error's default message (the config APIs: Kafka's ApiError(error)).
+    message: bool = False
+    # When allowed, this allows every item (OffsetForLeaderEpoch: CLUSTER_ACTION, for replicas).
+    unless: Check | None = None
+    # Items Kafka leaves out before authorizing (DescribeTopicPartitions: those before the cursor).
+    considered: Callable[[Any, Any], bool] = lambda request, item: True
+    # One denied item fails the request: the allowed ones are answered OPERATION_NOT_ATTEMPTED (or
+    # UNKNOWN_TOPIC_OR_PARTITION where the partition does not exist), the handler does not run
+    # (AddPartitionsToTxn v0-3: the transaction is not changed).
+    fails_whole: bool = False
+
+
+# The APIs Kafka authorizes per item.
+_PER_ITEM: dict[int, _PerItem] = {
+    m.API_LIST_OFFSETS: _PerItem("topics", "topics", _topic_check(a.DESCRIBE)),
+    m.API_OFFSET_FOR_LEADER_EPOCH: _PerItem(
+        "topics", "topics", _topic_check(a.DESCRIBE), unless=(a.CLUSTER_ACTION, a.CLUSTER, a.CLUSTER_NAME)
+    ),
+    m.API_DELETE_RECORDS: _PerItem("topics", "topics", _topic_check(a.DELETE)),
+    m.API_CREATE_PARTITIONS: _PerItem("topics", "results", _topic_check(a.ALTER), denied_first=True),
+    m.API_DESCRIBE_CONFIGS: _PerItem("resources", "results", _config_check(a.DESCRIBE_CONFIGS), message=True),
+    m.API_ALTER_CONFIGS: _PerItem(
+        "resources", "responses", _config_check(a.ALTER_CONFIGS), denied_first=True, message=True
+    ),
+    m.API_INCREMENTAL_ALTER_CONFIGS: _PerItem(
+        "resources", "responses", _config_check(a.ALTER_CONFIGS), denied_first=True, message=True
+    ),
+    m.API_OFFSET_COMMIT: _PerItem(
+        "topics", "topics", _topic_check(a.READ), whole=lambda r: _group(a.READ, r.group_id), denied_first=True
+    ),
+    m.API_OFFSET_DELETE: _PerItem(
+        "topics",
+        "topics",
+        _topic_check(a.READ),
+        whole=lambda r: _group(a.DELETE, r.group_id),
+        denied_first=True,
+        always=True,
+    ),
+    m.API_TXN_OFFSET_COMMIT: _PerItem(
+        "topics",
+        "topics",
+        _topic_check(a.READ),
+        whole=lambda r: _txn(r.transactional_id) + _group(a.READ, r.group_id),
+        denied_first=True,
+    ),
+    m.API_ADD_PARTITIONS_TO_TXN: _PerItem(
+        "v3_and_below_topics",
+        "results_by_topic_v3_and_below",
+        _topic_check(a.WRITE),
+        whole=lambda r: _txn(r.v3_and_below_transactional_id),
+        fails_whole=True,
+    ),
+    m.API_DESCRIBE_GROUPS: _PerItem("groups", "groups", _group_check(a.DESCRIBE), denied_first=True),
+    m.API_CONSUMER_GROUP_DESCRIBE: _PerItem("group_ids", "groups", _group_check(a.DESCRIBE), denied_first=True),
+    m.API_DELETE_GROUPS: _PerItem("groups_names", "results", _group_check(a.DELETE)),
+    # Named topics only: all topics (an empty list) is _describe_all_topic_partitions.
+    API_DESCRIBE_TOPIC_PARTITIONS: _PerItem("topics", "topics", _topic_check(a.DESCRIBE), considered=_after_cursor),
+}
+
+# Kafka's default message of each authorization error (Errors), where an answer carries it.
+_DENIED_MESSAGE = {
+    a.TOPIC: "Topic authorization failed.",
+    a.GROUP: "Group authorization failed.",
+    a.TRANSACTIONAL_ID: "Transactional Id authorization failed.",
+    a.CLUSTER: "Cluster authorization failed.",
+}
+
+# Every other request but Produce, Fetch and Metadata: the resources it needs, all or nothing.
 _CHECKS: dict[int, Callable[[Any], list[Check]]] = {
-    m.API_LIST_OFFSETS: lambda r: _topics(a.DESCRIBE, _names(r.topics, "name")),
-    m.API_OFFSET_FOR_LEADER_EPOCH: lambda r: _topics(a.DESCRIBE, _names(r.topics, "topic", "name")),
     m.API_CREATE_TOPICS: lambda r: [],  # CREATE on the cluster or each topic: create_topics_checks
     m.API_DELETE_TOPICS: lambda r: [],  # by name or by id: delete_topics_checks
-    m.API_DELETE_RECORDS: lambda r: _topics(a.DELETE, _names(r.topics, "name")),
-    m.API_CREATE_PARTITIONS: lambda r: _topics(a.ALTER, _names(r.topics, "name")),
-    m.API_DESCRIBE_CONFIGS: lambda r: _config_checks(a.DESCRIBE_CONFIGS, r.resources),
-    m.API_ALTER_CONFIGS: lambda r: _config_checks(a.ALTER_CONFIGS, r.resources),
-    m.API_INCREMENTAL_ALTER_CONFIGS: lambda r: _config_checks(a.ALTER_CONFIGS, r.resources),
     m.API_FIND_COORDINATOR: _find_coordinator,
     m.API_JOIN_GROUP: lambda r: _group(a.READ, r.group_id),
     m.API_SYNC_GROUP: lambda r: _group(a.READ, r.group_id),
     m.API_HEARTBEAT: lambda r: _group(a.READ, r.group_id),
     m.API_LEAVE_GROUP: lambda r: _group(a.READ, r.group_id),
-    m.API_OFFSET_COMMIT: lambda r: _group(a.READ, r.group_id) + _topics(a.READ, _names(r.topics, "name")),
     m.API_OFFSET_FETCH: _offset_fetch,
-    m.API_OFFSET_DELETE: lambda r: _group(a.DELETE, r.group_id) + _topics(a.READ, _names(r.topics, "name")),
-    m.API_DESCRIBE_GROUPS: lambda r: [(a.DESCRIBE, a.GROUP, g) for g in r.groups],
-    m.API_DELETE_GROUPS: lambda r: [(a.DELETE, a.GROUP, g) for g in r.groups_names],
     m.API_LIST_GROUPS: lambda r: [],  # filtered per group afterwards
     m.API_CONSUMER_GROUP_HEARTBEAT: lambda r: _group(a.READ, r.group_id),
-    m.API_CONSUMER_GROUP_DESCRIBE: lambda r: [(a.DESCRIBE, a.GROUP, g) for g in r.group_ids],
-    m.API_ADD_PARTITIONS_TO_TXN: lambda r: (
-        _txn(getattr(r, "v3_and_below_transactional_id", None))
-        + _topics(a.WRITE, _names(getattr(r, "v3_and_below_topics", None), "name"))
-    ),
     m.API_ADD_OFFSETS_TO_TXN: lambda r: _txn(r.transactional_id) + _group(a.READ, r.group_id),
     m.API_END_TXN: lambda r: _txn(r.transactional_id),
-    m.API_TXN_OFFSET_COMMIT: lambda r: (
-        _txn(r.transactional_id) + _group(a.READ, r.group_id) + _topics(a.READ, _names(r.topics, "name"))
-    ),
     # Not authorized, as Kafka's brokers (AuthHelper.computeDescribeClusterResponse): any principal
     # learns the brokers and the cluster id (Metadata tells them anyway); DESCRIBE on the cluster only decides
     # whether its authorized operations are shown (_cluster_authorized_operations).
@@ -172,7 +259,6 @@ _CHECKS: dict[int, Callable[[Any], list[Check]]] = {
     46: lambda r: _cluster(a.DESCRIBE),
     34: lambda r: _cluster(a.ALTER),
     35: lambda r: _cluster(a.DESCRIBE),
-    API_DESCRIBE_TOPIC_PARTITIONS: lambda r: _topics(a.DESCRIBE, _names(getattr(r, "topics", None), "name")),
 }
 _ALWAYS = frozenset({m.API_API_VERSIONS, API_SASL_HANDSHAKE, API_SASL_AUTHENTICATE})
 # The APIs whose answers carry authorized operations (``_fill_authorized_operations``).
@@ -343,6 +429,12 @@ class SecurityApis(ApiFamily):
             return await self._init_producer_id(header, request, handle)
         if key == API_DESCRIBE_TOPIC_PARTITIONS and not request.topics:
             return await self._describe_all_topic_partitions(request, handle)
+        per_item = _PER_ITEM.get(key)
+        if per_item is not None:
+            body = await self._per_item(header, request, per_item, handle)
+            if key == m.API_CONSUMER_GROUP_DESCRIBE and body is not None:
+                self._hide_undescribable_assignments(body)
+            return body
         if key == m.API_DELETE_TOPICS:
             checks = self._delete_topics_checks(request)
         elif key == m.API_CREATE_TOPICS:
@@ -354,16 +446,109 @@ class SecurityApis(ApiFamily):
         else:
             rule = _CHECKS.get(key)
             checks = rule(request) if rule is not None else _cluster(a.ALTER)
-        for op, kind, name in checks:
-            if not self.allowed(op, kind, name):
-                log.info("request denied", principal=self._principal(), api=key, operation=op, resource=name)
-                return error_responses.error_response(key, header.api_version, request, _DENIED[kind])
+        refused = self._refused(header, request, checks)
+        if refused is not None:
+            return refused
         body = await handle(request)
         if key == m.API_LIST_GROUPS and body is not None and not self.allowed(a.DESCRIBE, a.CLUSTER, a.CLUSTER_NAME):
             body["groups"] = [g for g in body.get("groups", []) if self.allowed(a.DESCRIBE, a.GROUP, g["group_id"])]
         if key == m.API_OFFSET_FETCH and body is not None:
             self._filter_offset_fetch(request, body)
         return body
+
+    def _refused(self, header: m.RequestHeader, request: Any, checks: list[Check]) -> dict[str, Any] | None:
+        """The whole request's refusal, with the error of the first resource denied, or None."""
+        for op, kind, name in checks:
+            if not self.allowed(op, kind, name):
+                log.info("request denied", principal=self._principal(), api=header.api_key, operation=op, resource=name)
+                return error_responses.error_response(header.api_key, header.api_version, request, _DENIED[kind])
+        return None
+
+    async def _per_item(
+        self,
+        header: m.RequestHeader,
+        request: Any,
+        rule: _PerItem,
+        handle: Callable[[Any], Awaitable[dict[str, Any] | None]],
+    ) -> dict[str, Any] | None:
+        """Run ``handle`` on the allowed items of the request and answer the denied ones, as ``rule`` says."""
+        key, version = header.api_key, header.api_version
+        refused = self._refused(header, request, rule.whole(request))
+        if refused is not None:
+            return refused
+        every = rule.unless is not None and self.allowed(*rule.unless)
+        items = tuple(getattr(request, rule.items) or ())
+        allowed: list[Any] = []
+        denied: list[tuple[Any, int]] = []
+        for item in items:
+            op, kind, name = rule.check(item)
+            if every or self.allowed(op, kind, name):
+                allowed.append(item)
+            elif rule.considered(request, item):
+                denied.append((item, kind))
+        if len(allowed) == len(items):
+            return await handle(request)
+        log.info("resources denied", principal=self._principal(), api=key, count=len(items) - len(allowed))
+
+        def answered(items: list[Any], code: ErrorCode, message: str | None) -> list[dict[str, Any]]:
+            one = dataclasses.replace(request, **{rule.items: tuple(items)})
+            return list(error_responses.error_response(key, version, one, code, message).get(rule.answer, []))
+
+        entries: list[dict[str, Any]] = []
+        for item, kind in denied:
+            entries += answered([item], _DENIED[kind], _DENIED_MESSAGE[kind] if rule.message else None)
+        rest = dataclasses.replace(request, **{rule.items: tuple(allowed)})
+        if rule.fails_whole:
+            body = error_responses.error_response(key, version, dataclasses.replace(request, **{rule.items: ()}), 0)
+            others = self._not_attempted(answered(allowed, ErrorCode.operation_not_attempted, None))
+            body[rule.answer] = [*entries, *others]
+            return body
+        if allowed or rule.always:
+            body = await handle(rest)
+            if body is None:
+                return None
+            if body.get("error_code"):
+                return body  # a top-level error: Kafka's response builders keep it alone (OffsetDelete)
+        else:
+            # Nothing left to ask: answered without the handler, as Kafka (and an empty
+            # DescribeTopicPartitions list would ask for all topics).
+            body = error_responses.error_response(key, version, rest, ErrorCode.none)
+        mine = list(body.get(rule.answer) or [])
+        body[rule.answer] = [*entries, *mine] if rule.denied_first else [*mine, *entries]
+        return body
+
+    def _not_attempted(self, entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """AddPartitionsToTxn's OPERATION_NOT_ATTEMPTED entries, UNKNOWN_TOPIC_OR_PARTITION where the
+        partition does not exist (Kafka checks existence before giving up on the rest)."""
+        for topic in entries:
+            meta = self._meta.topics.get(topic.get("name"))
+            count = len(meta.partitions) if meta is not None else 0
+            for part in topic.get("results_by_partition", []):
+                if not 0 <= part["partition_index"] < count:
+                    part["partition_error_code"] = ErrorCode.unknown_topic_or_partition
+        return entries
+
+    def _hide_undescribable_assignments(self, body: dict[str, Any]) -> None:
+        """ConsumerGroupDescribe: a described group whose members' current or target assignment
+        names a topic the principal may not DESCRIBE is answered TOPIC_AUTHORIZATION_FAILED with no
+        members, as Kafka's handleConsumerGroupDescribe does (KAFKA-17507)."""
+        groups = body.get("groups", [])
+        for i, group in enumerate(groups):
+            if group.get("error_code"):
+                continue
+            topics = {
+                tp.get("topic_name")
+                for member in group.get("members", [])
+                for assignment in (member.get("assignment"), member.get("target_assignment"))
+                for tp in (assignment or {}).get("topic_partitions", [])
+            }
+            if any(name is not None and not self._describable(name) for name in topics):
+                groups[i] = {
+                    "group_id": group["group_id"],
+                    "error_code": ErrorCode.topic_authorization_failed,
+                    "error_message": "The group has described topic(s) that the client is not authorized to describe.",
+                    "members": [],
+                }
 
     def _filter_offset_fetch(self, request: Any, body: dict[str, Any]) -> None:
         """Committed offsets of topics the principal may not DESCRIBE: left out of an all-topics

@@ -290,13 +290,20 @@ class ConsumerGroups:
 
     # --- offsets validation -------------------------------------------------------------------
 
-    def validate_offset_commit(self, group_id: str, member_id: str, member_epoch: int) -> ErrorCode:
+    def validate_offset_commit(
+        self, group_id: str, member_id: str, member_epoch: int, *, api_version: int = -1
+    ) -> ErrorCode:
+        """``api_version``: the OffsetCommit version, -1 for none (TxnOffsetCommit, internal callers)."""
         group = self.groups[group_id]
         if member_epoch < 0 and not group.members:
             return ErrorCode.none
         member = group.members.get(member_id)
         if member is None:
             return ErrorCode.unknown_member_id
+        if 0 <= api_version < 9:
+            # As Kafka (ConsumerGroup.validateOffsetCommit): a member of this protocol commits with v9+,
+            # the first version whose generation field is the member epoch.
+            return ErrorCode.unsupported_version
         if member_epoch != member.member_epoch:
             return ErrorCode.stale_member_epoch
         return ErrorCode.none

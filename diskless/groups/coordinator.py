@@ -1155,7 +1155,8 @@ class GroupCoordinatorCore:
         ``api_version`` is the OffsetCommit version (-1: none, as for TxnOffsetCommit).
         """
         if self.consumer.is_consumer_group(group_id):
-            error = self.consumer.validate_offset_commit(group_id, member_id, generation_id)
+            version = -1 if transactional else api_version
+            error = self.consumer.validate_offset_commit(group_id, member_id, generation_id, api_version=version)
             if transactional and error is ErrorCode.stale_member_epoch:
                 return ErrorCode.illegal_generation
             return error

@@ -281,3 +281,23 @@ def test_offset_delete_on_a_consumer_group_without_committed_offsets() -> None:
         {(TOPIC, 0): ErrorCode.group_subscribed_to_topic, ("other", 0): ErrorCode.none},
     )
     assert core.delete_offsets(GROUP, [("other", 0)]) == {("other", 0): ErrorCode.none}
+
+
+def test_offset_commit_below_v9_from_a_consumer_protocol_member_is_unsupported_version() -> None:
+    """ConsumerGroup.validateOffsetCommit: a member of a KIP-848 group must commit with OffsetCommit
+    v9+ ("OffsetCommit version 9 or above must be used by members using the modern group
+    protocol"): UNSUPPORTED_VERSION, checked after the member is found and before its epoch. It was
+    accepted (and v8 has no member epoch field: the "generation" it carries was taken for one)."""
+    core, clock = make_core(), Clock()
+    a = Member(core, "a", clock)
+    converge([a])
+    commit = core.validate_commit
+    assert commit(GROUP, a.epoch, "a", None, clock.now, api_version=8) is ErrorCode.unsupported_version
+    assert commit(GROUP, a.epoch - 1, "a", None, clock.now, api_version=8) is ErrorCode.unsupported_version
+    assert commit(GROUP, a.epoch, "zz", None, clock.now, api_version=8) is ErrorCode.unknown_member_id
+    assert commit(GROUP, a.epoch, "a", None, clock.now, api_version=9) is ErrorCode.none
+    # TxnOffsetCommit has no such rule.
+    assert commit(GROUP, a.epoch, "a", None, clock.now, transactional=True) is ErrorCode.none
+    # An admin commit (no member) to an empty consumer group: any version.
+    a.heartbeat(member_epoch=-1)
+    assert commit(GROUP, -1, "", None, clock.now, api_version=2) is ErrorCode.none

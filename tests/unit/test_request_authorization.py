@@ -85,6 +85,11 @@ def test_no_acl_means_refused_before_the_handler(api_key: int, version: int) -> 
     response = m.build(m._response_type(api_key, version), body)
     _, codes = answered(response)
     assert set(codes) <= DENIALS, codes
+    if api_key == 75 and request.cursor is not None:
+        # Kafka only considers the topics from the cursor on: those before it are not answered.
+        answered_names = {t["name"] for t in body["topics"]}
+        assert answered_names == {t.name for t in request.topics if t.name >= request.cursor.topic_name}
+        return
     # error_responses has no per-item answer for these yet (their responses list other things).
     assert codes or api_key in UNANSWERABLE, f"api {api_key}: refused without an error code"
 
