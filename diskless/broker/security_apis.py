@@ -51,6 +51,7 @@ from diskless.security.scram import (
 )
 from diskless.security.session import CLUSTER_PRINCIPAL, SecuritySession, current_session
 from diskless.security.store import EtcdSecurityStore, LocalSecurityStore, SecurityStore
+from diskless.transactions.handlers import INTERNAL_TOPICS
 
 from .api_base import ApiFamily
 
@@ -171,6 +172,9 @@ class _PerItem:
     # UNKNOWN_TOPIC_OR_PARTITION where the partition does not exist), the handler does not run
     # (AddPartitionsToTxn v0-3: the transaction is not changed).
     fails_whole: bool = False
+    # Items denied whatever the ACLs (AddPartitionsToTxn: internal topics, which Kafka leaves out of
+    # those it authorizes). Super users bypass this layer: the handler refuses them too.
+    refused: Callable[[Any], bool] = lambda item: False
 
 
 # The APIs Kafka authorizes per item.
@@ -212,6 +216,7 @@ _PER_ITEM: dict[int, _PerItem] = {
         _topic_check(a.WRITE),
         whole=lambda r: _txn(r.v3_and_below_transactional_id),
         fails_whole=True,
+        refused=lambda item: item.name in INTERNAL_TOPICS,
     ),
     m.API_DESCRIBE_GROUPS: _PerItem("groups", "groups", _group_check(a.DESCRIBE), denied_first=True),
     m.API_CONSUMER_GROUP_DESCRIBE: _PerItem("group_ids", "groups", _group_check(a.DESCRIBE), denied_first=True),
@@ -482,7 +487,7 @@ class SecurityApis(ApiFamily):
         denied: list[tuple[Any, int]] = []
         for item in items:
             op, kind, name = rule.check(item)
-            if every or self.allowed(op, kind, name):
+            if not rule.refused(item) and (every or self.allowed(op, kind, name)):
                 allowed.append(item)
             elif rule.considered(request, item):
                 denied.append((item, kind))

@@ -96,6 +96,11 @@ class TxnFacade(Protocol):
 
 Handler = Callable[[TxnFacade, RequestHeader, Any], Awaitable[dict[str, Any] | None]]
 
+# Kafka's internal topics (Topic.isInternal). A client may not add their partitions to a transaction:
+# KafkaApis leaves them out of the topics it authorizes for AddPartitionsToTxn v0-3, so they are
+# TOPIC_AUTHORIZATION_FAILED whatever the ACLs (offsets reach a transaction through AddOffsetsToTxn).
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
+
 
 def _ms(value: Any) -> int:
     """kio decodes millisecond durations as timedelta; accept ints too."""
@@ -263,20 +268,24 @@ async def _add(facade: TxnFacade, txn_id: str, pid: int, epoch: int, partitions:
 
 
 async def add_partitions_to_txn(facade: TxnFacade, header: RequestHeader, request: Any) -> dict[str, Any]:
-    """AddPartitionsToTxn v0-3. Partitions that do not exist get UNKNOWN_TOPIC_OR_PARTITION and
-    the others OPERATION_NOT_ATTEMPTED, without asking the coordinator, as Kafka answers."""
+    """AddPartitionsToTxn v0-3. Partitions of internal topics get TOPIC_AUTHORIZATION_FAILED (ACLs
+    are checked before, in the security layer, but internal topics are refused even with no
+    authorizer, as Kafka), those that do not exist UNKNOWN_TOPIC_OR_PARTITION; then the others get
+    OPERATION_NOT_ATTEMPTED, without asking the coordinator, as Kafka answers."""
     by_topic: dict[str, list[int]] = {}
     for topic in request.v3_and_below_topics:
         parts = by_topic.setdefault(topic.name, [])
         parts.extend(p for p in topic.partitions if p not in parts)
     wanted = {(name, p) for name, parts in by_topic.items() for p in parts}
-    missing = {tp for tp in wanted if not facade.partition_exists(*tp)}
+    refused: dict[TopicPartition, ErrorCode] = {}
+    for tp in wanted:
+        if tp[0] in INTERNAL_TOPICS:
+            refused[tp] = ErrorCode.topic_authorization_failed
+        elif not facade.partition_exists(*tp):
+            refused[tp] = ErrorCode.unknown_topic_or_partition
     errors: dict[TopicPartition, ErrorCode]
-    if missing:
-        errors = {
-            tp: ErrorCode.unknown_topic_or_partition if tp in missing else ErrorCode.operation_not_attempted
-            for tp in wanted
-        }
+    if refused:
+        errors = {tp: refused.get(tp, ErrorCode.operation_not_attempted) for tp in wanted}
     else:
         error = await _add(
             facade,

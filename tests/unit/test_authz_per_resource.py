@@ -524,3 +524,36 @@ def test_add_partitions_to_txn_fails_the_transaction_when_a_topic_is_denied() ->
         ("payroll", 0): TOPIC_DENIED,
         ("ghost", 0): ErrorCode.unknown_topic_or_partition,
     }
+
+
+def test_add_partitions_to_txn_refuses_internal_topics_even_when_allowed() -> None:
+    """KafkaApis.handleAddPartitionsToTxnRequest (v0-3) authorizes only the non-internal topics:
+    ``__consumer_offsets`` is TOPIC_AUTHORIZATION_FAILED though the principal may WRITE it; it was
+    UNKNOWN_TOPIC_OR_PARTITION here (and OPERATION_NOT_ATTEMPTED where it exists)."""
+    grants = [(a.TOPIC, "orders", a.WRITE), (a.TOPIC, "__consumer_offsets", a.WRITE)]
+    apis = _apis((a.TRANSACTIONAL_ID, "t", a.WRITE), *grants)
+    schema = load_request_schema(m.API_ADD_PARTITIONS_TO_TXN, 3)
+    topic = _item(schema, "v3_and_below_topics")
+    request = schema(
+        v3_and_below_transactional_id="t",
+        v3_and_below_producer_id=1,
+        v3_and_below_producer_epoch=0,
+        v3_and_below_topics=(
+            topic(name="orders", partitions=(0,)),
+            topic(name="payroll", partitions=(0,)),
+            topic(name="__consumer_offsets", partitions=(0,)),
+        ),
+    )
+    handler = Recorder(lambda r: {})
+    body = _run(apis, m.API_ADD_PARTITIONS_TO_TXN, 3, request, handler)
+    assert handler.seen == []
+    codes = {
+        (t["name"], p["partition_index"]): p["partition_error_code"]
+        for t in body["results_by_topic_v3_and_below"]
+        for p in t["results_by_partition"]
+    }
+    assert codes == {
+        ("orders", 0): ErrorCode.operation_not_attempted,
+        ("payroll", 0): TOPIC_DENIED,
+        ("__consumer_offsets", 0): TOPIC_DENIED,
+    }

@@ -309,6 +309,24 @@ async def test_unknown_partition_fails_the_whole_request() -> None:
     assert _state(facade) is TxnState.EMPTY
 
 
+async def test_internal_topics_are_refused_and_fail_the_whole_request() -> None:
+    """KafkaApis.handleAddPartitionsToTxnRequest (v0-3) leaves internal topics out of the topics it
+    authorizes: they are TOPIC_AUTHORIZATION_FAILED whatever the ACLs (no authorizer, super user
+    too), and, like any refused partition, fail the whole request. They were added."""
+    facade = FakeFacade()
+    client = Client(facade)
+    await client.init()
+    result = await client.add([TP0, (OFFSETS, 3), ("__transaction_state", 0), ("missing", 0)], version=3)
+    assert result == {
+        TP0: E.operation_not_attempted,
+        (OFFSETS, 3): E.topic_authorization_failed,
+        ("__transaction_state", 0): E.topic_authorization_failed,
+        ("missing", 0): E.unknown_topic_or_partition,
+    }
+    assert await client.add([(OFFSETS, 0)], version=0) == {(OFFSETS, 0): E.topic_authorization_failed}
+    assert _state(facade) is TxnState.EMPTY
+
+
 async def test_coordinator_errors_pass_through() -> None:
     facade = FakeFacade()
     client = Client(facade)
