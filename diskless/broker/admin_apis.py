@@ -174,16 +174,24 @@ class AdminApis(ApiFamily):
 
     async def create_partitions(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         results = []
+        # A topic named twice is answered once, INVALID_REQUEST, and not grown (as Kafka's
+        # ControllerApis.createPartitions, which collects the names in a set): only the others
+        # count towards the partitions the request asks for.
+        names = [item.name for item in request.topics]
+        duplicated = {name for name in names if names.count(name) > 1}
         asked = 0
         for item in request.topics:
             topic = self._meta.topics.get(item.name)
-            asked += item.count - (len(topic.partitions) if topic is not None else 0)
-        names = [item.name for item in request.topics]
+            if item.name not in duplicated:
+                asked += item.count - (len(topic.partitions) if topic is not None else 0)
+        answered: set[str] = set()
         for item in request.topics:
             entry: dict[str, Any] = {"name": item.name, "error_code": ErrorCode.none, "error_message": None}
-            if names.count(item.name) > 1:
-                entry.update(error_code=ErrorCode.invalid_request, error_message="Duplicate topic name.")
-                results.append(entry)
+            if item.name in duplicated:
+                if item.name not in answered:
+                    answered.add(item.name)
+                    entry.update(error_code=ErrorCode.invalid_request, error_message="Duplicate topic name.")
+                    results.append(entry)
                 continue
             if asked > MAX_NEW_PARTITIONS_PER_REQUEST:
                 entry.update(error_code=ErrorCode.policy_violation, error_message=EXCESSIVE_PARTITIONS)

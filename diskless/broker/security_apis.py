@@ -144,6 +144,10 @@ def _after_cursor(request: Any, item: Any) -> bool:
     return cursor is None or item.name >= cursor.topic_name
 
 
+def _named_twice(request: Any, item: Any) -> bool:
+    return sum(other.name == item.name for other in request.topics) > 1
+
+
 @dataclasses.dataclass(frozen=True)
 class _PerItem:
     """How Kafka authorizes an API item by item (its handlers' partitionSeqByAuthorized and
@@ -175,6 +179,11 @@ class _PerItem:
     # Items denied whatever the ACLs (AddPartitionsToTxn: internal topics, which Kafka leaves out of
     # those it authorizes). Super users bypass this layer: the handler refuses them too.
     refused: Callable[[Any], bool] = lambda item: False
+    # Items Kafka answers before authorizing, left to the handler whatever the ACLs (CreatePartitions:
+    # a topic named twice is INVALID_REQUEST, not TOPIC_AUTHORIZATION_FAILED).
+    unchecked: Callable[[Any, Any], bool] = lambda request, item: False
+    # A resource named twice is one item (DeleteGroups: Kafka authorizes ``groupsNames.distinct``).
+    distinct: bool = False
 
 
 # The APIs Kafka authorizes per item.
@@ -184,7 +193,9 @@ _PER_ITEM: dict[int, _PerItem] = {
         "topics", "topics", _topic_check(a.DESCRIBE), unless=(a.CLUSTER_ACTION, a.CLUSTER, a.CLUSTER_NAME)
     ),
     m.API_DELETE_RECORDS: _PerItem("topics", "topics", _topic_check(a.DELETE)),
-    m.API_CREATE_PARTITIONS: _PerItem("topics", "results", _topic_check(a.ALTER), denied_first=True),
+    m.API_CREATE_PARTITIONS: _PerItem(
+        "topics", "results", _topic_check(a.ALTER), denied_first=True, unchecked=_named_twice
+    ),
     m.API_DESCRIBE_CONFIGS: _PerItem("resources", "results", _config_check(a.DESCRIBE_CONFIGS), message=True),
     m.API_ALTER_CONFIGS: _PerItem(
         "resources", "responses", _config_check(a.ALTER_CONFIGS), denied_first=True, message=True
@@ -220,7 +231,7 @@ _PER_ITEM: dict[int, _PerItem] = {
     ),
     m.API_DESCRIBE_GROUPS: _PerItem("groups", "groups", _group_check(a.DESCRIBE), denied_first=True),
     m.API_CONSUMER_GROUP_DESCRIBE: _PerItem("group_ids", "groups", _group_check(a.DESCRIBE), denied_first=True),
-    m.API_DELETE_GROUPS: _PerItem("groups_names", "results", _group_check(a.DELETE)),
+    m.API_DELETE_GROUPS: _PerItem("groups_names", "results", _group_check(a.DELETE), distinct=True),
     # Named topics only: all topics (an empty list) is _describe_all_topic_partitions.
     API_DESCRIBE_TOPIC_PARTITIONS: _PerItem("topics", "topics", _topic_check(a.DESCRIBE), considered=_after_cursor),
 }
@@ -483,11 +494,17 @@ class SecurityApis(ApiFamily):
             return refused
         every = rule.unless is not None and self.allowed(*rule.unless)
         items = tuple(getattr(request, rule.items) or ())
+        if rule.distinct:
+            first: dict[str, Any] = {}
+            for item in items:
+                first.setdefault(rule.check(item)[2], item)
+            items = tuple(first.values())
+            request = dataclasses.replace(request, **{rule.items: items})
         allowed: list[Any] = []
         denied: list[tuple[Any, int]] = []
         for item in items:
             op, kind, name = rule.check(item)
-            if not rule.refused(item) and (every or self.allowed(op, kind, name)):
+            if rule.unchecked(request, item) or (not rule.refused(item) and (every or self.allowed(op, kind, name))):
                 allowed.append(item)
             elif rule.considered(request, item):
                 denied.append((item, kind))

@@ -619,9 +619,10 @@ async def describe_groups(facade: GroupFacade, header: RequestHeader, request: A
 
 async def delete_groups(facade: GroupFacade, header: RequestHeader, request: Any) -> dict[str, Any]:
     """DeleteGroups: only Empty groups. The group turns Dead while its tombstones are written,
-    so no member can join and no offset can be committed in between."""
+    so no member can join and no offset can be committed in between. A group named twice is
+    answered once, as Kafka (``groupsNames.distinct``)."""
     results = []
-    for group_id in request.groups_names:
+    for group_id in dict.fromkeys(request.groups_names):
         core = facade.coordinator(group_id)
         if isinstance(core, ErrorCode):
             results.append({"group_id": group_id, "error_code": core})

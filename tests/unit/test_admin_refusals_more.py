@@ -55,6 +55,28 @@ def test_create_partitions_duplicate_topic_is_invalid_request() -> None:
     assert len(broker.metadata.topics["t"].partitions) == 1
 
 
+def test_create_partitions_duplicate_topic_is_answered_once() -> None:
+    """Kafka ControllerApis.createPartitions answers a duplicated name once (a set of names), and
+    only the other topics count towards the partitions the request asks for. Diskless answered
+    each occurrence (two results for one name)."""
+    broker = broker_with_topic({"retention.ms": "1000"})
+    broker.metadata.create_topic("u", 1, 1, {})
+    request = SimpleNamespace(
+        topics=[
+            SimpleNamespace(name="t", count=2, assignments=None),
+            SimpleNamespace(name="u", count=2, assignments=None),
+            SimpleNamespace(name="t", count=3, assignments=None),
+        ],
+        validate_only=False,
+    )
+    out = asyncio.run(AdminApis(broker).create_partitions(None, request))["results"]  # type: ignore[arg-type]
+    assert [(r["name"], r["error_code"], r["error_message"]) for r in out] == [
+        ("t", ErrorCode.invalid_request, "Duplicate topic name."),
+        ("u", ErrorCode.none, None),
+    ]
+    assert (len(broker.metadata.topics["t"].partitions), len(broker.metadata.topics["u"].partitions)) == (1, 2)
+
+
 def describe(broker: FakeBroker, resource_type: int, name: str, keys: Any) -> dict[str, Any]:
     request = SimpleNamespace(
         resources=[SimpleNamespace(resource_type=resource_type, resource_name=name, configuration_keys=keys)],

@@ -189,6 +189,22 @@ def test_delete_groups_answers_each_denied_group() -> None:
     ]
 
 
+def test_delete_groups_answers_a_denied_group_named_twice_once() -> None:
+    """KafkaApis.handleDeleteGroupsRequest de-duplicates the names before authorizing: one
+    GROUP_AUTHORIZATION_FAILED per denied group (it was one per occurrence)."""
+    apis = _apis((a.GROUP, "mine", a.DELETE))
+    request = load_request_schema(m.API_DELETE_GROUPS, 2)(groups_names=("theirs", "mine", "theirs"))
+    handler = Recorder(
+        lambda r: {"throttle_time": 0, "results": [{"group_id": g, "error_code": 0} for g in r.groups_names]}
+    )
+    body = _run(apis, m.API_DELETE_GROUPS, 2, request, handler)
+    assert [r.groups_names for r in handler.seen] == [("mine",)]
+    assert [(r["group_id"], r["error_code"]) for r in body["results"]] == [
+        ("mine", ErrorCode.none),
+        ("theirs", GROUP_DENIED),
+    ]
+
+
 # --- DescribeTopicPartitions -------------------------------------------------------------------------
 
 
@@ -364,6 +380,40 @@ def test_create_partitions_answers_each_denied_topic() -> None:
     results = _by(body["results"], "name")
     assert (results["orders"]["error_code"], results["payroll"]["error_code"]) == (0, TOPIC_DENIED)
     assert results["payroll"].get("error_message") is None
+
+
+def test_create_partitions_answers_a_duplicate_topic_invalid_request_before_authorizing() -> None:
+    """ControllerApis.createPartitions: a topic named twice is INVALID_REQUEST "Duplicate topic
+    name." before the ALTER check, so a denied topic named twice is not TOPIC_AUTHORIZATION_FAILED
+    (it was, once per occurrence); the handler answers the duplicate."""
+    import datetime
+
+    apis = _apis((a.TOPIC, "orders", a.ALTER))
+    schema = load_request_schema(m.API_CREATE_PARTITIONS, 3)
+    topic = _item(schema, "topics")
+    request = schema(
+        topics=(
+            topic(name="payroll", count=4, assignments=None),
+            topic(name="orders", count=4, assignments=None),
+            topic(name="payroll", count=5, assignments=None),
+        ),
+        timeout=datetime.timedelta(seconds=1),
+        validate_only=False,
+    )
+
+    def answer(r: Any) -> dict[str, Any]:
+        names = [t.name for t in r.topics]
+        results = [
+            {"name": n, "error_code": ErrorCode.invalid_request if names.count(n) > 1 else 0}
+            for n in dict.fromkeys(names)
+        ]
+        return {"throttle_time": 0, "results": results}
+
+    body = _run(apis, m.API_CREATE_PARTITIONS, 3, request, Recorder(answer))
+    assert sorted((r["name"], r["error_code"]) for r in body["results"]) == [
+        ("orders", ErrorCode.none),
+        ("payroll", ErrorCode.invalid_request),
+    ]
 
 
 def _configs_request(api_key: int, version: int, resources: list[tuple[int, str]]) -> Any:

@@ -461,6 +461,19 @@ async def test_delete_groups(version: int) -> None:
     assert {(d.topic, d.partition) for d in decoded[:-1]} == {("t", 0), ("t", 1), ("u", 0)}
 
 
+async def test_delete_groups_answers_a_group_named_twice_once() -> None:
+    """KafkaApis.handleDeleteGroupsRequest de-duplicates the names (``groupsNames.distinct``): one
+    result per group. The second entry was answered GROUP_ID_NOT_FOUND after the first deleted it."""
+    facade = FakeFacade()
+    await call(facade, h.API_OFFSET_COMMIT, 8, commit_body() | {"group_id": "old"})
+    deleted = await call(facade, h.API_DELETE_GROUPS, 2, {"groups_names": ["old", "unknown", "old"]})
+    assert [(r.group_id, r.error_code) for r in deleted.results] == [
+        ("old", E.none),
+        ("unknown", E.group_id_not_found),
+    ]
+    assert facade.core.group_state("old") is None
+
+
 async def test_delete_group_that_cannot_be_persisted_survives() -> None:
     facade = FakeFacade()
     await call(facade, h.API_OFFSET_COMMIT, 8, commit_body())
