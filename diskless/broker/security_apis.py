@@ -255,7 +255,12 @@ _CHECKS: dict[int, Callable[[Any], list[Check]]] = {
     m.API_LEAVE_GROUP: lambda r: _group(a.READ, r.group_id),
     m.API_OFFSET_FETCH: _offset_fetch,
     m.API_LIST_GROUPS: lambda r: [],  # filtered per group afterwards
-    m.API_CONSUMER_GROUP_HEARTBEAT: lambda r: _group(a.READ, r.group_id),
+    # After the group, DESCRIBE on every subscribed topic (KAFKA-18813: a client may not learn about
+    # topics it cannot describe through its assignment); a regex subscription is refused by the
+    # coordinator (not supported), so there is no resolved topic to filter.
+    m.API_CONSUMER_GROUP_HEARTBEAT: lambda r: (
+        _group(a.READ, r.group_id) + _topics(a.DESCRIBE, list(dict.fromkeys(r.subscribed_topic_names or ())))
+    ),
     m.API_ADD_OFFSETS_TO_TXN: lambda r: _txn(r.transactional_id) + _group(a.READ, r.group_id),
     m.API_END_TXN: lambda r: _txn(r.transactional_id),
     # Not authorized, as Kafka's brokers (AuthHelper.computeDescribeClusterResponse): any principal

@@ -607,3 +607,39 @@ def test_add_partitions_to_txn_refuses_internal_topics_even_when_allowed() -> No
         ("payroll", 0): TOPIC_DENIED,
         ("__consumer_offsets", 0): TOPIC_DENIED,
     }
+
+
+def _heartbeat(topics: tuple[str, ...] | None) -> Any:
+    import datetime
+
+    schema = load_request_schema(m.API_CONSUMER_GROUP_HEARTBEAT, 0)
+    return schema(
+        group_id="grp",
+        member_id="m1",
+        member_epoch=0,
+        instance_id=None,
+        rack_id=None,
+        rebalance_timeout=datetime.timedelta(seconds=30),
+        subscribed_topic_names=topics,
+        server_assignor=None,
+        topic_partitions=(),
+    )
+
+
+def test_consumer_group_heartbeat_refuses_a_subscription_to_an_undescribable_topic() -> None:
+    """KafkaApis.handleConsumerGroupHeartbeat (KAFKA-18813, every version): after READ on the
+    group, every subscribed topic needs DESCRIBE, else TOPIC_AUTHORIZATION_FAILED (no message)
+    and the coordinator is not asked; it checked only the group. A heartbeat without a
+    subscription (null: unchanged, or empty) checks no topic."""
+    apis = _apis((a.GROUP, "grp", a.READ), (a.TOPIC, "orders", a.DESCRIBE))
+    handler = Recorder(lambda r: {"throttle_time": 0, "error_code": 0, "member_id": "m1", "member_epoch": 1})
+    body = _run(apis, m.API_CONSUMER_GROUP_HEARTBEAT, 0, _heartbeat(("orders", "payroll")), handler)
+    assert handler.seen == []
+    assert (body["error_code"], body.get("error_message")) == (TOPIC_DENIED, None)
+    for topics in (("orders",), None, ()):
+        body = _run(apis, m.API_CONSUMER_GROUP_HEARTBEAT, 0, _heartbeat(topics), handler)
+        assert body["error_code"] == ErrorCode.none
+    assert [r.subscribed_topic_names for r in handler.seen] == [("orders",), None, ()]
+    # The group is checked first.
+    body = _run(_apis((a.TOPIC, "orders", a.DESCRIBE)), m.API_CONSUMER_GROUP_HEARTBEAT, 0, _heartbeat(("x",)), handler)
+    assert body["error_code"] == GROUP_DENIED
