@@ -119,8 +119,9 @@ def _topics_option(options: dict[str, str]) -> tuple[list[str] | None, re.Patter
 
 def _offsets_spec(name: str, text: str | None, default: str) -> str | dict[str, dict[str, int]]:
     text = (text or default).strip()
-    if text in ("earliest", "latest"):
-        return text
+    # The keywords in any case ("LATEST"), as Spark's Kafka source compares them lower-cased.
+    if text.lower() in ("earliest", "latest"):
+        return text.lower()
     try:
         spec = json.loads(text)
         out: dict[str, dict[str, int]] = {}

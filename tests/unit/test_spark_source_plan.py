@@ -105,3 +105,17 @@ def test_offsets_json_names_partitions_by_number() -> None:
         {"bootstrap.servers": "127.0.0.1:1", "topic": "t", "startingOffsets": '{"t": {"00": 7}}'}, streaming=False
     )
     assert plan._resolve_spec("startingOffsets", plan.starting, [PART], EARLIEST) == [7]
+
+
+@pytest.mark.parametrize(("text", "expected"), [("LATEST", "latest"), (" Earliest ", "earliest")])
+def test_offsets_keywords_are_case_insensitive_as_in_sparks_kafka_source(text: str, expected: str) -> None:
+    """KafkaSourceProvider.getKafkaOffsetRangeLimit lower-cases (after trimming) the value of
+    startingOffsets/endingOffsets before comparing it with latest/earliest; "LATEST" was refused
+    as JSON that does not parse."""
+    plan = source._Plan({"bootstrap.servers": "127.0.0.1:1", "topic": "t", "startingOffsets": text}, streaming=True)
+    assert plan.starting == expected
+    plan = source._Plan({"bootstrap.servers": "127.0.0.1:1", "topic": "t", "endingOffsets": "Latest"}, streaming=False)
+    assert (plan.starting, plan.ending) == ("earliest", "latest")
+    # Still refused for a batch query, as "latest".
+    with pytest.raises(source.DisklessSourceError, match="not allowed for a batch query"):
+        source._Plan({"bootstrap.servers": "127.0.0.1:1", "topic": "t", "startingOffsets": "LATEST"}, streaming=False)
