@@ -192,6 +192,16 @@ class PartitionInfo:
 class ClusterView:
     brokers: dict[int, tuple[str, int]] = field(default_factory=dict)
     topics: dict[str, list[PartitionInfo]] = field(default_factory=dict)
+    # Topics an all-topics Metadata answered with an error (subscribePattern): only a read of
+    # one of them fails (``partitions``), not the listing.
+    errors: dict[str, int] = field(default_factory=dict)
+
+    def partitions(self, topic: str) -> list[PartitionInfo]:
+        """The partitions of a topic to read; a topic Metadata answered with an error raises."""
+        code = self.errors.get(topic)
+        if code is not None:
+            raise DisklessSourceError(f"topic {topic!r}: {_error_name(code)} (does it exist?)")
+        return self.topics[topic]
 
 
 def _error_name(code: int) -> str:
@@ -260,7 +270,8 @@ class ClusterClient:
         raise DisklessSourceError(f"no broker answered (bootstrap.servers): {'; '.join(errors)}")
 
     async def metadata(self, topics: list[str] | None) -> ClusterView:
-        """Brokers and the partitions of ``topics`` (every topic when None); unknown topics raise."""
+        """Brokers and the partitions of ``topics`` (every topic when None). A named topic in error
+        (unknown, ...) raises; of every topic, those in error are kept in ``errors`` instead."""
         body = {
             "topics": None if topics is None else [{"name": t} for t in topics],
             "allow_auto_topic_creation": False,
@@ -269,7 +280,14 @@ class ClusterClient:
         self.view.brokers = {b.node_id: (b.host, b.port) for b in answer.brokers}
         for t in answer.topics:
             if t.error_code != ErrorCode.none:
-                raise DisklessSourceError(f"topic {t.name!r}: {_error_name(t.error_code)} (does it exist?)")
+                if topics is not None:
+                    raise DisklessSourceError(f"topic {t.name!r}: {_error_name(t.error_code)} (does it exist?)")
+                # Every topic: one in error (a leader being elected, ...) that the pattern does not
+                # pick must not fail the read.
+                self.view.errors[t.name] = t.error_code
+                self.view.topics.pop(t.name, None)
+                continue
+            self.view.errors.pop(t.name, None)
             if t.is_internal and topics is None:
                 continue
             self.view.topics[t.name] = [

@@ -178,10 +178,12 @@ class _Plan:
     async def partitions(self, client: ClusterClient) -> list[PartitionInfo]:
         view = await client.metadata(self.topics)
         # The whole name must match, as Kafka's consumer (and Spark's Kafka source) subscribe.
-        names = self.topics if self.topics is not None else sorted(t for t in view.topics if self.pattern.fullmatch(t))  # type: ignore[union-attr]
+        # Topics in error are matched too: a read of one fails (view.partitions), as it should.
+        listed = {*view.topics, *view.errors}
+        names = self.topics if self.topics is not None else sorted(t for t in listed if self.pattern.fullmatch(t))  # type: ignore[union-attr]
         if not names:
             raise DisklessSourceError(f"subscribePattern {self.pattern.pattern!r} matches no topic")  # type: ignore[union-attr]
-        return [p for name in names for p in view.topics[name]]
+        return [p for name in names for p in view.partitions(name)]
 
     def _resolve_spec(
         self, name: str, spec: str | dict[str, dict[str, int]], parts: list[PartitionInfo], default: int

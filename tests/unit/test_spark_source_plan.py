@@ -119,3 +119,42 @@ def test_offsets_keywords_are_case_insensitive_as_in_sparks_kafka_source(text: s
     # Still refused for a batch query, as "latest".
     with pytest.raises(source.DisklessSourceError, match="not allowed for a batch query"):
         source._Plan({"bootstrap.servers": "127.0.0.1:1", "topic": "t", "startingOffsets": "LATEST"}, streaming=False)
+
+
+def _metadata_answer() -> Any:
+    """An all-topics Metadata answer: "orders" readable, "staging" in error (a leader being elected)."""
+    from types import SimpleNamespace
+
+    from kio.schema.errors import ErrorCode
+
+    part = SimpleNamespace(partition_index=0, leader_id=1, replica_nodes=(1,))
+    return SimpleNamespace(
+        brokers=[SimpleNamespace(node_id=1, host="127.0.0.1", port=1)],
+        topics=[
+            SimpleNamespace(name="staging", topic_id="id-s", error_code=ErrorCode.leader_not_available,
+                            is_internal=False, partitions=()),
+            SimpleNamespace(name="orders", topic_id="id-o", error_code=ErrorCode.none, is_internal=False,
+                            partitions=(part,)),
+        ],
+    )  # fmt: skip
+
+
+def test_subscribe_pattern_fails_only_for_a_topic_in_error_that_it_reads() -> None:
+    """ClusterClient.metadata(None) raised on the first topic of the cluster in error, whether
+    or not the pattern picks it: subscribePattern=orders failed on "staging"."""
+    import asyncio
+
+    from diskless.spark.cluster import ClusterClient, Settings
+
+    client = ClusterClient(Settings(bootstrap=(("127.0.0.1", 1),), secret=b"s"))
+
+    async def any_request(api_key: int, version: int, body: dict[str, Any]) -> Any:
+        assert body["topics"] is None
+        return _metadata_answer()
+
+    client._any_request = any_request  # type: ignore[method-assign]
+    plan = source._Plan({"bootstrap.servers": "127.0.0.1:1", "subscribePattern": "orders"}, streaming=False)
+    assert [(p.topic, p.index, p.topic_id) for p in asyncio.run(plan.partitions(client))] == [("orders", 0, "id-o")]
+    plan = source._Plan({"bootstrap.servers": "127.0.0.1:1", "subscribePattern": "sta.*|orders"}, streaming=False)
+    with pytest.raises(source.DisklessSourceError, match="topic 'staging': LEADER_NOT_AVAILABLE"):
+        asyncio.run(plan.partitions(client))
