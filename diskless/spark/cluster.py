@@ -403,7 +403,7 @@ class PartitionReader:
         self._filter: AbortedFilter | None = None
         self._store: ObjectStore | None = None
         self._tiers: TierReader | None = None
-        self._moved = 0
+        self._moved = 0  # consecutive refreshes that found a WAL object gone (reset by a step that reads)
         self.bytes_read = 0
 
     async def close(self) -> None:
@@ -552,6 +552,8 @@ class PartitionReader:
                     ) from exc
                 self._units.clear()
                 continue
+            # Only consecutive misses fail the read: a long read may see several objects tiered away.
+            self._moved = 0
             for batch in resolved:
                 try:
                     header = records.parse_header(batch)

@@ -182,6 +182,52 @@ async def test_pointers_into_a_deleted_wal_object_are_asked_for_again() -> None:
     assert await reader.next_batch() is None
 
 
+async def test_wal_objects_gone_at_several_steps_of_a_long_read_do_not_fail_it() -> None:
+    """Only consecutive refreshes that find their WAL object gone fail a read: each step of this
+    one (a record per FetchPointers) first gets pointers into an object tiered away meanwhile,
+    then the records. The count was never reset, so the fourth such step failed the read with
+    "WAL object ... is gone ... although the leader still points into it"."""
+    from diskless.spark.cluster import MAX_POINTER_REFRESHES, PartitionInfo, PartitionReader
+    from diskless.storage.pointer import encode_pointer_entry
+
+    steps = MAX_POINTER_REFRESHES + 3
+    common = {"error_code": 0, "high_watermark": steps, "last_stable_offset": steps, "log_start_offset": 0}
+    answers = []
+    for offset in range(steps):
+        batch = make_batch([f"v{offset}".encode()], base_offset=offset)
+        entry = encode_pointer_entry(batch[:61], f"wal/gone-{offset}.wal", 0, len(batch))
+        answers.append({**common, "kind": "pointers", "data": entry, "aborted_transactions": []})
+        answers.append({**common, "kind": "records", "data": batch, "aborted_transactions": []})
+    client = _FakeClient(answers)
+    reader = PartitionReader(client, PartitionInfo("t", "id", 0, 1, (1,)), 0, steps, SCHEMA)  # type: ignore[arg-type]
+    reader._store = _GoneStore()  # type: ignore[assignment]
+    values = []
+    while (out := await reader.next_batch()) is not None:
+        values += out.column("value").to_pylist()
+    assert values == [f"v{offset}".encode() for offset in range(steps)]
+    assert client.asked == [offset for offset in range(steps) for _ in (0, 1)]
+
+
+async def test_a_wal_object_gone_at_every_refresh_fails_the_read() -> None:
+    """Consecutive refreshes that keep finding the object gone still fail, naming it."""
+    import pytest
+
+    from diskless.spark.cluster import MAX_POINTER_REFRESHES, DisklessSourceError, PartitionInfo, PartitionReader
+    from diskless.storage.pointer import encode_pointer_entry
+
+    batch = make_batch([b"a"], base_offset=0)
+    entry = encode_pointer_entry(batch[:61], "wal/gone.wal", 0, len(batch))
+    common = {"error_code": 0, "high_watermark": 1, "last_stable_offset": 1, "log_start_offset": 0}
+    client = _FakeClient(
+        [{**common, "kind": "pointers", "data": entry, "aborted_transactions": []}] * (MAX_POINTER_REFRESHES + 1)
+    )
+    reader = PartitionReader(client, PartitionInfo("t", "id", 0, 1, (1,)), 0, 1, SCHEMA)  # type: ignore[arg-type]
+    reader._store = _GoneStore()  # type: ignore[assignment]
+    with pytest.raises(DisklessSourceError, match=r"WAL object wal/gone\.wal is gone"):
+        await reader.next_batch()
+    assert client.asked == [0] * (MAX_POINTER_REFRESHES + 1)
+
+
 async def test_a_range_starting_between_an_aborted_transaction_and_its_marker_keeps_the_next_transaction() -> None:
     """A read starting after an aborted transaction's records but before its ABORT marker (a range
     split by maxRecordsPerPartition, or a FetchPointers slice cut there): the leader lists that
