@@ -13,7 +13,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import fields, replace
 from typing import Any
 
@@ -430,6 +430,10 @@ class Broker:
                 # Also drops replicas of an older incarnation of the name (a deletion we may never
                 # have seen, e.g. across a lost watch): they must not serve the new one.
                 self.replicas.on_topic(topic, self.log_config(topic))
+                if self.clustered and self._is_controller():
+                    # Kafka's controller elects at once when unclean.leader.election.enable is
+                    # turned on for a topic with offline partitions, not at its next periodic pass.
+                    await self._reconcile(topics={name})
         elif kind == "partition":
             topic = self.metadata.topics.get(change[1])
             index = int(change[2])
@@ -441,6 +445,8 @@ class Broker:
                         shell.on_partition(index, hosted)
         elif kind == "broker-config":
             self.operations.apply_dynamic_configs()
+            if self.clustered and self._is_controller():
+                await self._reconcile()  # a cluster-wide unclean.leader.election.enable may now elect
         elif kind == "controller" and self.metadata.controller_id == -1 and self.clustered:
             await self._campaign()
         elif kind == "broker" and self.clustered and self._is_controller():
@@ -608,15 +614,29 @@ class Broker:
             except Exception:
                 log.exception("controller pass failed")
 
-    async def _reconcile(self) -> None:
+    def _unclean_election_enabled(self, topic: TopicMetadata) -> bool:
+        """The topic's effective ``unclean.leader.election.enable``: its override, else the broker
+        default, dynamic (cluster-wide, then this controller's own) over static."""
+        return self.log_config(topic).unclean_leader_election_enable
+
+    async def _reconcile(self, topics: Collection[str] | None = None) -> None:
+        """Store the controller's elections for the live brokers (of ``topics`` only, if given)."""
         live = set(self.metadata.brokers)
         decided = [
             (change, self.backend.revision_of(change.topic, change.partition))
-            for change in elect_on_broker_change(self.metadata, live)
+            for change in elect_on_broker_change(self.metadata, live, self._unclean_election_enabled, topics)
         ]
         for change, expected in decided:
             ok = await self.backend.update_partition(change.topic, change.partition, change.state, expected)
-            if ok:
+            if ok and change.unclean:
+                log.warning(
+                    "unclean leader election: an out-of-sync replica leads, records only the ISR had are lost",
+                    topic=change.topic,
+                    partition=change.partition,
+                    leader=change.state.leader,
+                    epoch=change.state.leader_epoch,
+                )
+            elif ok:
                 log.info(
                     "partition state changed by controller",
                     topic=change.topic,

@@ -135,6 +135,7 @@ class LogConfig:
     message_timestamp_before_max_ms: int = LONG_MAX
     message_timestamp_after_max_ms: int = LONG_MAX
     min_insync_replicas: int = 1
+    unclean_leader_election_enable: bool = False  # read by the controller (cluster/controller.py)
     diskless_enabled: bool = False
     producer_id_expiration_ms: int = 86400000  # the broker's producer.id.expiration.ms
 
