@@ -627,24 +627,24 @@ class Broker:
             for change in elect_on_broker_change(self.metadata, live, self._unclean_election_enabled, topics)
         ]
         for change, expected in decided:
-            ok = await self.backend.update_partition(change.topic, change.partition, change.state, expected)
-            if ok and change.unclean:
-                log.warning(
+            if not await self.backend.update_partition(change.topic, change.partition, change.state, expected):
+                continue
+            report, event = (
+                (
+                    log.warning,
                     "unclean leader election: an out-of-sync replica leads, records only the ISR had are lost",
-                    topic=change.topic,
-                    partition=change.partition,
-                    leader=change.state.leader,
-                    epoch=change.state.leader_epoch,
                 )
-            elif ok:
-                log.info(
-                    "partition state changed by controller",
-                    topic=change.topic,
-                    partition=change.partition,
-                    leader=change.state.leader,
-                    epoch=change.state.leader_epoch,
-                    isr=change.state.isr,
-                )
+                if change.unclean
+                else (log.info, "partition state changed by controller")
+            )
+            report(
+                event,
+                topic=change.topic,
+                partition=change.partition,
+                leader=change.state.leader,
+                epoch=change.state.leader_epoch,
+                isr=change.state.isr,
+            )
 
     # --- admin operations ----------------------------------------------------------------------
 

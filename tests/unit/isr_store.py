@@ -28,10 +28,13 @@ from diskless.replication.partition import Partition
 LEADER = 1
 
 
-async def open_store(nodes: Iterable[int] = (1, 2, 3)) -> tuple[FakeEtcd, EtcdMetadataStore, ClusterMetadata]:
-    """A store on a fake etcd holding the given live brokers (nothing loaded yet)."""
+async def open_store(
+    nodes: Iterable[int] = (1, 2, 3), metadata: ClusterMetadata | None = None
+) -> tuple[FakeEtcd, EtcdMetadataStore, ClusterMetadata]:
+    """A store on a fake etcd holding the given live brokers (nothing loaded yet), loading into
+    ``metadata`` (a broker's own) or a fresh copy."""
     fake = FakeEtcd()
-    metadata = ClusterMetadata("c")
+    metadata = ClusterMetadata("c") if metadata is None else metadata
     store = EtcdMetadataStore("127.0.0.1:2379", "c", metadata)
     store.client = fake  # type: ignore[assignment]
     for node in nodes:

@@ -10,19 +10,15 @@ import asyncio
 from pathlib import Path
 
 from fake_etcd import FakeEtcd
-from isr_store import stored_state
+from isr_store import open_store, put_topic, stored_state
 
 from diskless.broker.broker import Broker
 from diskless.cluster.controller import NO_LEADER, elect_on_broker_change, next_state
 from diskless.cluster.etcd_store import EtcdMetadataStore
 from diskless.cluster.metadata import (
-    BrokerInfo,
     ClusterMetadata,
     PartitionState,
     TopicMetadata,
-    broker_record,
-    partition_record,
-    topic_record,
 )
 from diskless.config import load_config
 
@@ -117,15 +113,9 @@ async def _controller(tmp_path: Path, state: PartitionState) -> tuple[Broker, Fa
         overrides={"node.id": "1", "log.dirs": str(tmp_path), "metadata.etcd.endpoints": "127.0.0.1:2379"}
     )
     broker = Broker(config)
-    fake = FakeEtcd()
-    store = EtcdMetadataStore("127.0.0.1:2379", "c", broker.metadata)
-    store.client = fake  # type: ignore[assignment]
+    fake, store, _ = await open_store((1, 3), broker.metadata)
     broker.backend = store
-    for node in (1, 3):
-        await fake.put(f"{store.prefix}brokers/{node}".encode(), broker_record(BrokerInfo(node, "h", 9000 + node)))
-    topic = TopicMetadata("t", "id-t", [PartitionState(list(state.replicas), state.leader)])
-    await fake.put(f"{store.prefix}topics/t".encode(), topic_record(topic))
-    await fake.put(f"{store.prefix}partitions/t/0".encode(), partition_record(state, "id-t"))
+    await put_topic(fake, store, "id-t", state)
     await store._load()
     broker.metadata.controller_id = 1
     return broker, fake, store
