@@ -13,6 +13,7 @@ from typing import Any
 import structlog
 from kio.schema.errors import ErrorCode
 
+from diskless.log.batch_codec import in_topic_codec
 from diskless.log.partition_log import timestamp_allowed
 from diskless.produce.representative import TxnCheck
 from diskless.protocol import messages as m
@@ -244,13 +245,15 @@ class ProduceApis(ApiFamily):
             header = records.validate_batch(batches[0], config.max_message_bytes)
             if not timestamp_allowed(header, config, now):
                 raise records.InvalidBatch("invalid_timestamp", "timestamp outside the allowed range")
+            # In the topic's codec before upload: the object holds what consumers of the topic get.
+            converted, header = in_topic_codec(batches[0], header, config)
             # No segment.bytes check (RECORD_LIST_TOO_LARGE) here: a diskless partition's segments
             # hold a pointer entry per batch, whatever the batch's size; the batch goes to a WAL object.
         except records.InvalidBatch as exc:
             return failed(ErrorCode[exc.error], str(exc))
         if acks == -1 and len(state.isr) < config.min_insync_replicas:
             return failed(ErrorCode.not_enough_replicas)
-        batch = bytearray(batches[0])
+        batch = bytearray(converted)
         if config.message_timestamp_type == "LogAppendTime":
             # Stamped before upload: the bytes in object storage are the bytes consumers get.
             records.set_log_append_time(batch, now)

@@ -26,6 +26,8 @@ class ConfigDef:
     broker_synonym: str | None = None
     choices: tuple[str, ...] | None = None
     minimum: int | None = None
+    maximum: int | None = None
+    also: tuple[int, ...] = ()  # values allowed outside [minimum, maximum] (gzip's -1, "default")
     doc: str = ""
 
     def parse(self, raw: str | None) -> Any:
@@ -43,8 +45,12 @@ class ConfigDef:
             bits = 31 if self.kind == "int" else 63
             if not -(2**bits) <= value < 2**bits:
                 raise ConfigError(f"Invalid value {raw} for configuration {self.name}: out of {self.kind} range")
+            if value in self.also:
+                return value
             if self.minimum is not None and value < self.minimum:
                 raise ConfigError(f"Invalid value {raw} for configuration {self.name}: must be >= {self.minimum}")
+            if self.maximum is not None and value > self.maximum:
+                raise ConfigError(f"Invalid value {raw} for configuration {self.name}: must be <= {self.maximum}")
             return value
         if self.kind == "boolean":
             if raw.lower() not in ("true", "false"):
@@ -76,6 +82,10 @@ TOPIC_CONFIGS: dict[str, ConfigDef] = _defs(
         "compression.type",
         choices=("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd"),
     ),
+    # KIP-390's levels, used when compression.type makes the broker write batches in that codec.
+    ConfigDef("compression.gzip.level", "int", -1, "compression.gzip.level", minimum=1, maximum=9, also=(-1,)),
+    ConfigDef("compression.lz4.level", "int", 9, "compression.lz4.level", minimum=1, maximum=17),
+    ConfigDef("compression.zstd.level", "int", 3, "compression.zstd.level", minimum=-131072, maximum=22),
     ConfigDef("retention.ms", "long", 604800000, "log.retention.ms", minimum=-1),
     ConfigDef("retention.bytes", "long", -1, "log.retention.bytes"),
     ConfigDef("segment.bytes", "int", 1073741824, "log.segment.bytes", minimum=14),
@@ -126,6 +136,10 @@ class LogConfig:
 
     retention_ms: int = 604800000
     retention_bytes: int = -1
+    compression_type: str = "producer"
+    compression_gzip_level: int = -1
+    compression_lz4_level: int = 9
+    compression_zstd_level: int = 3
     segment_bytes: int = 1073741824
     segment_ms: int = 604800000
     segment_index_bytes: int = 10485760

@@ -36,6 +36,7 @@ from diskless.tiering.entry import (
     wrap_tier_state,
 )
 
+from .batch_codec import in_topic_codec
 from .config import LogConfig
 from .leader_epoch import LeaderEpochCache
 from .producer_state import ProducerStateManager, load_latest_snapshot, write_snapshot
@@ -65,7 +66,7 @@ def timestamp_allowed(header: records.BatchHeader, config: LogConfig, now_ms: in
     return not (too_new or too_old)
 
 
-def check_fits_segment(batches: Sequence[memoryview], config: LogConfig) -> None:
+def check_fits_segment(batches: Sequence[memoryview | bytearray], config: LogConfig) -> None:
     """Refuse an append larger than ``segment.bytes`` (RECORD_LIST_TOO_LARGE), as Kafka's
     UnifiedLog.append does once the batches passed validation: a segment never holds more than
     that, so such an append would have a segment of its own, past the size the topic allows.
@@ -300,16 +301,20 @@ class PartitionLog:
 
     def validate_and_prepare(
         self, batches: Sequence[memoryview], now_ms: int, from_client: bool = True
-    ) -> list[records.BatchHeader]:
-        """Header-level validation of producer batches (raises records.InvalidBatch)."""
+    ) -> tuple[list[memoryview | bytearray], list[records.BatchHeader]]:
+        """Header-level validation of producer batches (raises records.InvalidBatch), each in the
+        topic's codec (``batch_codec``): the batches to append and their headers."""
+        prepared: list[memoryview | bytearray] = []
         headers = []
         for batch in batches:
             header = records.validate_batch(batch, self.config.max_message_bytes, from_client)
             if not timestamp_allowed(header, self.config, now_ms):
                 raise records.InvalidBatch("invalid_timestamp", "timestamp outside the allowed range")
+            converted, header = in_topic_codec(batch, header, self.config)
+            prepared.append(converted)
             headers.append(header)
-        check_fits_segment(batches, self.config)
-        return headers
+        check_fits_segment(prepared, self.config)
+        return prepared, headers
 
     def append_as_leader(
         self, batches: Sequence[memoryview], leader_epoch: int, now_ms: int, check_sequence: bool = True
@@ -319,7 +324,7 @@ class PartitionLog:
         ``check_sequence`` is off for batches a coordinator writes for a producer (transactional
         offset commits), which carry its id and epoch but no sequence, as in Kafka.
         """
-        headers = self.validate_and_prepare(batches, now_ms, from_client=check_sequence)
+        prepared, headers = self.validate_and_prepare(batches, now_ms, from_client=check_sequence)
         for header in headers:
             if not check_sequence:
                 self.producer_state.check_epoch(header)
@@ -334,7 +339,7 @@ class PartitionLog:
         base_offset = self.log_end_offset
         next_offset = base_offset
         self.epochs.assign(leader_epoch, base_offset)
-        for batch, header in zip(batches, headers, strict=False):
+        for batch, header in zip(prepared, headers, strict=True):
             owned = bytearray(batch)
             records.assign_offset(owned, next_offset, leader_epoch)
             max_ts = header.max_timestamp

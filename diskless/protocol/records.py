@@ -194,6 +194,14 @@ def set_log_append_time(batch: bytearray | memoryview, now_ms: int) -> None:
     _UINT32.pack_into(batch, 17, compute_crc(batch))
 
 
+def rewrite_codec(batch: bytearray, codec: int) -> None:
+    """After its records body was replaced: the codec bits, the batch length and the CRC."""
+    attributes = _INT16.unpack_from(batch, 21)[0]
+    _INT16.pack_into(batch, 21, (attributes & ~COMPRESSION_MASK) | codec)
+    _INT32.pack_into(batch, 8, len(batch) - LOG_OVERHEAD)
+    _UINT32.pack_into(batch, 17, compute_crc(batch))
+
+
 # --- record-level decoding: ListOffsets by timestamp only, never on produce/fetch paths ---
 
 
@@ -218,7 +226,7 @@ def max_decompressed_bytes(max_message_bytes: int) -> int:
     return DECOMPRESSION_RATIO_LIMIT * max(max_message_bytes, 1024)
 
 
-def _decompress(codec: int, data: bytes, max_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> bytes:
+def decompress_body(codec: int, data: bytes, max_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES) -> bytes:
     """The body of a batch decompressed; InvalidBatch(corrupt_message) if it is corrupt or would
     exceed ``max_bytes`` (decompression stops there: memory never follows the sender's ratio)."""
     import cramjam
@@ -294,7 +302,7 @@ def iter_record_timestamps(
         for delta in range(header.record_count):
             yield header.base_offset + delta, header.max_timestamp
         return
-    body = _decompress(header.compression, bytes(batch[HEADER_SIZE:]), max_decompressed)
+    body = decompress_body(header.compression, bytes(batch[HEADER_SIZE:]), max_decompressed)
     pos = 0
     for _ in range(header.record_count):
         try:
@@ -360,7 +368,7 @@ def build_batch(
 def iter_records(batch: bytes) -> Iterator[tuple[int, bytes | None, bytes | None]]:
     """(offset, key, value) of every record of a batch (decompressing if needed)."""
     header = parse_header(batch)
-    body = _decompress(header.compression, bytes(batch[HEADER_SIZE:]))
+    body = decompress_body(header.compression, bytes(batch[HEADER_SIZE:]))
     pos = 0
     for _ in range(header.record_count):
         length, pos = read_varint(body, pos)

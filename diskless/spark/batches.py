@@ -2,7 +2,7 @@
 
 The broker never decodes records; the data source must, since Spark wants rows. Batches arrive
 with their leader-assigned base offsets (served from a WAL range or read from a classic segment);
-each is decompressed once (every Kafka codec, via ``records._decompress``) and its records are
+each is decompressed once (every Kafka codec, via ``records.decompress_body``) and its records are
 appended to plain column lists, which become one ``pyarrow.RecordBatch`` per call of ``take``.
 
 Transactions are filtered exactly as Kafka's consumer does for ``read_committed`` (its
@@ -80,7 +80,7 @@ class AbortedFilter:
 def control_type(batch: memoryview, header: BatchHeader) -> int | None:
     """The marker type (0 abort, 1 commit) of a control batch's first record, None if unreadable."""
     try:
-        body = records._decompress(header.compression, bytes(batch[HEADER_SIZE:]))
+        body = records.decompress_body(header.compression, bytes(batch[HEADER_SIZE:]))
         _, pos = _varint(body, 0)  # record length
         pos += 1  # attributes
         _, pos = _varint(body, pos)  # timestamp delta
@@ -127,7 +127,7 @@ class Columns:
         if records.compute_crc(batch) != header.crc:
             raise CorruptBatch(f"batch at offset {header.base_offset} fails its CRC")
         try:
-            body = records._decompress(header.compression, bytes(batch[HEADER_SIZE:]))
+            body = records.decompress_body(header.compression, bytes(batch[HEADER_SIZE:]))
         except Exception as exc:
             raise CorruptBatch(f"batch at offset {header.base_offset}: cannot decompress: {exc}") from exc
         log_append = header.is_log_append_time

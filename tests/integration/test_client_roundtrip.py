@@ -393,3 +393,41 @@ async def test_diskless_client_roundtrip(
     assert broker.alive()
     keys = assert_pointed_codec(broker.data_dir / f"{topic}-0", codec, DISKLESS_COUNT)
     assert len(keys) >= MIN_WAL_OBJECTS, f"the records span only {len(keys)} WAL objects"
+
+
+# A topic's compression.type differs from what each client sends: the broker stores and serves
+# the topic's codec, and the client decodes it (Kafka's LogValidator re-encodes such batches).
+TOPIC_CODEC_CASES = [
+    pytest.param("aiokafka", "gzip", "lz4", id="aiokafka-gzip-to-lz4"),
+    pytest.param("kafka-python", "lz4", "snappy", id="kafka-python-lz4-to-snappy"),
+    pytest.param("confluent-kafka", "snappy", "zstd", id="confluent-kafka-snappy-to-zstd"),
+    pytest.param("kcat", "zstd", "gzip", id="kcat-zstd-to-gzip"),
+    pytest.param("confluent-kafka", "zstd", "uncompressed", id="confluent-kafka-zstd-to-uncompressed"),
+]
+
+
+@pytest.mark.parametrize(("client", "sent", "topic_codec"), TOPIC_CODEC_CASES)
+async def test_topic_compression_type_is_stored_and_read(
+    shared_broker: BrokerProcess, tmp_path: Path, client: str, sent: str, topic_codec: str
+) -> None:
+    topic = f"topic-codec-{client}-{uuid.uuid4().hex[:8]}"
+    bootstrap = shared_broker.bootstrap
+    await asyncio.to_thread(create_topic, bootstrap, topic, {"compression.type": topic_codec})
+    await roundtrip(bootstrap, tmp_path, topic, client, sent, EXPECTED[:DISKLESS_COUNT])
+    stored = "none" if topic_codec == "uncompressed" else topic_codec
+    assert_stored_codec(shared_broker.data_dir / f"{topic}-0", stored, DISKLESS_COUNT)
+
+
+@pytest.mark.parametrize(("client", "sent", "topic_codec"), TOPIC_CODEC_CASES)
+async def test_diskless_topic_compression_type_is_stored_and_read(
+    diskless_cluster: LocalCluster, tmp_path: Path, client: str, sent: str, topic_codec: str
+) -> None:
+    """The representative re-encodes before upload: the WAL objects hold the topic's codec."""
+    topic = f"diskless-topic-codec-{client}-{uuid.uuid4().hex[:8]}"
+    bootstrap = diskless_cluster.bootstrap
+    configs = {"diskless.enabled": "true", "compression.type": topic_codec}
+    await asyncio.to_thread(create_topic, bootstrap, topic, configs)
+    batching = {"batch_messages": 100} if client in ("kcat", "confluent-kafka") else {}
+    await roundtrip(bootstrap, tmp_path, topic, client, sent, EXPECTED[:DISKLESS_COUNT], **batching)
+    stored = "none" if topic_codec == "uncompressed" else topic_codec
+    assert_pointed_codec(diskless_cluster.brokers[0].data_dir / f"{topic}-0", stored, DISKLESS_COUNT)

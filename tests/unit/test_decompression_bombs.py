@@ -96,10 +96,10 @@ def test_bomb_is_skipped_with_bounded_memory(tmp_path: Path, codec: int, xerial:
 def test_decompress_over_the_bound_is_corrupt_message(codec: int) -> None:
     batch = bomb_batch(codec, size=4 * 1024 * 1024)
     with pytest.raises(records.InvalidBatch) as raised:
-        records._decompress(codec, batch[records.HEADER_SIZE :], max_bytes=1024 * 1024)
+        records.decompress_body(codec, batch[records.HEADER_SIZE :], max_bytes=1024 * 1024)
     assert raised.value.error == "corrupt_message"
     # Exactly at the bound is fine (the bound is inclusive).
-    body = records._decompress(codec, batch[records.HEADER_SIZE :], max_bytes=4 * 1024 * 1024 + 64)
+    body = records.decompress_body(codec, batch[records.HEADER_SIZE :], max_bytes=4 * 1024 * 1024 + 64)
     assert len(body) > 4 * 1024 * 1024
 
 
@@ -119,5 +119,5 @@ def test_corrupt_compressed_body_is_corrupt_message(codec: int) -> None:
     good = compress(codec, b"x" * 10000)
     mangled = good[: len(good) // 2] + bytes(len(good) - len(good) // 2)
     with pytest.raises(records.InvalidBatch) as raised:
-        records._decompress(codec, mangled, max_bytes=1024 * 1024)
+        records.decompress_body(codec, mangled, max_bytes=1024 * 1024)
     assert raised.value.error == "corrupt_message"
