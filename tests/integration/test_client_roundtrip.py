@@ -406,28 +406,22 @@ TOPIC_CODEC_CASES = [
 ]
 
 
+@pytest.mark.parametrize("kind", ["classic", "diskless"])
 @pytest.mark.parametrize(("client", "sent", "topic_codec"), TOPIC_CODEC_CASES)
 async def test_topic_compression_type_is_stored_and_read(
-    shared_broker: BrokerProcess, tmp_path: Path, client: str, sent: str, topic_codec: str
+    request: pytest.FixtureRequest, tmp_path: Path, kind: str, client: str, sent: str, topic_codec: str
 ) -> None:
-    topic = f"topic-codec-{client}-{uuid.uuid4().hex[:8]}"
-    bootstrap = shared_broker.bootstrap
-    await asyncio.to_thread(create_topic, bootstrap, topic, {"compression.type": topic_codec})
-    await roundtrip(bootstrap, tmp_path, topic, client, sent, EXPECTED[:DISKLESS_COUNT])
+    """Classic partitions re-encode at the leader's append; diskless ones at the representative,
+    before upload, so the WAL objects hold the topic's codec."""
+    diskless = kind == "diskless"
+    server = request.getfixturevalue("diskless_cluster") if diskless else request.getfixturevalue("shared_broker")
+    topic = f"topic-codec-{kind}-{client}-{uuid.uuid4().hex[:8]}"
+    configs = {"compression.type": topic_codec} | ({"diskless.enabled": "true"} if diskless else {})
+    await asyncio.to_thread(create_topic, server.bootstrap, topic, configs)
+    batching = {"batch_messages": 100} if diskless and client in ("kcat", "confluent-kafka") else {}
+    await roundtrip(server.bootstrap, tmp_path, topic, client, sent, EXPECTED[:DISKLESS_COUNT], **batching)
     stored = "none" if topic_codec == "uncompressed" else topic_codec
-    assert_stored_codec(shared_broker.data_dir / f"{topic}-0", stored, DISKLESS_COUNT)
-
-
-@pytest.mark.parametrize(("client", "sent", "topic_codec"), TOPIC_CODEC_CASES)
-async def test_diskless_topic_compression_type_is_stored_and_read(
-    diskless_cluster: LocalCluster, tmp_path: Path, client: str, sent: str, topic_codec: str
-) -> None:
-    """The representative re-encodes before upload: the WAL objects hold the topic's codec."""
-    topic = f"diskless-topic-codec-{client}-{uuid.uuid4().hex[:8]}"
-    bootstrap = diskless_cluster.bootstrap
-    configs = {"diskless.enabled": "true", "compression.type": topic_codec}
-    await asyncio.to_thread(create_topic, bootstrap, topic, configs)
-    batching = {"batch_messages": 100} if client in ("kcat", "confluent-kafka") else {}
-    await roundtrip(bootstrap, tmp_path, topic, client, sent, EXPECTED[:DISKLESS_COUNT], **batching)
-    stored = "none" if topic_codec == "uncompressed" else topic_codec
-    assert_pointed_codec(diskless_cluster.brokers[0].data_dir / f"{topic}-0", stored, DISKLESS_COUNT)
+    if diskless:
+        assert_pointed_codec(server.brokers[0].data_dir / f"{topic}-0", stored, DISKLESS_COUNT)
+    else:
+        assert_stored_codec(server.data_dir / f"{topic}-0", stored, DISKLESS_COUNT)
