@@ -130,3 +130,14 @@ def test_lz4_frames_have_independent_blocks() -> None:
     frame = compression.compress_body(LZ4, body, 9)
     assert frame[4] & 0x20, f"FLG {frame[4]:#x} has no block-independence bit"
     assert kafka_codec.lz4_decode(frame) == body
+
+
+def test_lz4_at_the_default_level_uses_the_fast_compressor() -> None:
+    """Kafka keeps the fast LZ4 compressor at compression.lz4.level's default (9) and uses LZ4HC
+    for any other level: the default costs what producers' LZ4 always cost, a set level compresses
+    harder. The fast and the high-compression encoders give different bodies for the same input."""
+    body = b"".join(b"record %d of a topic whose values repeat a little " % i for i in range(20_000))
+    default = compression.compress_body(LZ4, body, compression.LZ4_DEFAULT_LEVEL)
+    harder = compression.compress_body(LZ4, body, 8)  # LZ4HC at a lower level still beats the fast one
+    assert len(harder) < len(default)
+    assert kafka_codec.lz4_decode(default) == kafka_codec.lz4_decode(harder) == body
