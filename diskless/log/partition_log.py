@@ -5,7 +5,9 @@ broker's asyncio layer calls it from the event loop, which also makes each call 
 respect to other requests. Responsibilities: leader appends (validated batches in, offsets
 assigned), follower appends (offsets already assigned), reads bounded by a max offset (the high
 watermark), segment rolling, retention and DeleteRecords moving the log start offset, lookups by
-timestamp, truncation, and recovery after a crash.
+timestamp, truncation, recovery after a crash, and the fsync policy of ``flush.messages`` and
+``flush.ms`` (Kafka's UnifiedLog.append and LogManager.flushDirtyLogs; the broker runs the
+periodic pass).
 
 Every change to the log end, the high watermark or the log start calls ``on_change`` (one hook,
 set by the replica owning the log): what replica fetches and their sessions know of a partition
@@ -132,6 +134,10 @@ class PartitionLog:
         self._checkpointed_hw = -1
         self._wal_refs: Counter[str] = Counter()
         self._wal_refs_stale = True
+        # Kafka's recovery point: offsets below it are fsynced. Segments before the active one
+        # always are (``roll`` syncs them), so only the active segment can hold unflushed entries.
+        self.recovery_point = 0
+        self.last_flush_ms = now_ms  # as Kafka's lastFlushedTime, the log's creation counts
         self._load(now_ms)
 
     # --- loading ------------------------------------------------------------------------------
@@ -172,6 +178,10 @@ class PartitionLog:
         self._rebuild_producer_state()
         self._rebuild_txn_index()
         self.producer_state.expire(now_ms, self.config.producer_id_expiration_ms, self.txns.ongoing)
+        # A clean shutdown fsynced everything; after a crash the active segment was read back from
+        # the page cache at best, so its entries count as unflushed (Kafka keeps its checkpointed
+        # recovery point then, too).
+        self.recovery_point = self.log_end_offset if clean else self.active_segment.base_offset
         if clean:
             os.unlink(clean_marker)
 
@@ -346,6 +356,7 @@ class PartitionLog:
             self.producer_state.record(header, next_offset, max_ts)
             self.txns.on_batch(header._replace(base_offset=next_offset))
             next_offset = last + 1
+        self._flush_if_unflushed_messages(now_ms)
         return AppendResult(base_offset, next_offset - 1, now_ms if log_append else -1, self.log_start_offset)
 
     def append_pointer_as_leader(
@@ -387,6 +398,7 @@ class PartitionLog:
         self._note_pointer(entry)
         self.producer_state.record(parsed, base_offset, parsed.max_timestamp)
         self.txns.on_batch(parsed._replace(base_offset=base_offset))
+        self._flush_if_unflushed_messages(now_ms)
         log_append_time = parsed.max_timestamp if parsed.is_log_append_time else -1
         return AppendResult(base_offset, last, log_append_time, self.log_start_offset)
 
@@ -437,6 +449,7 @@ class PartitionLog:
                 inline, _ = pointer.decode_entry(entry, 0)
                 marker = marker_fields(inline.batch) if isinstance(inline, pointer.InlineEntry) else None
             self._record_replicated(header, marker)
+        self._flush_if_unflushed_messages(now_ms)
         return self.log_end_offset
 
     def append_as_follower(self, data: bytes | memoryview, now_ms: int) -> int:
@@ -448,6 +461,7 @@ class PartitionLog:
             self.epochs.assign(header.partition_leader_epoch, header.base_offset)
             self._append(batch, header.base_offset, header.last_offset, header.max_timestamp, now_ms)
             self._record_replicated(header, marker_fields(batch) if header.is_control else None)
+        self._flush_if_unflushed_messages(now_ms)
         return self.log_end_offset
 
     def _record_replicated(self, header: records.BatchHeader, marker: tuple[int, int] | None) -> None:
@@ -507,6 +521,7 @@ class PartitionLog:
         self.txns.on_batch(header, CONTROL_COMMIT if commit else CONTROL_ABORT)
         # The transaction ended here: a commit verified in it must not open or join another.
         self.txn_verifier.end(producer_id)
+        self._flush_if_unflushed_messages(now_ms)
         return offset
 
     def _append(
@@ -555,6 +570,7 @@ class PartitionLog:
             return old
         old.on_roll()
         self.epochs.flush()  # the rolled segment's epochs will not be rebuilt after a crash
+        self._flushed(self.log_end_offset, now_ms)  # as Kafka's roll, which flushes up to the new segment
         write_snapshot(self.directory, self.log_end_offset, self.producer_state)
         segment = LogSegment(
             self.directory, self.log_end_offset, self.config.index_interval_bytes, now_ms, kind or old.kind
@@ -768,6 +784,7 @@ class PartitionLog:
             old = self.segments.pop()
             old.delete()
             self.segments.append(LogSegment(self.directory, self.log_start_offset, self.config.index_interval_bytes, 0))
+            self.recovery_point = max(self.recovery_point, self.log_start_offset)
             deleted += 1
             self.on_change()  # the log end moved up to the start
         return deleted
@@ -920,6 +937,7 @@ class PartitionLog:
         records.assign_offset(batch, offset, leader_epoch)
         self._append(pointer.encode_inline_entry(batch), offset, offset, now_ms, now_ms, POINTERS)
         self._add_tier(Tier(info, offset))
+        self._flush_if_unflushed_messages(now_ms)
         return offset
 
     def tier_state_for_replica(self) -> bytes:
@@ -1083,6 +1101,7 @@ class PartitionLog:
             self.truncate_fully_and_start_at(self.log_start_offset, now_ms)
             return
         self.epochs.truncate_from_end(self.log_end_offset)
+        self.recovery_point = min(self.recovery_point, self.log_end_offset)
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
         self._rebuild_producer_state()
         self._rebuild_txn_index()
@@ -1094,6 +1113,7 @@ class PartitionLog:
         for segment in self.segments:
             segment.delete()
         self.segments = [LogSegment(self.directory, offset, self.config.index_interval_bytes, now_ms)]
+        self.recovery_point = offset  # an empty log: nothing to flush
         self.tiers = []
         self._tier_floor = 0
         self._tiered_aborts = []
@@ -1112,9 +1132,27 @@ class PartitionLog:
         for segment in self.segments:
             segment.index_interval_bytes = config.index_interval_bytes
 
-    def flush(self) -> None:
+    @property
+    def unflushed_messages(self) -> int:
+        """Offsets appended since the last flush (Kafka's UnifiedLog.unflushedMessages)."""
+        return self.log_end_offset - self.recovery_point
+
+    def flush(self, now_ms: int) -> None:
+        """fsync the log up to its end: the active segment with its indexes (earlier segments were
+        synced when they rolled) and the leader-epoch checkpoint."""
         self.active_segment.fsync()
         self.epochs.flush()
+        self._flushed(self.log_end_offset, now_ms)
+
+    def _flushed(self, offset: int, now_ms: int) -> None:
+        self.recovery_point = offset
+        self.last_flush_ms = now_ms
+
+    def _flush_if_unflushed_messages(self, now_ms: int) -> None:
+        """``flush.messages``: after an append, as Kafka's UnifiedLog.append, fsync once that many
+        offsets are unflushed (Kafka's default, Long.MAX, never does)."""
+        if self.unflushed_messages >= self.config.flush_messages:
+            self.flush(now_ms)
 
     def close(self, clean: bool = True) -> None:
         if clean:
