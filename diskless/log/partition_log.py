@@ -1148,6 +1148,15 @@ class PartitionLog:
         self.recovery_point = offset
         self.last_flush_ms = now_ms
 
+    def flush_if_stale(self, now_ms: int) -> bool:
+        """``flush.ms``: fsync when the last flush is at least that old and something was appended
+        since (Kafka's LogManager.flushDirtyLogs; the broker calls this periodically). True when
+        it flushed."""
+        if now_ms - self.last_flush_ms < self.config.flush_ms or self.unflushed_messages <= 0:
+            return False
+        self.flush(now_ms)
+        return True
+
     def _flush_if_unflushed_messages(self, now_ms: int) -> None:
         """``flush.messages``: after an append, as Kafka's UnifiedLog.append, fsync once that many
         offsets are unflushed (Kafka's default, Long.MAX, never does)."""

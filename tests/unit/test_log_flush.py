@@ -4,6 +4,7 @@ pass with the time passed in (Kafka's UnifiedLog.append and LogManager.flushDirt
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from loghelpers import T0, open_log, produce
@@ -112,3 +113,53 @@ def test_after_a_crash_the_active_segment_counts_as_unflushed(tmp_path: Path, mo
     assert synced == [3]
     reopened.close(clean=True)
     assert open_log(tmp_path).unflushed_messages == 0
+
+
+# --- flush.ms --------------------------------------------------------------------------------------
+
+
+def test_flush_ms_flushes_a_log_whose_last_flush_is_that_old(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = open_log(tmp_path, now_ms=T0, flush_ms=1_000)
+    synced = _count_segment_fsyncs(monkeypatch)
+    produce(log, 2, now_ms=T0 + 100)
+    assert not log.flush_if_stale(T0 + 999)  # the log's creation counts as its last flush
+    assert log.flush_if_stale(T0 + 1_000)
+    assert synced == [0] and log.last_flush_ms == T0 + 1_000 and log.unflushed_messages == 0
+    produce(log, 1, now_ms=T0 + 1_500)
+    assert not log.flush_if_stale(T0 + 1_999)
+    assert log.flush_if_stale(T0 + 2_000)
+    assert synced == [0, 0]
+
+
+def test_flush_ms_skips_a_log_with_nothing_unflushed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = open_log(tmp_path, flush_ms=0)
+    produce(log, 2)
+    log.roll(T0)  # the roll synced everything
+    synced = _count_segment_fsyncs(monkeypatch)
+    assert not log.flush_if_stale(T0 + 10**6)
+    assert synced == []
+
+
+def test_the_default_flush_ms_never_flushes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    log = open_log(tmp_path)
+    produce(log, 2)
+    synced = _count_segment_fsyncs(monkeypatch)
+    assert not log.flush_if_stale(T0 + 10**12)
+    assert synced == []
+
+
+def test_the_broker_pass_flushes_only_stale_logs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from diskless.broker.broker import Broker
+    from diskless.config import load_config
+
+    broker = Broker(load_config(environ={}, overrides={"log.dirs": str(tmp_path / "data")}))
+    fast = open_log(tmp_path / "fast", flush_ms=500)
+    slow = open_log(tmp_path / "slow", flush_ms=60_000)
+    never = open_log(tmp_path / "never")
+    for plog in (fast, slow, never):
+        produce(plog, 3)
+    logs = {"fast": fast, "slow": slow, "never": never}
+    broker.replicas.partitions = {(name, 0): SimpleNamespace(log=plog) for name, plog in logs.items()}
+    monkeypatch.setattr(broker, "now_ms", lambda: T0 + 1_000)
+    assert broker.flush_dirty_logs() == 1
+    assert (fast.unflushed_messages, slow.unflushed_messages, never.unflushed_messages) == (0, 3, 3)
