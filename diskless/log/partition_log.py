@@ -41,7 +41,7 @@ from diskless.tiering.entry import (
 from .config import LogConfig
 from .leader_epoch import LeaderEpochCache
 from .producer_state import ProducerStateManager, load_latest_snapshot, write_snapshot
-from .segment import POINTERS, RECORDS, SUFFIXES, BatchLocation, LogSegment
+from .segment import POINTERS, RECORDS, SUFFIXES, BatchLocation, LogSegment, remove_deleted_files
 from .txn_index import CONTROL_ABORT, CONTROL_COMMIT, AbortedTxn, TxnIndex, marker_batch, marker_fields
 from .txn_verification import TxnGuard, TxnVerifier
 
@@ -105,6 +105,15 @@ class ReadResult:
     kind: str = RECORDS
 
 
+@dataclass(slots=True)
+class RetiredSegment:
+    """A segment the log dropped, renamed ``.deleted``, whose files go at ``due_ms`` (stamped by the
+    first ``remove_retired_segments`` after the drop: dropping paths do not all know the time)."""
+
+    segment: LogSegment
+    due_ms: int | None = None
+
+
 class PartitionLog:
     def __init__(self, directory: str, config: LogConfig, now_ms: int, hw_file: bool = True) -> None:
         """``hw_file``: keep the high watermark in a file of this log's own (standalone logs); a
@@ -119,6 +128,7 @@ class PartitionLog:
         # ``on_change``); set before anything below can change them.
         self.on_change: Callable[[], None] = _unchanged
         self.segments: list[LogSegment] = []
+        self.retired: list[RetiredSegment] = []  # dropped, files not yet removed (file.delete.delay.ms)
         self._log_start_offset = 0
         self._high_watermark = 0
         # Tier entries (diskless/tiering/entry.py) by offset; those below the high watermark are in
@@ -145,6 +155,7 @@ class PartitionLog:
     def _load(self, now_ms: int) -> None:
         clean_marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
         clean = os.path.exists(clean_marker)
+        remove_deleted_files(self.directory)
         found = sorted(
             (int(name[: -len(suffix)]), kind)
             for name in os.listdir(self.directory)
@@ -538,7 +549,7 @@ class PartitionLog:
             # diskless.enabled switched: the offset space continues in a segment of the other kind.
             if active.size == 0:
                 base_offset = active.base_offset
-                self.segments.pop().delete()
+                self._retire(self.segments.pop())
                 self.segments.append(
                     LogSegment(self.directory, base_offset, self.config.index_interval_bytes, now_ms, kind)
                 )
@@ -770,24 +781,51 @@ class PartitionLog:
             self.roll(now_ms)
         for segment in victims:
             self.segments.remove(segment)
-            segment.delete()
+            self._retire(segment)
         self._set_log_start(max(self.log_start_offset, self.segments[0].base_offset))
         return len(victims)
 
     def _delete_segments_below_start(self) -> int:
         deleted = 0
         while len(self.segments) > 1 and self.segments[1].base_offset <= self.log_start_offset:
-            self.segments.pop(0).delete()
+            self._retire(self.segments.pop(0))
             deleted += 1
         if self.active_segment.size and self.active_segment.next_offset <= self.log_start_offset:
             # Everything in the active segment is below the start: replace it with an empty one.
-            old = self.segments.pop()
-            old.delete()
+            self._retire(self.segments.pop())
             self.segments.append(LogSegment(self.directory, self.log_start_offset, self.config.index_interval_bytes, 0))
             self.recovery_point = max(self.recovery_point, self.log_start_offset)
             deleted += 1
             self.on_change()  # the log end moved up to the start
         return deleted
+
+    def _retire(self, segment: LogSegment) -> None:
+        """Drop a segment the log no longer lists: at once with ``file.delete.delay.ms`` 0, else
+        renamed ``.deleted`` and removed after the delay (Kafka's deleteSegmentFiles), so that a
+        reader holding it across an await (a ListOffsets by timestamp loading a batch) does not
+        read a closed, or reused, descriptor."""
+        if self.config.file_delete_delay_ms <= 0:
+            segment.delete()
+            return
+        segment.mark_deleted()
+        self.retired.append(RetiredSegment(segment))
+
+    def remove_retired_segments(self, now_ms: int) -> int:
+        """Remove the files of retired segments whose delay has passed; a segment retired since the
+        last call gets its due time now. Returns how many were removed."""
+        if not self.retired:
+            return 0
+        kept: list[RetiredSegment] = []
+        for retired in self.retired:
+            if retired.due_ms is None:
+                retired.due_ms = now_ms + self.config.file_delete_delay_ms
+            if retired.due_ms <= now_ms:
+                retired.segment.delete()
+            else:
+                kept.append(retired)
+        removed = len(self.retired) - len(kept)
+        self.retired = kept
+        return removed
 
     # --- WAL object references (diskless) ------------------------------------------------------
 
@@ -993,7 +1031,7 @@ class PartitionLog:
             key=lambda a: a.last_offset,
         )
         while len(self.segments) > 1 and self.segments[0].next_offset <= end:
-            self.segments.pop(0).delete()
+            self._retire(self.segments.pop(0))
         self._write_tier_manifest()
 
     def _detached_tiers(self) -> list[Tier]:
@@ -1089,9 +1127,9 @@ class PartitionLog:
             self.tiers = [t for t in self.tiers if t.entry_offset < offset]
             self._write_tier_manifest()
         while len(self.segments) > 1 and self.active_segment.base_offset >= offset:
-            self.segments.pop().delete()
+            self._retire(self.segments.pop())
         if self.active_segment.base_offset >= offset:
-            self.segments.pop().delete()
+            self._retire(self.segments.pop())
             self.segments.append(LogSegment(self.directory, offset, self.config.index_interval_bytes, now_ms))
         else:
             self.active_segment.truncate_to(offset)
@@ -1111,7 +1149,7 @@ class PartitionLog:
         """Drop the whole log and continue at ``offset`` (a follower behind the leader's log start)."""
         self._wal_refs_stale = True
         for segment in self.segments:
-            segment.delete()
+            self._retire(segment)
         self.segments = [LogSegment(self.directory, offset, self.config.index_interval_bytes, now_ms)]
         self.recovery_point = offset  # an empty log: nothing to flush
         self.tiers = []
@@ -1172,13 +1210,17 @@ class PartitionLog:
             if clean:
                 segment.fsync()
             segment.close()
+        for retired in self.retired:
+            retired.segment.close()  # the files stay; the next load removes them, as Kafka's does
+        self.retired = []
         if clean:
             self.epochs.flush()
             open(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), "w").close()
 
     def delete(self) -> None:
-        for segment in self.segments:
+        for segment in self.segments + [r.segment for r in self.retired]:
             segment.delete()
+        self.retired = []
         for name in os.listdir(self.directory):
             os.unlink(os.path.join(self.directory, name))
         os.rmdir(self.directory)
