@@ -60,6 +60,14 @@ from .txn_shell import TxnShell
 log = structlog.get_logger(__name__)
 
 HW_CHECKPOINT_INTERVAL_S = 5.0
+# How often logs are checked against their flush.ms (Kafka's log.flush.scheduler.interval.ms). Kafka's
+# default, Long.MAX, runs its flusher once, 30 s after start, so a topic's flush.ms does nothing
+# unless the operator also sets that; here flush.ms is honoured to within this interval. A pass
+# over logs whose flush.ms is the default costs a comparison each.
+LOG_FLUSH_CHECK_INTERVAL_S = 1.0
+# How often the files of dropped segments are checked against their file.delete.delay.ms (Kafka
+# schedules one task per segment instead): they go at most this late.
+SEGMENT_DELETE_CHECK_INTERVAL_S = 1.0
 LOG_CONFIG_CACHE_MAX = 100_000  # parsed topic configs kept (log_config)
 DISKLESS_ENABLED = "diskless.enabled"
 LOOP_LAG_INTERVAL_S = 0.1  # how often the event loop's lateness is sampled (diskless_event_loop_lag_seconds)
@@ -252,6 +260,10 @@ class Broker:
         )
         self._tasks.append(
             asyncio.create_task(self._every(HW_CHECKPOINT_INTERVAL_S, self.replicas.checkpoint_high_watermarks_async))
+        )
+        self._tasks.append(asyncio.create_task(self._every(LOG_FLUSH_CHECK_INTERVAL_S, self.flush_dirty_logs)))
+        self._tasks.append(
+            asyncio.create_task(self._every(SEGMENT_DELETE_CHECK_INTERVAL_S, self.remove_retired_segments))
         )
         self._tasks.append(
             asyncio.create_task(self._every(self.config.replica_lag_time_max_ms / 2000, self._shrink_isrs))
@@ -588,6 +600,31 @@ class Broker:
         if deleted:
             RETENTION_DELETED_SEGMENTS.inc(deleted)
         return deleted
+
+    def flush_dirty_logs(self) -> int:
+        """fsync the logs whose last flush is older than their flush.ms (Kafka's
+        LogManager.flushDirtyLogs); returns how many were flushed. On the event loop, as appends
+        are: a flush must not race an append, a roll or a deletion of the same segment."""
+        flushed = 0
+        now = self.now_ms()
+        for key, partition in list(self.replicas.partitions.items()):
+            try:
+                flushed += partition.log.flush_if_stale(now)
+            except OSError:
+                log.exception("flush failed", partition=key)
+        return flushed
+
+    def remove_retired_segments(self) -> int:
+        """Remove the files of segments dropped (retention, DeleteRecords, truncation, tiering) at
+        least file.delete.delay.ms ago; returns how many segments went."""
+        removed = 0
+        now = self.now_ms()
+        for key, partition in list(self.replicas.partitions.items()):
+            try:
+                removed += partition.log.remove_retired_segments(now)
+            except OSError:
+                log.exception("removing deleted segments failed", partition=key)
+        return removed
 
     # --- controller ----------------------------------------------------------------------------
 

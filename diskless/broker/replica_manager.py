@@ -183,8 +183,7 @@ class ReplicaManager:
         for fetcher in self.fetchers.values():
             fetcher.remove(key)
         partition.apply_state(PartitionState(replicas=[], leader=-1, leader_epoch=partition.leader_epoch + 1), 0)
-        for segment in partition.log.segments:
-            segment.close()
+        partition.log.close(clean=False)  # the descriptors of its segments, retired ones too
         _delete_directory(partition.log.directory)
 
     def update_config(self, topic: str, config: LogConfig) -> None:

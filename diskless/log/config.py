@@ -151,6 +151,10 @@ class LogConfig:
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False  # read by the controller (cluster/controller.py)
     diskless_enabled: bool = False
+    # Durability knobs, as Kafka's UnifiedLog/LogManager read them (partition_log.py).
+    flush_messages: int = LONG_MAX
+    flush_ms: int = LONG_MAX
+    file_delete_delay_ms: int = 60000
     producer_id_expiration_ms: int = 86400000  # the broker's producer.id.expiration.ms
 
     @classmethod

@@ -5,7 +5,9 @@ broker's asyncio layer calls it from the event loop, which also makes each call 
 respect to other requests. Responsibilities: leader appends (validated batches in, offsets
 assigned), follower appends (offsets already assigned), reads bounded by a max offset (the high
 watermark), segment rolling, retention and DeleteRecords moving the log start offset, lookups by
-timestamp, truncation, and recovery after a crash.
+timestamp, truncation, recovery after a crash, and the fsync policy of ``flush.messages`` and
+``flush.ms`` (Kafka's UnifiedLog.append and LogManager.flushDirtyLogs; the broker runs the
+periodic pass).
 
 Every change to the log end, the high watermark or the log start calls ``on_change`` (one hook,
 set by the replica owning the log): what replica fetches and their sessions know of a partition
@@ -40,7 +42,7 @@ from .batch_codec import in_topic_codec
 from .config import LogConfig
 from .leader_epoch import LeaderEpochCache
 from .producer_state import ProducerStateManager, load_latest_snapshot, write_snapshot
-from .segment import POINTERS, RECORDS, SUFFIXES, BatchLocation, LogSegment
+from .segment import POINTERS, RECORDS, SUFFIXES, BatchLocation, LogSegment, remove_deleted_files
 from .txn_index import CONTROL_ABORT, CONTROL_COMMIT, AbortedTxn, TxnIndex, marker_batch, marker_fields
 from .txn_verification import TxnGuard, TxnVerifier
 
@@ -104,6 +106,15 @@ class ReadResult:
     kind: str = RECORDS
 
 
+@dataclass(slots=True)
+class RetiredSegment:
+    """A segment the log dropped, renamed ``.deleted``, whose files go at ``due_ms`` (stamped by the
+    first ``remove_retired_segments`` after the drop: dropping paths do not all know the time)."""
+
+    segment: LogSegment
+    due_ms: int | None = None
+
+
 class PartitionLog:
     def __init__(self, directory: str, config: LogConfig, now_ms: int, hw_file: bool = True) -> None:
         """``hw_file``: keep the high watermark in a file of this log's own (standalone logs); a
@@ -118,6 +129,7 @@ class PartitionLog:
         # ``on_change``); set before anything below can change them.
         self.on_change: Callable[[], None] = _unchanged
         self.segments: list[LogSegment] = []
+        self.retired: list[RetiredSegment] = []  # dropped, files not yet removed (file.delete.delay.ms)
         self._log_start_offset = 0
         self._high_watermark = 0
         # Tier entries (diskless/tiering/entry.py) by offset; those below the high watermark are in
@@ -133,6 +145,10 @@ class PartitionLog:
         self._checkpointed_hw = -1
         self._wal_refs: Counter[str] = Counter()
         self._wal_refs_stale = True
+        # Kafka's recovery point: offsets below it are fsynced. Segments before the active one
+        # always are (``roll`` syncs them), so only the active segment can hold unflushed entries.
+        self.recovery_point = 0
+        self.last_flush_ms = now_ms  # as Kafka's lastFlushedTime, the log's creation counts
         self._load(now_ms)
 
     # --- loading ------------------------------------------------------------------------------
@@ -140,6 +156,7 @@ class PartitionLog:
     def _load(self, now_ms: int) -> None:
         clean_marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
         clean = os.path.exists(clean_marker)
+        remove_deleted_files(self.directory)
         found = sorted(
             (int(name[: -len(suffix)]), kind)
             for name in os.listdir(self.directory)
@@ -173,6 +190,10 @@ class PartitionLog:
         self._rebuild_producer_state()
         self._rebuild_txn_index()
         self.producer_state.expire(now_ms, self.config.producer_id_expiration_ms, self.txns.ongoing)
+        # A clean shutdown fsynced everything; after a crash the active segment was read back from
+        # the page cache at best, so its entries count as unflushed (Kafka keeps its checkpointed
+        # recovery point then, too).
+        self.recovery_point = self.log_end_offset if clean else self.active_segment.base_offset
         if clean:
             os.unlink(clean_marker)
 
@@ -351,6 +372,7 @@ class PartitionLog:
             self.producer_state.record(header, next_offset, max_ts)
             self.txns.on_batch(header._replace(base_offset=next_offset))
             next_offset = last + 1
+        self._flush_if_unflushed_messages(now_ms)
         return AppendResult(base_offset, next_offset - 1, now_ms if log_append else -1, self.log_start_offset)
 
     def append_pointer_as_leader(
@@ -392,6 +414,7 @@ class PartitionLog:
         self._note_pointer(entry)
         self.producer_state.record(parsed, base_offset, parsed.max_timestamp)
         self.txns.on_batch(parsed._replace(base_offset=base_offset))
+        self._flush_if_unflushed_messages(now_ms)
         log_append_time = parsed.max_timestamp if parsed.is_log_append_time else -1
         return AppendResult(base_offset, last, log_append_time, self.log_start_offset)
 
@@ -442,6 +465,7 @@ class PartitionLog:
                 inline, _ = pointer.decode_entry(entry, 0)
                 marker = marker_fields(inline.batch) if isinstance(inline, pointer.InlineEntry) else None
             self._record_replicated(header, marker)
+        self._flush_if_unflushed_messages(now_ms)
         return self.log_end_offset
 
     def append_as_follower(self, data: bytes | memoryview, now_ms: int) -> int:
@@ -453,6 +477,7 @@ class PartitionLog:
             self.epochs.assign(header.partition_leader_epoch, header.base_offset)
             self._append(batch, header.base_offset, header.last_offset, header.max_timestamp, now_ms)
             self._record_replicated(header, marker_fields(batch) if header.is_control else None)
+        self._flush_if_unflushed_messages(now_ms)
         return self.log_end_offset
 
     def _record_replicated(self, header: records.BatchHeader, marker: tuple[int, int] | None) -> None:
@@ -512,6 +537,7 @@ class PartitionLog:
         self.txns.on_batch(header, CONTROL_COMMIT if commit else CONTROL_ABORT)
         # The transaction ended here: a commit verified in it must not open or join another.
         self.txn_verifier.end(producer_id)
+        self._flush_if_unflushed_messages(now_ms)
         return offset
 
     def _append(
@@ -528,7 +554,7 @@ class PartitionLog:
             # diskless.enabled switched: the offset space continues in a segment of the other kind.
             if active.size == 0:
                 base_offset = active.base_offset
-                self.segments.pop().delete()
+                self._retire(self.segments.pop())
                 self.segments.append(
                     LogSegment(self.directory, base_offset, self.config.index_interval_bytes, now_ms, kind)
                 )
@@ -560,6 +586,7 @@ class PartitionLog:
             return old
         old.on_roll()
         self.epochs.flush()  # the rolled segment's epochs will not be rebuilt after a crash
+        self._flushed(self.log_end_offset, now_ms)  # as Kafka's roll, which flushes up to the new segment
         write_snapshot(self.directory, self.log_end_offset, self.producer_state)
         segment = LogSegment(
             self.directory, self.log_end_offset, self.config.index_interval_bytes, now_ms, kind or old.kind
@@ -759,23 +786,51 @@ class PartitionLog:
             self.roll(now_ms)
         for segment in victims:
             self.segments.remove(segment)
-            segment.delete()
+            self._retire(segment)
         self._set_log_start(max(self.log_start_offset, self.segments[0].base_offset))
         return len(victims)
 
     def _delete_segments_below_start(self) -> int:
         deleted = 0
         while len(self.segments) > 1 and self.segments[1].base_offset <= self.log_start_offset:
-            self.segments.pop(0).delete()
+            self._retire(self.segments.pop(0))
             deleted += 1
         if self.active_segment.size and self.active_segment.next_offset <= self.log_start_offset:
             # Everything in the active segment is below the start: replace it with an empty one.
-            old = self.segments.pop()
-            old.delete()
+            self._retire(self.segments.pop())
             self.segments.append(LogSegment(self.directory, self.log_start_offset, self.config.index_interval_bytes, 0))
+            self.recovery_point = max(self.recovery_point, self.log_start_offset)
             deleted += 1
             self.on_change()  # the log end moved up to the start
         return deleted
+
+    def _retire(self, segment: LogSegment) -> None:
+        """Drop a segment the log no longer lists: at once with ``file.delete.delay.ms`` 0, else
+        renamed ``.deleted`` and removed after the delay (Kafka's deleteSegmentFiles), so that a
+        reader holding it across an await (a ListOffsets by timestamp loading a batch) does not
+        read a closed, or reused, descriptor."""
+        if self.config.file_delete_delay_ms <= 0:
+            segment.delete()
+            return
+        segment.mark_deleted()
+        self.retired.append(RetiredSegment(segment))
+
+    def remove_retired_segments(self, now_ms: int) -> int:
+        """Remove the files of retired segments whose delay has passed; a segment retired since the
+        last call gets its due time now. Returns how many were removed."""
+        if not self.retired:
+            return 0
+        kept: list[RetiredSegment] = []
+        for retired in self.retired:
+            if retired.due_ms is None:
+                retired.due_ms = now_ms + self.config.file_delete_delay_ms
+            if retired.due_ms <= now_ms:
+                retired.segment.delete()
+            else:
+                kept.append(retired)
+        removed = len(self.retired) - len(kept)
+        self.retired = kept
+        return removed
 
     # --- WAL object references (diskless) ------------------------------------------------------
 
@@ -925,6 +980,7 @@ class PartitionLog:
         records.assign_offset(batch, offset, leader_epoch)
         self._append(pointer.encode_inline_entry(batch), offset, offset, now_ms, now_ms, POINTERS)
         self._add_tier(Tier(info, offset))
+        self._flush_if_unflushed_messages(now_ms)
         return offset
 
     def tier_state_for_replica(self) -> bytes:
@@ -980,7 +1036,7 @@ class PartitionLog:
             key=lambda a: a.last_offset,
         )
         while len(self.segments) > 1 and self.segments[0].next_offset <= end:
-            self.segments.pop(0).delete()
+            self._retire(self.segments.pop(0))
         self._write_tier_manifest()
 
     def _detached_tiers(self) -> list[Tier]:
@@ -1076,9 +1132,9 @@ class PartitionLog:
             self.tiers = [t for t in self.tiers if t.entry_offset < offset]
             self._write_tier_manifest()
         while len(self.segments) > 1 and self.active_segment.base_offset >= offset:
-            self.segments.pop().delete()
+            self._retire(self.segments.pop())
         if self.active_segment.base_offset >= offset:
-            self.segments.pop().delete()
+            self._retire(self.segments.pop())
             self.segments.append(LogSegment(self.directory, offset, self.config.index_interval_bytes, now_ms))
         else:
             self.active_segment.truncate_to(offset)
@@ -1088,6 +1144,7 @@ class PartitionLog:
             self.truncate_fully_and_start_at(self.log_start_offset, now_ms)
             return
         self.epochs.truncate_from_end(self.log_end_offset)
+        self.recovery_point = min(self.recovery_point, self.log_end_offset)
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
         self._rebuild_producer_state()
         self._rebuild_txn_index()
@@ -1097,8 +1154,9 @@ class PartitionLog:
         """Drop the whole log and continue at ``offset`` (a follower behind the leader's log start)."""
         self._wal_refs_stale = True
         for segment in self.segments:
-            segment.delete()
+            self._retire(segment)
         self.segments = [LogSegment(self.directory, offset, self.config.index_interval_bytes, now_ms)]
+        self.recovery_point = offset  # an empty log: nothing to flush
         self.tiers = []
         self._tier_floor = 0
         self._tiered_aborts = []
@@ -1117,9 +1175,36 @@ class PartitionLog:
         for segment in self.segments:
             segment.index_interval_bytes = config.index_interval_bytes
 
-    def flush(self) -> None:
+    @property
+    def unflushed_messages(self) -> int:
+        """Offsets appended since the last flush (Kafka's UnifiedLog.unflushedMessages)."""
+        return self.log_end_offset - self.recovery_point
+
+    def flush(self, now_ms: int) -> None:
+        """fsync the log up to its end: the active segment with its indexes (earlier segments were
+        synced when they rolled) and the leader-epoch checkpoint."""
         self.active_segment.fsync()
         self.epochs.flush()
+        self._flushed(self.log_end_offset, now_ms)
+
+    def _flushed(self, offset: int, now_ms: int) -> None:
+        self.recovery_point = offset
+        self.last_flush_ms = now_ms
+
+    def flush_if_stale(self, now_ms: int) -> bool:
+        """``flush.ms``: fsync when the last flush is at least that old and something was appended
+        since (Kafka's LogManager.flushDirtyLogs; the broker calls this periodically). True when
+        it flushed."""
+        if now_ms - self.last_flush_ms < self.config.flush_ms or self.unflushed_messages <= 0:
+            return False
+        self.flush(now_ms)
+        return True
+
+    def _flush_if_unflushed_messages(self, now_ms: int) -> None:
+        """``flush.messages``: after an append, as Kafka's UnifiedLog.append, fsync once that many
+        offsets are unflushed (Kafka's default, Long.MAX, never does)."""
+        if self.unflushed_messages >= self.config.flush_messages:
+            self.flush(now_ms)
 
     def close(self, clean: bool = True) -> None:
         if clean:
@@ -1130,13 +1215,17 @@ class PartitionLog:
             if clean:
                 segment.fsync()
             segment.close()
+        for retired in self.retired:
+            retired.segment.close()  # the files stay; the next load removes them, as Kafka's does
+        self.retired = []
         if clean:
             self.epochs.flush()
             open(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), "w").close()
 
     def delete(self) -> None:
-        for segment in self.segments:
+        for segment in self.segments + [r.segment for r in self.retired]:
             segment.delete()
+        self.retired = []
         for name in os.listdir(self.directory):
             os.unlink(os.path.join(self.directory, name))
         os.rmdir(self.directory)

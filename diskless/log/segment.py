@@ -6,6 +6,8 @@ v2 record batches. A *pointers* segment (``<baseOffset:020d>.plog``) holds point
 the indexes (``.index``, ``.timeindex``) and every offset/time lookup, because both start each
 entry with a real v2 batch header. The segment never looks inside records. Recovery walks the
 file entry by entry, checks lengths and CRCs, truncates a torn tail and rebuilds both indexes.
+A segment the log drops is first renamed with the ``.deleted`` suffix and removed later
+(``file.delete.delay.ms``), as Kafka does, so a reader still holding it keeps reading.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ _INT32_MAX = 2**31 - 1
 RECORDS = "records"
 POINTERS = "pointers"
 SUFFIXES = {RECORDS: ".log", POINTERS: ".plog"}
+DELETED_SUFFIX = ".deleted"  # Kafka's LogFileUtils.DELETED_FILE_SUFFIX
 _POINTER_READ_CHUNK = 256 * 1024
 _LOCATE_CHUNK = 8 * 1024  # at least this much is read at once when scanning for an offset
 _LENGTH = struct.Struct(">i")
@@ -50,6 +53,25 @@ def _entry_intact(entry: bytes) -> bool:
 
 def segment_path(directory: str, base_offset: int, suffix: str) -> str:
     return os.path.join(directory, f"{base_offset:020d}{suffix}")
+
+
+def _add_deleted_suffix(path: str) -> str:
+    renamed = path + DELETED_SUFFIX
+    with contextlib.suppress(FileNotFoundError):  # an index never written has no file to rename
+        os.rename(path, renamed)
+    return renamed
+
+
+def remove_deleted_files(directory: str) -> int:
+    """Remove segment files left renamed ``.deleted`` (a restart before their delay passed, as
+    Kafka's log loading does); returns how many."""
+    removed = 0
+    for name in os.listdir(directory):
+        if name.endswith(DELETED_SUFFIX):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, name))
+                removed += 1
+    return removed
 
 
 @dataclass(frozen=True, slots=True)
@@ -396,6 +418,14 @@ class LogSegment:
         os.close(self._fd)
         self.offset_index.close()
         self.time_index.close()
+
+    def mark_deleted(self) -> None:
+        """Rename the files with the ``.deleted`` suffix (Kafka's changeFileSuffixes): no load
+        lists the segment again, while the open descriptor keeps serving whoever still reads it.
+        Nothing may be appended any more; ``delete`` removes the renamed files."""
+        self.log_path = _add_deleted_suffix(self.log_path)
+        for index in (self.offset_index, self.time_index):
+            index._file.path = _add_deleted_suffix(index._file.path)
 
     def delete(self) -> None:
         self.close()

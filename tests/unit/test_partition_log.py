@@ -263,7 +263,7 @@ def test_roll_by_index_size(tmp_path: Path) -> None:
 
 
 def test_retention_by_time(tmp_path: Path) -> None:
-    log = open_log(tmp_path, retention_ms=10_000)  # one batch per segment: produce(..., roll=True)
+    log = open_log(tmp_path, retention_ms=10_000, file_delete_delay_ms=0)  # one batch per segment: roll=True
     for i in range(5):
         produce(log, 2, tag=f"b{i}", now_ms=T0 + i * 5_000, roll=True)  # max timestamps T0+1 .. T0+20001
     assert len(log.segments) == 5

@@ -65,7 +65,7 @@ def test_epoch_file_is_made_durable_at_roll_flush_and_clean_close(
     assert not log.epochs.dirty
     produce(log, 2, epoch=4)
     assert log.epochs.dirty
-    log.flush()
+    log.flush(0)
     assert not log.epochs.dirty
     produce(log, 2, epoch=5)
     log.close(clean=True)
