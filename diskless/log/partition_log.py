@@ -38,7 +38,7 @@ from diskless.tiering.entry import (
 
 from .config import LogConfig
 from .leader_epoch import LeaderEpochCache
-from .producer_state import ProducerStateManager, load_latest_snapshot, write_snapshot
+from .producer_state import BatchMetadata, ProducerStateManager, load_latest_snapshot, write_snapshot
 from .segment import POINTERS, RECORDS, SUFFIXES, BatchLocation, LogSegment
 from .txn_index import CONTROL_ABORT, CONTROL_COMMIT, AbortedTxn, TxnIndex, marker_batch, marker_fields
 from .txn_verification import TxnGuard, TxnVerifier
@@ -327,7 +327,8 @@ class PartitionLog:
             duplicate = self.producer_state.check(header)
             if duplicate is not None:
                 # A retry of a batch already in the log: answer with where it went, append nothing.
-                return AppendResult(duplicate.first_offset, duplicate.last_offset, -1, self.log_start_offset, True)
+                log_append = self.config.message_timestamp_type == "LogAppendTime"
+                return self._duplicate_result(duplicate, log_append)
         if check_sequence and headers:
             self._abort_superseded_txn(headers[0], leader_epoch, now_ms)
         log_append = self.config.message_timestamp_type == "LogAppendTime"
@@ -369,7 +370,7 @@ class PartitionLog:
         parsed = records.parse_header(header)
         duplicate = self.producer_state.check(parsed)
         if duplicate is not None:
-            return AppendResult(duplicate.first_offset, duplicate.last_offset, -1, self.log_start_offset, True)
+            return self._duplicate_result(duplicate, parsed.is_log_append_time)
         if verify_txn and parsed.is_transactional and not parsed.is_control:
             refused = self.txn_verifier.check(parsed.producer_id, parsed.producer_epoch, txn_guard, leader_epoch)
             if refused is not None:
@@ -389,6 +390,15 @@ class PartitionLog:
         self.txns.on_batch(parsed._replace(base_offset=base_offset))
         log_append_time = parsed.max_timestamp if parsed.is_log_append_time else -1
         return AppendResult(base_offset, last, log_append_time, self.log_start_offset)
+
+    def _duplicate_result(self, duplicate: BatchMetadata, log_append: bool) -> AppendResult:
+        """The answer to a retry of a batch already appended: where it went, and for a
+        LogAppendTime topic the time it was stamped with, which the first answer carried and the
+        producer reports as its records' timestamp (Kafka answers the cached batch's timestamp).
+        For CreateTime, -1 as in the first answer: Kafka's cached max timestamp there would make
+        the client report one timestamp for every record of the batch."""
+        log_append_time = duplicate.max_timestamp if log_append else -1
+        return AppendResult(duplicate.first_offset, duplicate.last_offset, log_append_time, self.log_start_offset, True)
 
     def _abort_superseded_txn(self, header: records.BatchHeader, leader_epoch: int, now_ms: int) -> None:
         """Close, with an ABORT marker, a transaction its producer can no longer end, before a
