@@ -323,12 +323,14 @@ class PartitionLog:
         for header in headers:
             if not check_sequence:
                 self.producer_state.check_epoch(header)
+                self._check_txn_state(header)
                 continue
             duplicate = self.producer_state.check(header)
             if duplicate is not None:
                 # A retry of a batch already in the log: answer with where it went, append nothing.
                 log_append = self.config.message_timestamp_type == "LogAppendTime"
                 return self._duplicate_result(duplicate, log_append)
+            self._check_txn_state(header)
         if check_sequence and headers:
             self._abort_superseded_txn(headers[0], leader_epoch, now_ms)
         log_append = self.config.message_timestamp_type == "LogAppendTime"
@@ -371,6 +373,7 @@ class PartitionLog:
         duplicate = self.producer_state.check(parsed)
         if duplicate is not None:
             return self._duplicate_result(duplicate, parsed.is_log_append_time)
+        self._check_txn_state(parsed)
         if verify_txn and parsed.is_transactional and not parsed.is_control:
             refused = self.txn_verifier.check(parsed.producer_id, parsed.producer_epoch, txn_guard, leader_epoch)
             if refused is not None:
@@ -390,6 +393,20 @@ class PartitionLog:
         self.txns.on_batch(parsed._replace(base_offset=base_offset))
         log_append_time = parsed.max_timestamp if parsed.is_log_append_time else -1
         return AppendResult(base_offset, last, log_append_time, self.log_start_offset)
+
+    def _check_txn_state(self, header: records.BatchHeader) -> None:
+        """Refuse a non-transactional batch of a producer whose transaction is open here
+        (INVALID_TXN_STATE, Kafka's ProducerAppendInfo.appendDataBatch). Appended, it would sit
+        inside the transaction yet outside it: read_committed consumers would get it even if the
+        transaction aborts, and it would not be undone with the rest. Checked after the epoch and
+        sequence, as Kafka does, so a fenced or out-of-order batch still gets that error."""
+        if header.producer_id == records.NO_PRODUCER_ID or header.is_transactional:
+            return
+        if header.producer_id in self.txns.ongoing:
+            raise records.InvalidBatch(
+                "invalid_txn_state",
+                f"producer {header.producer_id} sent a non-transactional batch while its transaction is open",
+            )
 
     def _duplicate_result(self, duplicate: BatchMetadata, log_append: bool) -> AppendResult:
         """The answer to a retry of a batch already appended: where it went, and for a

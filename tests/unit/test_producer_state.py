@@ -230,6 +230,30 @@ def test_partition_log_rejects_bad_sequences_without_appending(tmp_path: Path) -
     assert log.log_end_offset == 2
 
 
+def test_non_transactional_batch_inside_an_open_transaction_is_refused(tmp_path: Path) -> None:
+    """Kafka's appendDataBatch: INVALID_TXN_STATE, nothing appended; after the marker the
+    producer's sequence goes on, on both the classic and the diskless commit path."""
+
+    def batch(seq: int, transactional: bool) -> bytes:
+        return make_batch([b"x"], producer_id=PID, producer_epoch=0, base_sequence=seq, transactional=transactional)
+
+    for kind in ("classic", "diskless"):
+        log = open_log(tmp_path / kind)
+
+        def append(data: bytes, log=log, kind=kind):  # type: ignore[no-untyped-def]
+            if kind == "classic":
+                return log.append_as_leader([memoryview(data)], 0, T0)
+            return log.append_pointer_as_leader(data[:HEADER_SIZE], "wal/a", 0, 0, T0)
+
+        append(batch(0, True))
+        assert _error(append, batch(1, False)) == "invalid_txn_state"
+        assert _error(append, batch(5, False)) == "out_of_order_sequence_number"  # the sequence comes first
+        assert log.log_end_offset == 1
+        assert append(batch(1, True)).base_offset == 1
+        log.append_marker_as_leader(PID, 0, True, 0, 0, T0)
+        assert append(batch(2, False)).base_offset == 3
+
+
 @pytest.mark.parametrize("clean", [True, False])
 def test_producer_state_survives_reopen_and_roll(tmp_path: Path, clean: bool) -> None:
     log = open_log(tmp_path, segment_bytes=250)
