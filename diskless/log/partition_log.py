@@ -38,7 +38,13 @@ from diskless.tiering.entry import (
 
 from .config import LogConfig
 from .leader_epoch import LeaderEpochCache
-from .producer_state import BatchMetadata, ProducerStateManager, load_latest_snapshot, write_snapshot
+from .producer_state import (
+    BatchMetadata,
+    ProducerStateManager,
+    delete_snapshots,
+    load_latest_snapshot,
+    write_snapshot,
+)
 from .segment import POINTERS, RECORDS, SUFFIXES, BatchLocation, LogSegment
 from .txn_index import CONTROL_ABORT, CONTROL_COMMIT, AbortedTxn, TxnIndex, marker_batch, marker_fields
 from .txn_verification import TxnGuard, TxnVerifier
@@ -262,7 +268,9 @@ class PartitionLog:
 
     def _rebuild_producer_state(self) -> None:
         """Latest usable snapshot, then replay of the batches written after it."""
-        snapshot_offset, self.producer_state = load_latest_snapshot(self.directory, self.log_end_offset)
+        snapshot_offset, self.producer_state = load_latest_snapshot(
+            self.directory, self.log_end_offset, self.log_start_offset
+        )
         start = max(snapshot_offset, self.log_start_offset)
         for segment in self._segments_from(start):
             for location in segment.iter_batches(segment.offset_index.lookup(start)):
@@ -1128,6 +1136,8 @@ class PartitionLog:
         self._set_log_start(offset)
         self.epochs.truncate_from_end(offset)
         self.high_watermark = offset
+        # No snapshot describes the new log, not even one at ``offset`` written for the old one.
+        delete_snapshots(self.directory)
         self._rebuild_producer_state()
         self._rebuild_txn_index()
         self.on_change()
