@@ -274,7 +274,10 @@ class PartitionLog:
         start = max(snapshot_offset, self.log_start_offset)
         for segment in self._segments_from(start):
             for location in segment.iter_batches(segment.offset_index.lookup(start)):
-                if location.base_offset < start:
+                # A batch that DeleteRecords cut through is still its producer's last (Kafka
+                # replays every batch ending at or after the start): skipped, its retry would be
+                # appended again and a gap after it accepted. Snapshots sit between batches.
+                if location.last_offset < start:
                     continue
                 header = segment._header_at(location.position)
                 if header is None:

@@ -245,6 +245,20 @@ def test_snapshot_below_the_log_start_is_not_used(tmp_path: Path) -> None:
         produce(log, 1, tag="f", producer_id=7, producer_epoch=0, base_sequence=9)
 
 
+def test_batch_cut_by_delete_records_still_counts_for_its_producer_after_a_crash(tmp_path: Path) -> None:
+    log = open_log(tmp_path)
+    first = produce(log, 10, producer_id=9, producer_epoch=0, base_sequence=0)
+    log.delete_records_before(5)
+    log.close(clean=False)  # no snapshot: the state is replayed from the log start
+    log = _reopen(tmp_path)
+    log.high_watermark = log.log_end_offset
+    retry = produce(log, 10, producer_id=9, producer_epoch=0, base_sequence=0)
+    assert retry.duplicate and retry.base_offset == first.base_offset and log.log_end_offset == 10
+    with pytest.raises(InvalidBatch):
+        produce(log, 1, producer_id=9, producer_epoch=0, base_sequence=15)
+    assert produce(log, 1, producer_id=9, producer_epoch=0, base_sequence=10).base_offset == 10
+
+
 def test_truncating_fully_forgets_every_producer(tmp_path: Path) -> None:
     """Kafka's truncateFullyAndStartAt clears the producers and deletes every snapshot: none
     describes the new log, not one that happens to sit at the offset it starts at."""
