@@ -41,7 +41,13 @@ from diskless.tiering.entry import (
 from .batch_codec import in_topic_codec
 from .config import LogConfig
 from .leader_epoch import LeaderEpochCache
-from .producer_state import ProducerStateManager, load_latest_snapshot, write_snapshot
+from .producer_state import (
+    BatchMetadata,
+    ProducerStateManager,
+    delete_snapshots,
+    load_latest_snapshot,
+    write_snapshot,
+)
 from .segment import POINTERS, RECORDS, SUFFIXES, BatchLocation, LogSegment, remove_deleted_files
 from .txn_index import CONTROL_ABORT, CONTROL_COMMIT, AbortedTxn, TxnIndex, marker_batch, marker_fields
 from .txn_verification import TxnGuard, TxnVerifier
@@ -284,11 +290,16 @@ class PartitionLog:
 
     def _rebuild_producer_state(self) -> None:
         """Latest usable snapshot, then replay of the batches written after it."""
-        snapshot_offset, self.producer_state = load_latest_snapshot(self.directory, self.log_end_offset)
+        snapshot_offset, self.producer_state = load_latest_snapshot(
+            self.directory, self.log_end_offset, self.log_start_offset
+        )
         start = max(snapshot_offset, self.log_start_offset)
         for segment in self._segments_from(start):
             for location in segment.iter_batches(segment.offset_index.lookup(start)):
-                if location.base_offset < start:
+                # A batch that DeleteRecords cut through is still its producer's last (Kafka
+                # replays every batch ending at or after the start): skipped, its retry would be
+                # appended again and a gap after it accepted. Snapshots sit between batches.
+                if location.last_offset < start:
                     continue
                 header = segment._header_at(location.position)
                 if header is None:
@@ -349,11 +360,14 @@ class PartitionLog:
         for header in headers:
             if not check_sequence:
                 self.producer_state.check_epoch(header)
+                self._check_txn_state(header)
                 continue
             duplicate = self.producer_state.check(header)
             if duplicate is not None:
                 # A retry of a batch already in the log: answer with where it went, append nothing.
-                return AppendResult(duplicate.first_offset, duplicate.last_offset, -1, self.log_start_offset, True)
+                log_append = self.config.message_timestamp_type == "LogAppendTime"
+                return self._duplicate_result(duplicate, log_append)
+            self._check_txn_state(header)
         if check_sequence and headers:
             self._abort_superseded_txn(headers[0], leader_epoch, now_ms)
         log_append = self.config.message_timestamp_type == "LogAppendTime"
@@ -396,7 +410,8 @@ class PartitionLog:
         parsed = records.parse_header(header)
         duplicate = self.producer_state.check(parsed)
         if duplicate is not None:
-            return AppendResult(duplicate.first_offset, duplicate.last_offset, -1, self.log_start_offset, True)
+            return self._duplicate_result(duplicate, parsed.is_log_append_time)
+        self._check_txn_state(parsed)
         if verify_txn and parsed.is_transactional and not parsed.is_control:
             refused = self.txn_verifier.check(parsed.producer_id, parsed.producer_epoch, txn_guard, leader_epoch)
             if refused is not None:
@@ -417,6 +432,29 @@ class PartitionLog:
         self._flush_if_unflushed_messages(now_ms)
         log_append_time = parsed.max_timestamp if parsed.is_log_append_time else -1
         return AppendResult(base_offset, last, log_append_time, self.log_start_offset)
+
+    def _check_txn_state(self, header: records.BatchHeader) -> None:
+        """Refuse a non-transactional batch of a producer whose transaction is open here
+        (INVALID_TXN_STATE, Kafka's ProducerAppendInfo.appendDataBatch). Appended, it would sit
+        inside the transaction yet outside it: read_committed consumers would get it even if the
+        transaction aborts, and it would not be undone with the rest. Checked after the epoch and
+        sequence, as Kafka does, so a fenced or out-of-order batch still gets that error."""
+        if header.producer_id == records.NO_PRODUCER_ID or header.is_transactional:
+            return
+        if header.producer_id in self.txns.ongoing:
+            raise records.InvalidBatch(
+                "invalid_txn_state",
+                f"producer {header.producer_id} sent a non-transactional batch while its transaction is open",
+            )
+
+    def _duplicate_result(self, duplicate: BatchMetadata, log_append: bool) -> AppendResult:
+        """The answer to a retry of a batch already appended: where it went, and for a
+        LogAppendTime topic the time it was stamped with, which the first answer carried and the
+        producer reports as its records' timestamp (Kafka answers the cached batch's timestamp).
+        For CreateTime, -1 as in the first answer: Kafka's cached max timestamp there would make
+        the client report one timestamp for every record of the batch."""
+        log_append_time = duplicate.max_timestamp if log_append else -1
+        return AppendResult(duplicate.first_offset, duplicate.last_offset, log_append_time, self.log_start_offset, True)
 
     def _abort_superseded_txn(self, header: records.BatchHeader, leader_epoch: int, now_ms: int) -> None:
         """Close, with an ABORT marker, a transaction its producer can no longer end, before a
@@ -1164,6 +1202,8 @@ class PartitionLog:
         self._set_log_start(offset)
         self.epochs.truncate_from_end(offset)
         self.high_watermark = offset
+        # No snapshot describes the new log, not even one at ``offset`` written for the old one.
+        delete_snapshots(self.directory)
         self._rebuild_producer_state()
         self._rebuild_txn_index()
         self.on_change()

@@ -254,10 +254,24 @@ def list_snapshots(directory: str) -> list[int]:
     return sorted(int(n[: -len(SNAPSHOT_SUFFIX)]) for n in os.listdir(directory) if n.endswith(SNAPSHOT_SUFFIX))
 
 
-def load_latest_snapshot(directory: str, max_offset: int) -> tuple[int, ProducerStateManager]:
-    """The newest snapshot at or below ``max_offset`` (newer ones are stale after truncation)."""
+def delete_snapshots(directory: str) -> None:
+    """Remove every snapshot: the log they describe is gone (Kafka's truncateFullyAndStartAt)."""
+    for offset in list_snapshots(directory):
+        os.unlink(snapshot_path(directory, offset))
+
+
+def load_latest_snapshot(directory: str, max_offset: int, min_offset: int = 0) -> tuple[int, ProducerStateManager]:
+    """The newest snapshot in [``min_offset``, ``max_offset``]; those outside are deleted.
+
+    Newer ones are stale after truncation. Older ones than ``min_offset`` (the log start) are
+    incomplete: the state is rebuilt by replaying the log from there, and the batches between
+    such a snapshot and the log start (deleted by DeleteRecords or retention) would be missing,
+    leaving their producers at an old sequence that their next batch is refused against
+    (OUT_OF_ORDER_SEQUENCE_NUMBER). As Kafka's truncateAndReload, they are dropped: a producer
+    known only from deleted batches is then unknown and may continue at any sequence. (Kafka also
+    drops one exactly at the log start, which is complete; it is kept.)"""
     for offset in reversed(list_snapshots(directory)):
-        if offset > max_offset:
+        if offset > max_offset or offset < min_offset:
             os.unlink(snapshot_path(directory, offset))
             continue
         try:

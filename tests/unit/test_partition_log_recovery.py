@@ -11,7 +11,9 @@ import pytest
 from batches import GZIP, SNAPPY, values_batch
 from loghelpers import T0, batches_of, log_files, open_log, produce, read_records
 
+from diskless.log import producer_state as ps
 from diskless.log.partition_log import CLEAN_SHUTDOWN_FILE, PartitionLog
+from diskless.protocol.records import InvalidBatch
 
 CONFIG = {"segment_bytes": 700, "index_interval_bytes": 150}
 
@@ -222,6 +224,52 @@ def test_stale_snapshot_beyond_the_recovered_end_is_ignored(tmp_path: Path) -> N
     assert not any(name.startswith(f"{4:020d}") for name in os.listdir(tmp_path))
     result = produce(log, 1, tag="s3", producer_id=9, producer_epoch=0, base_sequence=3)
     assert not result.duplicate and result.base_offset == 3
+
+
+def test_snapshot_below_the_log_start_is_not_used(tmp_path: Path) -> None:
+    """A snapshot older than the log start misses the deleted batches between them: replaying
+    from the log start left producer 9 at sequence 1 and refused its next batch as out of order.
+    As Kafka, the snapshot is dropped and a producer known only from deleted batches is unknown."""
+    log = open_log(tmp_path)
+    produce(log, 2, tag="a", producer_id=9, producer_epoch=0, base_sequence=0)
+    produce(log, 2, tag="b", producer_id=9, producer_epoch=0, base_sequence=2, roll=True)  # snapshot at 2
+    produce(log, 2, tag="c", producer_id=7, producer_epoch=0, base_sequence=0)
+    log.delete_records_before(4)
+    log.close(clean=False)
+    log = _reopen(tmp_path)
+    assert log.log_start_offset == 4 and 9 not in log.producer_state.producers
+    log.high_watermark = log.log_end_offset
+    assert produce(log, 1, tag="d", producer_id=9, producer_epoch=0, base_sequence=4).base_offset == 6
+    assert produce(log, 1, tag="e", producer_id=7, producer_epoch=0, base_sequence=2).base_offset == 7
+    with pytest.raises(InvalidBatch):
+        produce(log, 1, tag="f", producer_id=7, producer_epoch=0, base_sequence=9)
+
+
+def test_batch_cut_by_delete_records_still_counts_for_its_producer_after_a_crash(tmp_path: Path) -> None:
+    log = open_log(tmp_path)
+    first = produce(log, 10, producer_id=9, producer_epoch=0, base_sequence=0)
+    log.delete_records_before(5)
+    log.close(clean=False)  # no snapshot: the state is replayed from the log start
+    log = _reopen(tmp_path)
+    log.high_watermark = log.log_end_offset
+    retry = produce(log, 10, producer_id=9, producer_epoch=0, base_sequence=0)
+    assert retry.duplicate and retry.base_offset == first.base_offset and log.log_end_offset == 10
+    with pytest.raises(InvalidBatch):
+        produce(log, 1, producer_id=9, producer_epoch=0, base_sequence=15)
+    assert produce(log, 1, producer_id=9, producer_epoch=0, base_sequence=10).base_offset == 10
+
+
+def test_truncating_fully_forgets_every_producer(tmp_path: Path) -> None:
+    """Kafka's truncateFullyAndStartAt clears the producers and deletes every snapshot: none
+    describes the new log, not one that happens to sit at the offset it starts at."""
+    log = open_log(tmp_path)
+    produce(log, 2, producer_id=9, producer_epoch=0, base_sequence=0)
+    produce(log, 2, producer_id=9, producer_epoch=0, base_sequence=2, roll=True)  # snapshot at 2
+    log.truncate_fully_and_start_at(2, T0)
+    assert log.producer_state.producers == {} and ps.list_snapshots(str(tmp_path)) == []
+    # Leading now, it takes the producer where its sequence is (it went on in the log that was
+    # dropped), instead of refusing it against the snapshot's sequence 1.
+    assert produce(log, 1, producer_id=9, producer_epoch=0, base_sequence=40).base_offset == 2
 
 
 @pytest.mark.parametrize("clean", [True, False])

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from loghelpers import T0, open_log, produce, read_records
 
 from diskless.log import producer_state as ps
-from diskless.protocol.records import BatchHeader, InvalidBatch, parse_header
+from diskless.protocol.records import HEADER_SIZE, BatchHeader, InvalidBatch, parse_header, set_log_append_time
 
 PID = 4242
 INT32_MAX = 2**31 - 1
@@ -195,6 +195,27 @@ def test_duplicate_append_returns_original_offsets_and_appends_nothing(tmp_path:
     assert [r.value for r in read_records(log)] == [b"a-0", b"a-1", b"b-0", b"b-1", b"b-2"]
 
 
+def test_duplicate_of_a_log_append_time_batch_answers_its_append_time(tmp_path: Path) -> None:
+    """The producer reports the answer's log_append_time as its records' timestamp: a retry
+    answered -1 made it report the create time, which no consumer sees (Kafka answers the
+    cached batch's timestamp). CreateTime topics answer -1, as the first answer did."""
+    log = open_log(tmp_path / "classic", message_timestamp_type="LogAppendTime")
+    first = produce(log, 2, producer_id=PID, producer_epoch=0, base_sequence=0, now_ms=T0 + 5)
+    retry = produce(log, 2, producer_id=PID, producer_epoch=0, base_sequence=0, now_ms=T0 + 99)
+    assert retry.duplicate and first.log_append_time == retry.log_append_time == T0 + 5
+    created = open_log(tmp_path / "create-time")
+    produce(created, 2, producer_id=PID, producer_epoch=0, base_sequence=0)
+    assert produce(created, 2, producer_id=PID, producer_epoch=0, base_sequence=0).log_append_time == -1
+
+    pointers = open_log(tmp_path / "diskless")
+    answers = []
+    for stamped in (T0 + 5, T0 + 99):  # the representative stamps each (re)sent batch on arrival
+        batch = bytearray(make_batch([b"x"] * 2, producer_id=PID, producer_epoch=0, base_sequence=0))
+        set_log_append_time(batch, stamped)
+        answers.append(pointers.append_pointer_as_leader(bytes(batch[:HEADER_SIZE]), "wal/a", 0, 0, stamped))
+    assert answers[1].duplicate and answers[0].log_append_time == answers[1].log_append_time == T0 + 5
+
+
 def test_partition_log_rejects_bad_sequences_without_appending(tmp_path: Path) -> None:
     log = open_log(tmp_path)
     produce(log, 2, producer_id=PID, producer_epoch=1, base_sequence=0)
@@ -207,6 +228,30 @@ def test_partition_log_rejects_bad_sequences_without_appending(tmp_path: Path) -
             produce(log, 1, producer_id=PID, **kwargs)
         assert exc.value.error == code
     assert log.log_end_offset == 2
+
+
+def test_non_transactional_batch_inside_an_open_transaction_is_refused(tmp_path: Path) -> None:
+    """Kafka's appendDataBatch: INVALID_TXN_STATE, nothing appended; after the marker the
+    producer's sequence goes on, on both the classic and the diskless commit path."""
+
+    def batch(seq: int, transactional: bool) -> bytes:
+        return make_batch([b"x"], producer_id=PID, producer_epoch=0, base_sequence=seq, transactional=transactional)
+
+    for kind in ("classic", "diskless"):
+        log = open_log(tmp_path / kind)
+
+        def append(data: bytes, log=log, kind=kind):  # type: ignore[no-untyped-def]
+            if kind == "classic":
+                return log.append_as_leader([memoryview(data)], 0, T0)
+            return log.append_pointer_as_leader(data[:HEADER_SIZE], "wal/a", 0, 0, T0)
+
+        append(batch(0, True))
+        assert _error(append, batch(1, False)) == "invalid_txn_state"
+        assert _error(append, batch(5, False)) == "out_of_order_sequence_number"  # the sequence comes first
+        assert log.log_end_offset == 1
+        assert append(batch(1, True)).base_offset == 1
+        log.append_marker_as_leader(PID, 0, True, 0, 0, T0)
+        assert append(batch(2, False)).base_offset == 3
 
 
 @pytest.mark.parametrize("clean", [True, False])
