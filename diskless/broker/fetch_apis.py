@@ -55,8 +55,10 @@ from diskless.storage import pointer, segment_object
 
 from .api_base import (
     EARLIEST,
+    EARLIEST_LOCAL,
     EPOCH_ERRORS,
     LATEST,
+    LATEST_TIERED,
     MAX_TIMESTAMP,
     READ_COMMITTED,
     ApiFamily,
@@ -686,17 +688,15 @@ class FetchApis(ApiFamily):
             parts = []
             diskless = self._is_diskless(topic.name)
             for p in topic.partitions:
+                # As Kafka's ReplicaManager.fetchOffset, before looking at the partition.
+                if _timestamp_unsupported(p.timestamp, header.api_version):
+                    parts.append(_offsets_answer(p.partition_index, ErrorCode.unsupported_version))
+                    continue
                 asked_epoch = getattr(p, "current_leader_epoch", -1)
                 code, plog, replica = self._leader_log(
                     topic.name, p.partition_index, asked_epoch, diskless and not forwarded
                 )
-                entry = {
-                    "partition_index": p.partition_index,
-                    "error_code": code,
-                    "timestamp": -1,
-                    "offset": -1,
-                    "leader_epoch": -1,
-                }
+                entry = _offsets_answer(p.partition_index, code)
                 # A stale or future leader epoch (KIP-320) is the consumer's to hear, never forwarded.
                 local = None if self._stale_follower(diskless, replica) else replica
                 leader = (
@@ -888,6 +888,24 @@ class FetchApis(ApiFamily):
                     continue
                 entry.update(error_code=found.error_code, leader_epoch=found.leader_epoch, end_offset=found.end_offset)
         return {"throttle_time": 0, "topics": topics}
+
+
+# The first ListOffsets version that may carry each special timestamp (Kafka's
+# ReplicaManager.timestampMinSupportedVersion): MAX_TIMESTAMP from v7 (KIP-734), EARLIEST_LOCAL
+# (-4) from v8 (KIP-405), LATEST_TIERED (-5) from v9 (KIP-1005). We serve up to v7, so -4 and -5
+# are always refused rather than looked up as timestamps (which found the first record).
+_TIMESTAMP_MIN_VERSION = {LATEST: 0, EARLIEST: 0, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8, LATEST_TIERED: 9}
+
+
+def _timestamp_unsupported(timestamp: int, version: int) -> bool:
+    """A special (negative) ListOffsets timestamp that ``version`` does not have, or that no
+    version has: Kafka answers its partition UNSUPPORTED_VERSION."""
+    return timestamp < 0 and version < _TIMESTAMP_MIN_VERSION.get(timestamp, 1 << 15)
+
+
+def _offsets_answer(index: int, code: ErrorCode) -> dict[str, Any]:
+    """A ListOffsets answer for one partition with nothing found yet (Kafka's buildErrorResponse)."""
+    return {"partition_index": index, "error_code": code, "timestamp": -1, "offset": -1, "leader_epoch": -1}
 
 
 def _at_the_end(plog: PartitionLog, offset: int, committed: bool) -> bool:
