@@ -684,11 +684,20 @@ class FetchApis(ApiFamily):
         forwarded = forwarded_by_broker(header)
         topics = []
         forwards: dict[int, list[tuple[dict[str, Any], str, int, int, int]]] = {}
+        duplicates = _duplicate_partitions(request)
+        refused: set[tuple[str, int]] = set()
         for topic in request.topics:
             parts = []
             diskless = self._is_diskless(topic.name)
             for p in topic.partitions:
                 # As Kafka's ReplicaManager.fetchOffset, before looking at the partition.
+                key = (topic.name, p.partition_index)
+                if key in duplicates:
+                    # Kafka's answer is a map by partition: one INVALID_REQUEST entry for all mentions.
+                    if key not in refused:
+                        refused.add(key)
+                        parts.append(_offsets_answer(p.partition_index, ErrorCode.invalid_request))
+                    continue
                 if _timestamp_unsupported(p.timestamp, header.api_version):
                     parts.append(_offsets_answer(p.partition_index, ErrorCode.unsupported_version))
                     continue
@@ -895,6 +904,19 @@ class FetchApis(ApiFamily):
 # (-4) from v8 (KIP-405), LATEST_TIERED (-5) from v9 (KIP-1005). We serve up to v7, so -4 and -5
 # are always refused rather than looked up as timestamps (which found the first record).
 _TIMESTAMP_MIN_VERSION = {LATEST: 0, EARLIEST: 0, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8, LATEST_TIERED: 9}
+
+
+def _duplicate_partitions(request: Any) -> set[tuple[str, int]]:
+    """(topic, partition) named more than once in a ListOffsets request."""
+    seen: set[tuple[str, int]] = set()
+    duplicates: set[tuple[str, int]] = set()
+    for topic in request.topics:
+        for p in topic.partitions:
+            key = (topic.name, p.partition_index)
+            if key in seen:
+                duplicates.add(key)
+            seen.add(key)
+    return duplicates
 
 
 def _timestamp_unsupported(timestamp: int, version: int) -> bool:

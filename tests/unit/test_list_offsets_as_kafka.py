@@ -6,6 +6,7 @@ failed on the old code).
   negative timestamp, or one older than its version, is UNSUPPORTED_VERSION for its partition.
   -4, -5 and the like used to be looked up as timestamps (answering the first record), and -3 was
   served at every version.
+- A partition named twice in one request is INVALID_REQUEST, once; it used to be answered twice.
 
 The requests go to the real handler of a leader (and a follower) over real partition logs
 (``test_follower_reads.Pair``).
@@ -85,3 +86,20 @@ async def test_timestamps_a_version_has_are_answered(
     pair = pairs(leader_end=20, follower_end=20)
     (entry,) = await _list_offsets(pair.leader, version, (0, timestamp))
     assert (entry["error_code"], entry["offset"]) == (ErrorCode.none, offset)
+
+
+async def test_a_partition_named_twice_is_one_invalid_request(pairs: Callable[..., Pair]) -> None:  # noqa: F811
+    pair = pairs(leader_end=20, follower_end=20)
+    entries = await _list_offsets(pair.leader, 7, (0, LATEST), (0, EARLIEST))
+    assert [(e["partition_index"], e["error_code"], e["offset"]) for e in entries] == [
+        (0, ErrorCode.invalid_request, -1)
+    ]
+
+
+async def test_a_partition_named_twice_is_not_forwarded_to_the_leader(pairs: Callable[..., Pair]) -> None:  # noqa: F811
+    pair = pairs(leader_end=20, follower_end=20, isr=[LEADER])  # out of the ISR: the leader answers
+    entries = await _list_offsets(pair.follower, 7, (0, LATEST), (0, LATEST))
+    assert [e["error_code"] for e in entries] == [ErrorCode.invalid_request]
+    assert pair.follower.peers.calls == []
+    (entry,) = await _list_offsets(pair.follower, 7, (0, LATEST))
+    assert entry["offset"] == 20 and pair.follower.peers.calls == [(LEADER, m.API_LIST_OFFSETS)]
