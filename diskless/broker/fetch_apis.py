@@ -768,6 +768,14 @@ class FetchApis(ApiFamily):
                     offset=found.offset,
                     leader_epoch=found.leader_epoch,
                 )
+        if header.api_version < 5:
+            # OFFSET_NOT_AVAILABLE came with v5; older clients hear LEADER_NOT_AVAILABLE (retriable
+            # for them too), as from Kafka's ReplicaManager.fetchOffset. Also a leader's answer to a
+            # request forwarded at v7 for such a client.
+            for topic_answer in topics:
+                for entry in topic_answer["partitions"]:
+                    if entry["error_code"] == ErrorCode.offset_not_available:
+                        entry["error_code"] = ErrorCode.leader_not_available
         return {"throttle_time": 0, "topics": topics}
 
     async def _offset_for(self, plog: PartitionLog, timestamp: int, committed: bool = False) -> tuple[int, int] | None:

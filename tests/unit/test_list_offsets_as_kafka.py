@@ -7,6 +7,7 @@ failed on the old code).
   -4, -5 and the like used to be looked up as timestamps (answering the first record), and -3 was
   served at every version.
 - A partition named twice in one request is INVALID_REQUEST, once; it used to be answered twice.
+- OFFSET_NOT_AVAILABLE exists from v5: older clients hear LEADER_NOT_AVAILABLE.
 
 The requests go to the real handler of a leader (and a follower) over real partition logs
 (``test_follower_reads.Pair``).
@@ -21,6 +22,8 @@ import pytest
 from kio.schema.errors import ErrorCode
 from test_follower_reads import (  # noqa: F401 (pairs is a fixture)
     EARLIEST,
+    EPOCH,
+    FOLLOWER,
     LATEST,
     LEADER,
     TOPIC,
@@ -31,6 +34,8 @@ from test_follower_reads import (  # noqa: F401 (pairs is a fixture)
     pairs,
 )
 
+from diskless.cluster.metadata import PartitionState
+from diskless.log.config import LogConfig
 from diskless.log.segment import BatchLocation, LogSegment
 from diskless.protocol import messages as m
 
@@ -103,3 +108,25 @@ async def test_a_partition_named_twice_is_not_forwarded_to_the_leader(pairs: Cal
     assert pair.follower.peers.calls == []
     (entry,) = await _list_offsets(pair.follower, 7, (0, LATEST))
     assert entry["offset"] == 20 and pair.follower.peers.calls == [(LEADER, m.API_LIST_OFFSETS)]
+
+
+@pytest.mark.parametrize(
+    ("version", "code"), [(4, ErrorCode.leader_not_available), (5, ErrorCode.offset_not_available)]
+)
+async def test_offset_not_available_is_leader_not_available_below_v5(
+    pairs: Callable[..., Pair],  # noqa: F811
+    version: int,
+    code: ErrorCode,
+) -> None:
+    """A new leader whose high watermark has not reached its epoch's start (see
+    test_fetch_kafka_semantics) answers LATEST with the error each version has."""
+    pair = pairs(leader_end=20, follower_end=20)
+    pair.follower_part.log.high_watermark = 15
+    # The follower becomes the leader; its HW of 15 has not reached its epoch's start, 20.
+    new = PartitionState([LEADER, FOLLOWER], FOLLOWER, EPOCH + 1, [FOLLOWER, LEADER])
+    pair.metadata.topics[TOPIC].partitions[0] = new
+    now = pair.follower.clock_ms
+    pair.follower.replicas.apply(pair.metadata.topics[TOPIC], 0, LogConfig(diskless_enabled=True), now)
+    assert pair.follower_part.leader_state is not None
+    (entry,) = await _list_offsets(pair.follower, version, (0, LATEST))
+    assert entry["error_code"] == code
