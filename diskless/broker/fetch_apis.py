@@ -38,7 +38,13 @@ from diskless.metrics import (
 from diskless.protocol import internal, records
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError
-from diskless.replication.fetch_session import INITIAL_EPOCH, FetchSession, FetchSessionCache
+from diskless.replication.fetch_session import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    INVALID_SESSION_ID,
+    FetchSession,
+    FetchSessionCache,
+)
 from diskless.replication.follower_reads import (
     FORWARD,
     OUT_OF_RANGE,
@@ -160,10 +166,12 @@ class FetchApis(ApiFamily):
             session = context.session
             if session is not None:
                 answer_session = session.session_id
-        elif session_id != 0:
-            return _refused(ErrorCode.fetch_session_id_not_found)
-        elif session_epoch not in (0, -1):
-            return _refused(ErrorCode.invalid_fetch_session_epoch)
+        elif session_id != INVALID_SESSION_ID or session_epoch not in (INITIAL_EPOCH, FINAL_EPOCH):
+            # Served sessionless (consumers are kept no sessions), session fields read as Kafka's
+            # FetchManager reads them: a full fetch naming a session is served all the same.
+            code = self._sessions.sessionless(follower, session_id, session_epoch)
+            if code != ErrorCode.none:
+                return _refused(code)
         cap = self.broker.config.fetch_max_bytes
         if follower < 0 and getattr(request, "max_bytes", 2**31 - 1) > cap:
             # fetch.max.bytes: the batches of a response are held in memory while it is built.
