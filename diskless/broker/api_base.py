@@ -31,6 +31,8 @@ CONFIG_TYPES = {"boolean": 1, "string": 2, "int": 3, "long": 5, "list": 7}
 EARLIEST = -2
 LATEST = -1
 MAX_TIMESTAMP = -3
+EARLIEST_LOCAL = -4  # ListOffsets v8+ (KIP-405)
+LATEST_TIERED = -5  # ListOffsets v9+ (KIP-1005)
 READ_COMMITTED = 1
 # What handlers put in authorized-operations fields (Kafka's "not asked" default); the security
 # layer (SecurityApis._fill_authorized_operations) replaces it where the request asks for them.

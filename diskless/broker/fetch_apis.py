@@ -38,7 +38,13 @@ from diskless.metrics import (
 from diskless.protocol import internal, records
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError
-from diskless.replication.fetch_session import INITIAL_EPOCH, FetchSession, FetchSessionCache
+from diskless.replication.fetch_session import (
+    FINAL_EPOCH,
+    INITIAL_EPOCH,
+    INVALID_SESSION_ID,
+    FetchSession,
+    FetchSessionCache,
+)
 from diskless.replication.follower_reads import (
     FORWARD,
     OUT_OF_RANGE,
@@ -55,8 +61,10 @@ from diskless.storage import pointer, segment_object
 
 from .api_base import (
     EARLIEST,
+    EARLIEST_LOCAL,
     EPOCH_ERRORS,
     LATEST,
+    LATEST_TIERED,
     MAX_TIMESTAMP,
     READ_COMMITTED,
     ApiFamily,
@@ -158,10 +166,12 @@ class FetchApis(ApiFamily):
             session = context.session
             if session is not None:
                 answer_session = session.session_id
-        elif session_id != 0:
-            return _refused(ErrorCode.fetch_session_id_not_found)
-        elif session_epoch not in (0, -1):
-            return _refused(ErrorCode.invalid_fetch_session_epoch)
+        elif session_id != INVALID_SESSION_ID or session_epoch not in (INITIAL_EPOCH, FINAL_EPOCH):
+            # Served sessionless (consumers are kept no sessions), session fields read as Kafka's
+            # FetchManager reads them: a full fetch naming a session is served all the same.
+            code = self._sessions.sessionless(follower, session_id, session_epoch)
+            if code != ErrorCode.none:
+                return _refused(code)
         cap = self.broker.config.fetch_max_bytes
         if follower < 0 and getattr(request, "max_bytes", 2**31 - 1) > cap:
             # fetch.max.bytes: the batches of a response are held in memory while it is built.
@@ -682,21 +692,28 @@ class FetchApis(ApiFamily):
         forwarded = forwarded_by_broker(header)
         topics = []
         forwards: dict[int, list[tuple[dict[str, Any], str, int, int, int]]] = {}
+        duplicates = _duplicate_partitions(request)
+        refused: set[tuple[str, int]] = set()
         for topic in request.topics:
             parts = []
             diskless = self._is_diskless(topic.name)
             for p in topic.partitions:
+                # As Kafka's ReplicaManager.fetchOffset, before looking at the partition.
+                key = (topic.name, p.partition_index)
+                if key in duplicates:
+                    # Kafka's answer is a map by partition: one INVALID_REQUEST entry for all mentions.
+                    if key not in refused:
+                        refused.add(key)
+                        parts.append(_offsets_answer(p.partition_index, ErrorCode.invalid_request))
+                    continue
+                if _timestamp_unsupported(p.timestamp, header.api_version):
+                    parts.append(_offsets_answer(p.partition_index, ErrorCode.unsupported_version))
+                    continue
                 asked_epoch = getattr(p, "current_leader_epoch", -1)
                 code, plog, replica = self._leader_log(
                     topic.name, p.partition_index, asked_epoch, diskless and not forwarded
                 )
-                entry = {
-                    "partition_index": p.partition_index,
-                    "error_code": code,
-                    "timestamp": -1,
-                    "offset": -1,
-                    "leader_epoch": -1,
-                }
+                entry = _offsets_answer(p.partition_index, code)
                 # A stale or future leader epoch (KIP-320) is the consumer's to hear, never forwarded.
                 local = None if self._stale_follower(diskless, replica) else replica
                 leader = (
@@ -759,6 +776,14 @@ class FetchApis(ApiFamily):
                     offset=found.offset,
                     leader_epoch=found.leader_epoch,
                 )
+        if header.api_version < 5:
+            # OFFSET_NOT_AVAILABLE came with v5; older clients hear LEADER_NOT_AVAILABLE (retriable
+            # for them too), as from Kafka's ReplicaManager.fetchOffset. Also a leader's answer to a
+            # request forwarded at v7 for such a client.
+            for topic_answer in topics:
+                for entry in topic_answer["partitions"]:
+                    if entry["error_code"] == ErrorCode.offset_not_available:
+                        entry["error_code"] = ErrorCode.leader_not_available
         return {"throttle_time": 0, "topics": topics}
 
     async def _offset_for(self, plog: PartitionLog, timestamp: int, committed: bool = False) -> tuple[int, int] | None:
@@ -888,6 +913,37 @@ class FetchApis(ApiFamily):
                     continue
                 entry.update(error_code=found.error_code, leader_epoch=found.leader_epoch, end_offset=found.end_offset)
         return {"throttle_time": 0, "topics": topics}
+
+
+# The first ListOffsets version that may carry each special timestamp (Kafka's
+# ReplicaManager.timestampMinSupportedVersion): MAX_TIMESTAMP from v7 (KIP-734), EARLIEST_LOCAL
+# (-4) from v8 (KIP-405), LATEST_TIERED (-5) from v9 (KIP-1005). We serve up to v7, so -4 and -5
+# are always refused rather than looked up as timestamps (which found the first record).
+_TIMESTAMP_MIN_VERSION = {LATEST: 0, EARLIEST: 0, MAX_TIMESTAMP: 7, EARLIEST_LOCAL: 8, LATEST_TIERED: 9}
+
+
+def _duplicate_partitions(request: Any) -> set[tuple[str, int]]:
+    """(topic, partition) named more than once in a ListOffsets request."""
+    seen: set[tuple[str, int]] = set()
+    duplicates: set[tuple[str, int]] = set()
+    for topic in request.topics:
+        for p in topic.partitions:
+            key = (topic.name, p.partition_index)
+            if key in seen:
+                duplicates.add(key)
+            seen.add(key)
+    return duplicates
+
+
+def _timestamp_unsupported(timestamp: int, version: int) -> bool:
+    """A special (negative) ListOffsets timestamp that ``version`` does not have, or that no
+    version has: Kafka answers its partition UNSUPPORTED_VERSION."""
+    return timestamp < 0 and version < _TIMESTAMP_MIN_VERSION.get(timestamp, 1 << 15)
+
+
+def _offsets_answer(index: int, code: ErrorCode) -> dict[str, Any]:
+    """A ListOffsets answer for one partition with nothing found yet (Kafka's buildErrorResponse)."""
+    return {"partition_index": index, "error_code": code, "timestamp": -1, "offset": -1, "leader_epoch": -1}
 
 
 def _at_the_end(plog: PartitionLog, offset: int, committed: bool) -> bool:

@@ -225,6 +225,27 @@ class FetchSessionCache:
         self._sessions.move_to_end(session_id)
         return SessionContext(session=session)
 
+    def sessionless(self, follower: int, session_id: int, epoch: int) -> ErrorCode:
+        """What a fetch served outside these sessions (a consumer's, ``follower`` -1, or a replica
+        fetch below v13, which names topics) makes of its session fields, as Kafka's FetchManager.
+        A full fetch (epoch 0 or -1) closes the session it names, if it is the fetcher's own, and is
+        served sessionless: never an error. An incremental fetch cannot be served: its session is
+        unknown (FETCH_SESSION_ID_NOT_FOUND, as for session id 0), at another epoch
+        (INVALID_FETCH_SESSION_EPOCH), or was opened naming topics by id, which this request
+        cannot (FETCH_SESSION_TOPIC_ID_ERROR)."""
+        session = self._sessions.get(session_id)
+        if session is not None and session.follower != follower:
+            session = None  # another broker's session is not this fetcher's to use or close
+        if epoch in (INITIAL_EPOCH, FINAL_EPOCH):
+            if session is not None:
+                self.remove(session_id)
+            return ErrorCode.none
+        if session is None:
+            return ErrorCode.fetch_session_id_not_found
+        if session.epoch != epoch:
+            return ErrorCode.invalid_fetch_session_epoch
+        return ErrorCode.fetch_session_topic_id_error
+
     def remove(self, session_id: int) -> None:
         session = self._sessions.pop(session_id, None)
         if session is None:

@@ -149,3 +149,23 @@ def test_leader_session_always_matches_what_the_follower_fetches(steps: list[tup
             h.handle_error()
         else:
             h.handle_response(ctx.error, ctx.session.session_id if ctx.session is not None else 0)
+
+
+def test_a_fetch_outside_the_sessions_is_answered_as_kafkas_fetch_manager() -> None:
+    """A consumer's fetch, or a replica fetch below v13, is served sessionless: a full fetch naming
+    a session is never an error (it closes the session, if it is the fetcher's own); an incremental
+    one names a session it cannot use."""
+    cache = FetchSessionCache(10, _ids(7))
+    assert cache.context(1, 0, INITIAL_EPOCH, [("t", [Entry(0, 0)])], [], 0).session is not None
+    assert cache.sessionless(-1, 0, FINAL_EPOCH) == ErrorCode.none
+    assert cache.sessionless(-1, 5, INITIAL_EPOCH) == ErrorCode.none
+    assert cache.sessionless(-1, 5, FINAL_EPOCH) == ErrorCode.none
+    assert cache.sessionless(-1, 0, 3) == ErrorCode.fetch_session_id_not_found
+    assert cache.sessionless(-1, 5, 3) == ErrorCode.fetch_session_id_not_found
+    # Session 7 is follower 1's: nobody else may use or close it.
+    assert cache.sessionless(-1, 7, 1) == ErrorCode.fetch_session_id_not_found
+    assert cache.sessionless(2, 7, INITIAL_EPOCH) == ErrorCode.none and 7 in cache
+    # Its own follower, fetching without topic ids (below v13) in it.
+    assert cache.sessionless(1, 7, 2) == ErrorCode.invalid_fetch_session_epoch
+    assert cache.sessionless(1, 7, 1) == ErrorCode.fetch_session_topic_id_error
+    assert cache.sessionless(1, 7, FINAL_EPOCH) == ErrorCode.none and 7 not in cache
