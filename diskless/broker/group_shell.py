@@ -16,6 +16,7 @@ from collections.abc import Callable
 import structlog
 from kio.schema.errors import ErrorCode
 
+from diskless.cluster.coordinator_records import OFFSETS_TOPIC
 from diskless.groups.consumer_protocol import ConsumerGroupConfig
 from diskless.groups.coordinator import GroupConfig, GroupCoordinatorCore, OffsetAndMetadata
 from diskless.groups.offsets_upkeep import OffsetsUpkeep
@@ -38,7 +39,6 @@ from .coordinator_shell import CoordinatorShell
 
 log = structlog.get_logger(__name__)
 
-OFFSETS_TOPIC = "__consumer_offsets"
 
 OffsetKey = tuple[str, tuple[str, int]]  # (group id, (topic, partition))
 # Values are the offset and when its record was appended.

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from kio.schema.errors import ErrorCode
 
+from diskless.cluster.coordinator_records import INTERNAL_TOPICS
 from diskless.protocol import error_responses
 from diskless.protocol import messages as m
 from diskless.security import acl as a
@@ -51,7 +52,6 @@ from diskless.security.scram import (
 )
 from diskless.security.session import CLUSTER_PRINCIPAL, SecuritySession, current_session
 from diskless.security.store import EtcdSecurityStore, LocalSecurityStore, SecurityStore
-from diskless.transactions.handlers import INTERNAL_TOPICS
 
 from .api_base import ApiFamily
 

@@ -9,6 +9,7 @@ from typing import Any
 import structlog
 from kio.schema.errors import ErrorCode
 
+from diskless.cluster.coordinator_records import OFFSETS_TOPIC
 from diskless.protocol import messages as m
 from diskless.protocol import records
 from diskless.replication.partition import Partition, wait_for_commits
@@ -30,8 +31,6 @@ class TxnApis(ApiFamily):
     async def write_txn_markers(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         """WriteTxnMarkers from a transaction coordinator: end a producer's transaction on each
         partition we lead with a control batch, answered once it is replicated (acks=all)."""
-        from .group_shell import OFFSETS_TOPIC
-
         now = self.broker.now_ms()
         results = []
         waits: list[tuple[dict[str, Any], Partition, int]] = []

@@ -12,6 +12,7 @@ import structlog
 from kio.index import load_request_schema
 from kio.schema.errors import ErrorCode
 
+from diskless.cluster.coordinator_records import OFFSETS_TOPIC, TXN_TOPIC
 from diskless.protocol import messages as m
 from diskless.protocol.client import ClientError
 from diskless.replication.partition import Partition
@@ -20,11 +21,9 @@ from diskless.transactions.handlers import run_timers
 from diskless.transactions.records import partition_for, replay
 
 from .coordinator_shell import CoordinatorShell
-from .group_shell import OFFSETS_TOPIC
 
 log = structlog.get_logger(__name__)
 
-TXN_TOPIC = "__transaction_state"
 MARKERS_VERSION = 1
 
 

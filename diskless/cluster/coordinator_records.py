@@ -8,6 +8,12 @@ import msgpack
 
 Record = tuple[bytes, bytes | None]
 
+OFFSETS_TOPIC = "__consumer_offsets"
+TXN_TOPIC = "__transaction_state"
+# Kafka's internal topics (Topic.INTERNAL_TOPICS; share groups' state too, which this broker does
+# not keep): clients may not add them to a transaction or write to them.
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TXN_TOPIC, "__share_group_state"})
+
 
 class RecordFormatError(ValueError):
     """An internal-topic record this code cannot decode."""

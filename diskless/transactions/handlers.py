@@ -29,6 +29,7 @@ from typing import Any, Protocol
 import structlog
 from kio.schema.errors import ErrorCode
 
+from diskless.cluster.coordinator_records import INTERNAL_TOPICS
 from diskless.protocol.messages import RequestHeader
 
 from . import records
@@ -99,7 +100,6 @@ Handler = Callable[[TxnFacade, RequestHeader, Any], Awaitable[dict[str, Any] | N
 # Kafka's internal topics (Topic.isInternal). A client may not add their partitions to a transaction:
 # KafkaApis leaves them out of the topics it authorizes for AddPartitionsToTxn v0-3, so they are
 # TOPIC_AUTHORIZATION_FAILED whatever the ACLs (offsets reach a transaction through AddOffsetsToTxn).
-INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state", "__share_group_state"})
 
 
 def _ms(value: Any) -> int:
