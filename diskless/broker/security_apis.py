@@ -50,7 +50,7 @@ from diskless.security.scram import (
     parse_plain,
     verify_plain,
 )
-from diskless.security.session import CLUSTER_PRINCIPAL, SecuritySession, current_session
+from diskless.security.session import CLUSTER_PRINCIPAL, CLUSTER_USER, SecuritySession, current_session
 from diskless.security.store import EtcdSecurityStore, LocalSecurityStore, SecurityStore
 
 from .api_base import ApiFamily
@@ -791,13 +791,15 @@ class SecurityApis(ApiFamily):
         try:
             if mechanism == "PLAIN":
                 user, password = parse_plain(bytes(request.auth_bytes))
-                if not await self._plain_ok(user, password):
+                if user == CLUSTER_USER or not await self._plain_ok(user, password):
                     raise AuthenticationFailed(f"invalid PLAIN credentials for user {user!r}")
                 session.became(f"User:{user}")
                 return self._sasl_answer(ErrorCode.none, None)
             if session.scram is None:
                 scram = ScramServer(mechanism)
                 user = scram.client_first(bytes(request.auth_bytes))
+                if user == CLUSTER_USER:
+                    raise AuthenticationFailed(f"user {user!r} is the cluster's own principal")
                 session.scram = scram
                 credential = await self._store().credential(user, mechanism)
                 return self._sasl_answer(ErrorCode.none, None, scram.server_first(credential))
@@ -866,6 +868,8 @@ class SecurityApis(ApiFamily):
         for (name, mechanism), count in seen.items():
             if not name:
                 errors.setdefault(name, (ErrorCode.unacceptable_credential, "Username must not be empty"))
+            elif name == CLUSTER_USER:
+                errors.setdefault(name, (ErrorCode.unacceptable_credential, f"Username {name} is reserved"))
             elif count > 1:
                 errors.setdefault(name, (ErrorCode.duplicate_resource, "A user credential cannot be altered twice"))
             elif mechanism not in MECHANISM_NAMES:

@@ -17,6 +17,9 @@ ANONYMOUS = "User:ANONYMOUS"
 # Connections that proved the cluster secret (security/internal_auth.py): brokers, the WAL
 # manager, pipeline jobs. Always a super user, as Kafka's inter-broker principal must be.
 CLUSTER_PRINCIPAL = "User:diskless-cluster"
+# Its user name: reserved, since a SASL user of that name would be that super user without the
+# secret. No such SCRAM user can be made, and authenticating as one fails.
+CLUSTER_USER = CLUSTER_PRINCIPAL.removeprefix("User:")
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 API_SASL_HANDSHAKE = 17
 API_SASL_AUTHENTICATE = 36

@@ -18,6 +18,7 @@ from typing import Any
 from diskless.config import BrokerConfig, load_config
 
 from .scram import MECHANISMS, MIN_ITERATIONS, credential_from_password
+from .session import CLUSTER_USER
 from .store import EtcdSecurityStore, LocalSecurityStore, SecurityStore
 
 DEFAULT_ITERATIONS = 8192
@@ -77,6 +78,8 @@ async def _act(config: BrokerConfig, args: argparse.Namespace) -> int:
                 raise _Refused(f"give the password in ${PASSWORD_ENV} (or --password)")
             if args.iterations < MIN_ITERATIONS:
                 raise _Refused(f"--iterations must be at least {MIN_ITERATIONS}")
+            if args.user == CLUSTER_USER:
+                raise _Refused(f"{CLUSTER_USER} is reserved: the brokers' own principal")
             for mechanism in mechanisms:
                 await store.put_credential(
                     args.user, credential_from_password(mechanism, password, None, args.iterations)
