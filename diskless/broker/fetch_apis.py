@@ -284,6 +284,14 @@ class FetchApis(ApiFamily):
                     self._quiet.answered(asked, follower, self.broker.now_ms())
                 if by_id:
                     ids = {topic.topic: topic.topic_id for topic in asked.topics}
+                    if session is not None and reads:
+                        read = {id(entry) for entry, _limit in reads}
+                        session.to_the_end(
+                            (ids[r["topic"]], p["partition_index"])
+                            for r in responses
+                            for p in r["partitions"]
+                            if id(p) in read
+                        )
                     responses = [{**r, "topic_id": ids[r["topic"]]} for r in responses] + unknown
                 return {
                     "throttle_time": 0,
