@@ -24,7 +24,7 @@ from diskless.cluster.zones import zone_aligned_leader
 from diskless.fetch.lagging_reads import RemotePart, TieredRead, admit, at_tail, cold_reads
 from diskless.fetch.tier_reader import TierReader
 from diskless.log.partition_log import TIERED, OffsetMovedToTiered, OffsetOutOfRange, PartitionLog
-from diskless.log.segment import POINTERS
+from diskless.log.segment import POINTERS, RECORDS
 from diskless.metrics import (
     DISKLESS_FOLLOWER_READS,
     DISKLESS_LAGGING_BYTES,
@@ -91,6 +91,79 @@ def _pointers_within(data: bytes, room: int, min_one: bool) -> bytes:
         used += size
         pos += pointer.pointer_entry_size(data, pos)
     return data[:pos]
+
+
+def _batches_within(data: bytes, room: int, min_one: bool) -> bytes:
+    """The leading record batches of ``data`` that fit in ``room`` bytes (at least one if ``min_one``)."""
+    if len(data) <= room:
+        return data
+    pos = 0
+    while pos < len(data):
+        size = records.peek_offset_and_size(data, pos)[1]
+        if pos + size > room and not (min_one and pos == 0):
+            break
+        pos += size
+    return data[:pos]
+
+
+def _in_request_order(
+    reads: list[tuple[dict[str, Any], int]],
+    remote: list[tuple[dict[str, Any], bytes]],
+    answers: dict[int, tuple[Any, bytes]],
+    max_bytes: int,
+) -> tuple[list[tuple[dict[str, Any], bytes]], int]:
+    """A consumer fetch's reads, local and through leaders, cut to the response's ``max_bytes`` in
+    request order, as Kafka's ReplicaManager.readFromLog hands it out: the first partition with
+    data keeps at least one batch, however big (KIP-74); every later one gets what is left, within
+    the limit it was read with (at most its partition_max_bytes), down to no batch at all (its
+    answer keeps the partition's offsets). Clients rotate the order of their partitions between
+    fetches, so none starves, wherever it is read.
+
+    ``reads`` are the partitions with data and those read through their leaders, in request order,
+    with the limit each was read with; ``remote`` the local reads to serve from object storage;
+    ``answers`` the leaders' (``_fetch_from_leaders``). Returns what to serve from object storage,
+    in request order, and the bytes of the response.
+
+    Each read was planned with the room left by the local reads before it in request order, not
+    by the partitions read through leaders (their answers were not in yet), so cutting is all it
+    takes, but for one case: a local read before it cut by more than a partition read through its
+    leader ahead of both took (its batches do not split) leaves it less than Kafka would. The
+    response is then smaller than Kafka's, never over its limits; the next fetches, in another
+    order, catch up."""
+    local = {id(entry): raw for entry, raw in remote}
+    served: list[tuple[dict[str, Any], bytes]] = []
+    total = 0
+    for entry, limit in reads:
+        first = total == 0
+        room = min(limit, max(max_bytes - total, 0))
+        key = id(entry)
+        if key in answers:
+            kind, data = answers[key]
+        elif key in local:
+            data = local[key]
+            kind = TIERED if isinstance(data, TieredRead) else POINTERS
+        else:
+            kind, data = RECORDS, entry["records"]
+        size = 0
+        if kind == TIERED and data:
+            d = msgpack.unpackb(data)
+            d["max_bytes"], d["min_one"] = min(int(d["max_bytes"]), room), first
+            if d["max_bytes"] > 0 or first:
+                tiered = TieredRead(msgpack.packb(d))
+                served.append((entry, tiered))
+                size = tiered.size
+        elif kind == POINTERS and data:
+            data = _pointers_within(data, room, first)
+            if data:
+                served.append((entry, data))
+                size = pointer.served_size(data)
+        elif data:
+            entry["records"] = _batches_within(data, room, first)
+            size = len(entry["records"])
+        if size == 0 and entry["aborted_transactions"]:
+            entry["aborted_transactions"] = []  # no records: no transactions to drop from them
+        total += size
+    return served, total
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,12 +269,12 @@ class FetchApis(ApiFamily):
             else:
                 asked = named
             # Per pass: an answer's runs may refer to keys written in other runs of that answer only.
-            responses, total, has_error, remote, forwards = self._fetch_once(asked, {} if shares_keys else None)
+            responses, total, has_error, remote, forwards, reads = self._fetch_once(asked, {} if shares_keys else None)
             has_error = has_error or bool(unknown)
             if forwards:
-                room = max(getattr(request, "max_bytes", 2**31 - 1) - total, 0)
-                forwarded, forward_error = await self._fetch_from_leaders(forwards, remote, room, total == 0)
-                total += forwarded
+                answers, forward_error = await self._fetch_from_leaders(forwards)
+                # The response's max_bytes is handed out in request order, local and forwarded alike.
+                remote, total = _in_request_order(reads, remote, answers, getattr(request, "max_bytes", 2**31 - 1))
                 has_error = has_error or forward_error  # answered at once, as Kafka's DelayedFetch
             remaining = deadline - time.monotonic()
             if total >= request.min_bytes or has_error or remaining <= 0 or (total > 0 and request.min_bytes <= 1):
@@ -211,6 +284,14 @@ class FetchApis(ApiFamily):
                     self._quiet.answered(asked, follower, self.broker.now_ms())
                 if by_id:
                     ids = {topic.topic: topic.topic_id for topic in asked.topics}
+                    if session is not None and reads:
+                        read = {id(entry) for entry, _limit in reads}
+                        session.to_the_end(
+                            (ids[r["topic"]], p["partition_index"])
+                            for r in responses
+                            for p in r["partitions"]
+                            if id(p) in read
+                        )
                     responses = [{**r, "topic_id": ids[r["topic"]]} for r in responses] + unknown
                 return {
                     "throttle_time": 0,
@@ -242,20 +323,18 @@ class FetchApis(ApiFamily):
         return dataclasses.replace(request, topics=tuple(named)), unknown
 
     async def _fetch_from_leaders(
-        self,
-        forwards: list[tuple[dict[str, Any], str, int, int, int, int, int]],
-        remote: list[tuple[dict[str, Any], bytes]],
-        room: int,
-        min_one: bool,
-    ) -> tuple[int, bool]:
+        self, forwards: list[tuple[dict[str, Any], str, int, int, int, int, int]]
+    ) -> tuple[dict[int, tuple[Any, bytes]], bool]:
         """Diskless partitions with no replica here: pointers (metadata only) come from the leader,
-        the data from object storage in this AZ. Returns the bytes the batches will take, and
-        whether some partition's answer is an error (the fetch is then answered at once).
+        the data from object storage in this AZ. Returns each answered partition's read (its kind
+        and data, by ``id`` of its answer), and whether some partition's answer is an error (the
+        fetch is then answered at once).
 
-        Every leader is asked at once, each for up to its partition's limit; the answers are then
-        cut, in request order, to the ``room`` left in the response (its max_bytes), before any
-        data is read: what object storage sends back is held in memory until the answer is written."""
-        answers: list[tuple[dict[str, Any], Any, bytes]] = []
+        Every leader is asked at once, each for up to the limit its partition was planned with; the
+        answers are then cut with the local reads, in request order, to the response's max_bytes
+        (``_in_request_order``), before any data is read: what object storage sends back is held in
+        memory until the answer is written."""
+        answers: dict[int, tuple[Any, bytes]] = {}
 
         async def one(item: tuple[dict[str, Any], str, int, int, int, int, int]) -> None:
             entry, topic, partition, offset, limit, leader, leader_epoch = item
@@ -294,32 +373,11 @@ class FetchApis(ApiFamily):
                 entry["aborted_transactions"] = [
                     {"producer_id": pid, "first_offset": first} for pid, first in answer.get("aborted_transactions", [])
                 ]
-            answers.append((entry, answer.get("kind"), answer.get("data", b"")))
+            answers[id(entry)] = (answer.get("kind"), answer.get("data", b""))
 
         await asyncio.gather(*(one(item) for item in forwards))
         errored = any(item[0]["error_code"] != ErrorCode.none for item in forwards)
-        order = {id(item[0]): i for i, item in enumerate(forwards)}
-        answers.sort(key=lambda a: order[id(a[0])])
-        total = 0
-        for entry, kind, data in answers:
-            left = max(room - total, 0)
-            first = min_one and total == 0
-            if kind == TIERED and data:
-                d = msgpack.unpackb(data)
-                d["max_bytes"], d["min_one"] = min(int(d["max_bytes"]), left), first
-                if d["max_bytes"] > 0 or first:
-                    tiered = TieredRead(msgpack.packb(d))
-                    remote.append((entry, tiered))
-                    total += tiered.size
-            elif kind == POINTERS and data:
-                data = _pointers_within(data, left, first)
-                if data:
-                    remote.append((entry, data))
-                    total += pointer.served_size(data)
-            elif len(data) <= left or first:
-                entry["records"] = data
-                total += len(data)
-        return total, errored
+        return answers, errored
 
     @staticmethod
     def _consumer_az(request: Any) -> str:
@@ -463,8 +521,14 @@ class FetchApis(ApiFamily):
         int,
         bool,
         list[tuple[dict[str, Any], bytes]],
-        list[tuple[dict[str, Any], str, int, int, int, int]],
+        list[tuple[dict[str, Any], str, int, int, int, int, int]],
+        list[tuple[dict[str, Any], int]],
     ]:
+        """One pass over a fetch's partitions: their answers, in request order (by topic, then
+        partition), the bytes read, whether one needs answering at once, the reads to serve from
+        object storage (``remote``), the partitions to read through their leaders (``forwards``),
+        and every partition with data or read through its leader with the limit it was read with,
+        in request order (``reads``: for ``_in_request_order``)."""
         max_bytes = getattr(request, "max_bytes", 2**31 - 1)
         committed = getattr(request, "isolation_level", 0) == READ_COMMITTED
         follower = getattr(request, "replica_id", -1)
@@ -473,6 +537,7 @@ class FetchApis(ApiFamily):
         responses = []
         remote: list[tuple[dict[str, Any], bytes]] = []
         forwards: list[tuple[dict[str, Any], str, int, int, int, int, int]] = []
+        reads: list[tuple[dict[str, Any], int]] = []
         # A sessionless consumer names every partition it reads in every Fetch: what does not
         # depend on the partition is found once per round, not once per partition.
         now_ms = self.broker.now_ms()
@@ -539,6 +604,7 @@ class FetchApis(ApiFamily):
                 elif diskless and follower < 0 and through_leader and state is not None and state.leader >= 0:
                     limit = min(p.partition_max_bytes, max(max_bytes - total, 0))
                     forwards.append((entry, topic.topic, p.partition, p.fetch_offset, limit, state.leader, asked_epoch))
+                    reads.append((entry, limit))
                     entry["error_code"] = ErrorCode.none
                 elif route.action == OUT_OF_RANGE and plog is not None:
                     entry.update(
@@ -591,6 +657,8 @@ class FetchApis(ApiFamily):
                             result = plog.read(
                                 p.fetch_offset, limit, max_offset=max_offset, min_one=total == 0, tiered=follower < 0
                             )
+                            if result.records:
+                                reads.append((entry, limit))
                             if result.kind == TIERED:
                                 tiered = TieredRead(result.records)
                                 remote.append((entry, tiered))
@@ -633,7 +701,7 @@ class FetchApis(ApiFamily):
             routes[SERVE] += reused_follower_reads
         for action, count in routes.items():
             DISKLESS_FOLLOWER_READS.labels(action).inc(count)
-        return responses, total, has_error, remote, forwards
+        return responses, total, has_error, remote, forwards, reads
 
     def _idle_memo(self, request: Any, committed: bool, fenced: bool, now_ms: int) -> IdleFetchMemo | None:
         """The connection's memo of idle partitions (idle_fetches.py), begun for this pass with

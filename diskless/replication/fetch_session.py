@@ -134,6 +134,21 @@ class FetchSession:
                 self._unmarked.setdefault(topic_id, {})[index] = entry
                 self._topics = None
 
+    def to_the_end(self, keys: Iterable[tuple[Any, int]]) -> None:
+        """The partitions ``keys`` were answered with records: move them (and their topics) to the
+        end of the session's order, as Kafka's incremental fetch context moves a partition answered
+        with records to the end of its session's list. The next fetch reads the others first, so
+        under the answer's max_bytes a partition that keeps getting appends starves none of them
+        (the follower's request names only the partitions that moved: the order is the session's)."""
+        unmarked = self._unmarked
+        for topic_id, index in keys:
+            parts = unmarked.get(topic_id)
+            if parts is None or index not in parts:
+                continue
+            parts[index] = parts.pop(index)
+            unmarked[topic_id] = unmarked.pop(topic_id)
+            self._topics = None
+
     def _release(self, key: tuple[Any, int]) -> bool:
         mark = self.quiet.pop(key, None)
         if mark is None:

@@ -78,7 +78,8 @@ async def test_forwarded_partitions_share_the_fetch_max_bytes(monkeypatch: pytes
     forwards = [(entry, "t", entry["partition"], 0, min(PARTITION_MAX, max_bytes), 2, -1) for entry in entries]
 
     def fetch_once(request: Any, shared_keys: dict[str, int] | None = None) -> Any:
-        return [{"topic": "t", "partitions": entries}], 0, False, [], forwards
+        reads = [(item[0], item[4]) for item in forwards]
+        return [{"topic": "t", "partitions": entries}], 0, False, [], forwards, reads
 
     monkeypatch.setattr(apis, "_fetch_once", fetch_once)
     request = SimpleNamespace(
@@ -120,7 +121,7 @@ async def test_the_broker_caps_a_consumer_fetch_at_fetch_max_bytes(monkeypatch: 
 
     def fetch_once(request: Any, shared_keys: dict[str, int] | None = None) -> Any:
         asked.append(request.max_bytes)
-        return [], 0, True, [], []
+        return [], 0, True, [], [], []
 
     monkeypatch.setattr(apis, "_fetch_once", fetch_once)
     await apis.fetch(m.RequestHeader(m.API_FETCH, 12, 1, "c"), ConsumerFetch(max_bytes=50 << 20))

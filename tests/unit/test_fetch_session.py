@@ -45,6 +45,19 @@ def test_full_fetch_opens_a_session_and_incremental_fetches_need_the_next_epoch(
     assert cache.context(1, 7, 1, [], [], 3).error == ErrorCode.invalid_fetch_session_epoch
 
 
+def test_partitions_answered_with_records_move_to_the_end_of_the_session() -> None:
+    # Kafka's IncrementalFetchContext: the next fetch reads the others first (no starving under max_bytes).
+    cache = FetchSessionCache(10, _ids())
+    session = cache.context(1, 0, INITIAL_EPOCH, [("t", [Entry(0, 0), Entry(1, 0)]), ("u", [Entry(0, 0)])], [], 0)
+    assert session.session is not None
+    session.session.to_the_end([("t", 0), ("v", 0), ("u", 1)])  # unknown partitions are no-ops
+    assert session.session.topics() == [("u", (Entry(0, 0),)), ("t", (Entry(1, 0), Entry(0, 0)))]
+    # An incremental fetch changing a partition keeps its place.
+    session = cache.context(1, session.session.session_id, 1, [("t", [Entry(1, 4)])], [], 1)
+    assert session.session is not None
+    assert session.session.topics() == [("u", (Entry(0, 0),)), ("t", (Entry(1, 4), Entry(0, 0)))]
+
+
 def test_sessionless_and_closing_fetches() -> None:
     cache = FetchSessionCache(10, _ids())
     first = cache.context(1, 0, INITIAL_EPOCH, [("t", [Entry(0, 0)])], [], 0).session

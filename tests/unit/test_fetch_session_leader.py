@@ -372,3 +372,19 @@ async def test_a_high_watermark_sent_in_a_lost_answer_reaches_the_follower_that_
     for _ in range(5):
         await pair.round()
     assert pair.replicas[3].log.high_watermark == 3
+
+
+async def test_a_session_serves_its_partitions_in_turn_when_max_bytes_holds_one(pair: Pair) -> None:
+    # Kafka's incremental fetch context moves each partition answered with records to the end of
+    # the session's list: under max_bytes, partitions further down are read first next time, and
+    # one that keeps getting appends does not starve the others.
+    await pair.until_quiet()
+    pair.fetcher.fetch_max_bytes, pair.fetcher._template = 1, None  # KIP-74: one partition's first batch per answer
+    served = []
+    for _ in range(PARTITIONS):
+        for index in range(PARTITIONS):
+            produce_pointer(leader_replica(pair, index), "wal/a.wal")
+        ends = [replica.log.log_end_offset for replica in pair.replicas]
+        await pair.round()
+        served += [i for i, replica in enumerate(pair.replicas) if replica.log.log_end_offset > ends[i]]
+    assert served == list(range(PARTITIONS))
