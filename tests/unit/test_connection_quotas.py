@@ -9,6 +9,9 @@ a request being handled is never idle.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 
 from diskless.broker.connection_quotas import (
@@ -20,6 +23,8 @@ from diskless.broker.connection_quotas import (
     LimitError,
     parse_overrides,
 )
+from diskless.broker.operations import Operations
+from diskless.cluster import broker_configs as bc
 from diskless.config import BrokerConfig, ConfigError, load_config
 
 
@@ -171,3 +176,72 @@ def test_limits_are_validated_as_kafka_does() -> None:
         overrides={"max.connections.per.ip.overrides": "127.0.0.1:200", "connections.max.idle.ms": "-1"},
     )
     assert config.connection_limits() == ConnectionLimits(INT_MAX, {"127.0.0.1": 200}, 100, -1)
+
+
+# --- dynamic: max.connections and max.connections.per.ip(.overrides) change at runtime, per broker
+# or cluster-wide, as Kafka's SocketServer reconfigurables ---------------------------------------
+
+
+def test_connection_limits_are_dynamic_broker_configs() -> None:
+    assert bc.validate_dynamic(
+        {"max.connections": " 100", "max.connections.per.ip": "5", "max.connections.per.ip.overrides": "10.0.0.1:50 "}
+    ) == {"max.connections": "100", "max.connections.per.ip": "5", "max.connections.per.ip.overrides": "10.0.0.1:50"}
+    for name, bad in (
+        ("max.connections", "-1"),
+        ("max.connections", str(INT_MAX + 1)),
+        ("max.connections.per.ip", "many"),
+        ("max.connections.per.ip.overrides", "10.0.0.1"),
+    ):
+        with pytest.raises(bc.BrokerConfigError):
+            bc.validate_dynamic({name: bad})
+    with pytest.raises(bc.BrokerConfigError, match="dynamically"):
+        bc.validate_dynamic({"connections.max.idle.ms": "1000"})  # static in Kafka too
+
+    dynamic = {"0": {"max.connections": "100"}, "default": {"max.connections": "50", "max.connections.per.ip": "7"}}
+    entries = {e.name: e for e in bc.broker_entries(BrokerConfig(max_connections=10), dynamic, 0)}
+    mc = entries["max.connections"]
+    assert (mc.value, mc.source, mc.config_type, mc.read_only) == ("100", bc.SOURCE_DYNAMIC_BROKER, bc.TYPE_INT, False)
+    assert [s for _, _, s in mc.synonyms] == [
+        bc.SOURCE_DYNAMIC_BROKER,
+        bc.SOURCE_DYNAMIC_DEFAULT,
+        bc.SOURCE_STATIC_BROKER,
+        bc.SOURCE_DEFAULT,
+    ]
+    assert (entries["max.connections.per.ip"].value, entries["max.connections.per.ip"].source) == (
+        "7",
+        bc.SOURCE_DYNAMIC_DEFAULT,
+    )
+    assert entries["max.connections.per.ip.overrides"].config_type == bc.TYPE_STRING
+    assert (
+        entries["connections.max.idle.ms"].config_type == bc.TYPE_LONG and entries["connections.max.idle.ms"].read_only
+    )
+    assert {e.name: e.config_type for e in bc.default_entries(dynamic)} == {
+        "max.connections": bc.TYPE_INT,
+        "max.connections.per.ip": bc.TYPE_INT,
+    }
+
+
+def test_the_server_takes_changed_connection_limits() -> None:
+    given: list[ConnectionLimits] = []
+    broker: Any = SimpleNamespace(
+        config=BrokerConfig(max_connections=10, connections_max_idle_ms=5000),
+        metadata=SimpleNamespace(broker_configs={}),
+        node_id=0,
+        server=SimpleNamespace(configure_connections=given.append),
+    )
+    operations = Operations(broker)
+    operations.apply_dynamic_configs()
+    assert given == [ConnectionLimits(INT_MAX, {}, 10, 5000)]
+    broker.metadata.broker_configs = {
+        "default": {"max.connections.per.ip": "3", "max.connections": "20"},
+        "0": {"max.connections.per.ip.overrides": "10.0.0.1:30"},
+        "1": {"max.connections": "99"},  # another broker's
+    }
+    operations.apply_dynamic_configs()
+    assert given[-1] == ConnectionLimits(3, {"10.0.0.1": 30}, 20, 5000)
+    operations.apply_dynamic_configs()  # nothing changed: not given again
+    assert len(given) == 2
+    # A combination Kafka refuses keeps the limits in force.
+    broker.metadata.broker_configs = {"default": {"max.connections.per.ip": "0"}}
+    operations.apply_dynamic_configs()
+    assert len(given) == 2
