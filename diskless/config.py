@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from diskless.broker.connection_quotas import INT_MAX, ConnectionLimits, LimitError, parse_overrides
 from diskless.cluster.client_az import (
     ListenerSpec,
     ZonePolicy,
@@ -104,6 +105,39 @@ class BrokerConfig:
             "queued.max.request.bytes",
             "Bytes of client requests being handled at once; beyond it the broker stops reading client"
             " requests until earlier ones are answered. Broker connections are not counted. -1: unbounded.",
+        ),
+    )
+    # --- accepted connections (broker/connection_quotas.py) ---
+    connections_max_idle_ms: int = field(
+        default=600000,
+        metadata=_prop(
+            "connections.max.idle.ms",
+            "A connection with no bytes read or written for this long, and no request being handled,"
+            " is closed by the broker (clients reconnect). Negative: never.",
+        ),
+    )
+    max_connections_per_ip: int = field(
+        default=INT_MAX,
+        metadata=_prop(
+            "max.connections.per.ip",
+            "Connections accepted from one address, on all listeners together (brokers' too); a new"
+            " one beyond it is closed at once. 0 only with max.connections.per.ip.overrides.",
+        ),
+    )
+    max_connections_per_ip_overrides: str = field(
+        default="",
+        metadata=_prop(
+            "max.connections.per.ip.overrides",
+            "host:count,... : per-address (or host name) limits instead of max.connections.per.ip.",
+        ),
+    )
+    max_connections: int = field(
+        default=INT_MAX,
+        metadata=_prop(
+            "max.connections",
+            "Connections accepted by the broker; a new client connection beyond it is closed at once."
+            " Brokers, the WAL manager and pipeline jobs (which prove the cluster secret on the"
+            " inter-broker listener) are never refused by it.",
         ),
     )
     metrics_port: int = field(default=-1, metadata=_prop("metrics.port", "Prometheus endpoint port; -1 disables it."))
@@ -491,6 +525,18 @@ class BrokerConfig:
         if self.ssl_client_auth not in ("none", "requested", "required"):
             raise ConfigError(f"ssl.client.auth: expected none, requested or required, got {self.ssl_client_auth!r}")
 
+    def connection_limits(self) -> ConnectionLimits:
+        """The connection limits and idle time of the static configuration (ConfigError if invalid)."""
+        try:
+            return ConnectionLimits(
+                self.max_connections_per_ip,
+                parse_overrides(self.max_connections_per_ip_overrides),
+                self.max_connections,
+                self.connections_max_idle_ms,
+            )
+        except LimitError as exc:
+            raise ConfigError(str(exc)) from None
+
     def broker_value(self, name: str) -> str | None:
         """Raw value of a broker-level synonym of a topic config, if set explicitly."""
         return self.topic_defaults.get(name)
@@ -620,4 +666,5 @@ def load_config(
         if getattr(config, _PROPERTY_FIELDS[name].name) != _PROPERTY_FIELDS[name].default
     )
     config.validate_listeners()
+    config.connection_limits()
     return config

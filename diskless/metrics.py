@@ -13,6 +13,13 @@ disable_created_metrics()
 REQUESTS = Counter("diskless_requests_total", "Kafka requests received", ["api"])
 REQUEST_ERRORS = Counter("diskless_request_errors_total", "Connections closed on undecodable input", ["reason"])
 CONNECTIONS = Gauge("diskless_connections", "Open client connections")
+CONNECTION_QUOTA_CLOSES = Counter(
+    "diskless_connections_closed_total",
+    "Connections the broker closed by itself (broker/connection_quotas.py), by reason: idle"
+    " (connections.max.idle.ms), max_connections_per_ip or max_connections (refused at accept, or on"
+    " the inter-broker listener at a first request that was not a broker's authentication)",
+    ["reason"],
+)
 CONNECTION_BYTES = Counter(
     "diskless_connection_bytes",
     "Bytes on accepted connections by the peer's AZ (clients and other brokers); each TCP byte between "

@@ -14,13 +14,14 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 import structlog
 from kio.schema.errors import ErrorCode
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
+from diskless.broker.connection_quotas import ConnectionLimits, LimitError, parse_overrides
 from diskless.cluster import broker_configs, reassignment
 from diskless.cluster.elections import PREFERRED, elect_preferred, imbalanced_partitions
 from diskless.cluster.metadata import PartitionState
@@ -48,6 +49,7 @@ class Operations:
         self._pass_again = False
         self._last_rebalance = time.monotonic()
         self._throttle = ThrottleBucket()
+        self._connection_limits: ConnectionLimits | None = None  # last given to the server
 
     @property
     def live(self) -> set[int]:
@@ -93,8 +95,10 @@ class Operations:
     # --- dynamic broker configs ------------------------------------------------------------------
 
     def apply_dynamic_configs(self) -> None:
-        """Lay the stored dynamic configs over the static ones; logs take new topic defaults."""
+        """Lay the stored dynamic configs over the static ones; logs take new topic defaults, the
+        server new connection limits."""
         dynamic = self.broker.metadata.broker_configs
+        self._apply_connection_limits(dynamic)
         defaults = broker_configs.layered_topic_defaults(self.static_config, dynamic, self.broker.node_id)
         if defaults == self.broker.config.topic_defaults:
             return
@@ -102,6 +106,27 @@ class Operations:
         for topic in list(self.broker.metadata.topics.values()):
             self.broker.replicas.update_config(topic.name, self.broker.log_config(topic))
         log.info("dynamic broker configs applied", topic_defaults=defaults)
+
+    def _apply_connection_limits(self, dynamic: Mapping[str, Mapping[str, str]]) -> None:
+        def value(name: str) -> str:
+            return broker_configs.dynamic_field(self.static_config, dynamic, self.broker.node_id, name)
+
+        try:
+            limits = ConnectionLimits(
+                int(value("max.connections.per.ip")),
+                parse_overrides(value("max.connections.per.ip.overrides")),
+                int(value("max.connections")),
+                self.static_config.connections_max_idle_ms,
+            )
+        except (LimitError, ValueError) as exc:
+            # Each value was checked when stored; a combination Kafka refuses (max.connections.per.ip
+            # 0 and no overrides, from layers set apart) keeps the limits in force.
+            log.warning("dynamic connection limits not applied; the previous ones stay", error=str(exc))
+            return
+        if limits != self._connection_limits:
+            self._connection_limits = limits
+            self.broker.server.configure_connections(limits)
+            log.info("connection limits applied", limits=limits)
 
     def dynamic_value(self, name: str) -> str | None:
         return broker_configs.dynamic_value(self.broker.metadata.broker_configs, self.broker.node_id, name)

@@ -22,6 +22,10 @@ ApiVersions, SaslHandshake and SaslAuthenticate is served before authentication 
 closes the connection, as Kafka does). A connection's principal (``security/session.py``) is what
 the authorizer checks every request against (``security_apis``).
 
+Accepted connections are counted and expired by ``connection_quotas.py`` (max.connections,
+max.connections.per.ip, connections.max.idle.ms): a connection over a limit is closed as it is
+accepted; an idle one by a sweep that runs only when some connection may be due.
+
 Anything undecodable, an oversized frame, or an unsupported version of any API
 other than ApiVersions closes that connection only. A handler that fails unexpectedly is answered
 with the API's error code (``error_responses``); the connection stays open.
@@ -45,6 +49,7 @@ from diskless.metrics import (
     CONNECTION_AZ_DECISIONS,
     CONNECTION_BYTES,
     CONNECTION_NETWORK_BYTES,
+    CONNECTION_QUOTA_CLOSES,
     CONNECTIONS,
     CONNECTIONS_BY_AZ_SOURCE,
     REQUEST_ERRORS,
@@ -60,6 +65,7 @@ from diskless.security.tls import principal_of, server_context
 
 from .apis import CloseConnection, KafkaApis, api_version_entries
 from .client_zone import CURRENT_ZONE
+from .connection_quotas import Admission, ConnectionLimits, ConnectionQuotas, Expiry, Tracked, is_ip
 from .idle_fetches import CURRENT_IDLE_FETCHES, IdleFetchMemo
 from .metadata_cache import MetadataAnswerCache
 from .request_budget import RequestBudget
@@ -79,6 +85,11 @@ MAX_IN_FLIGHT = 512
 # a connection buffers at most that much beyond what its handlers hold.
 READ_LIMIT = 1024 * 1024
 MAX_INTERNAL_IN_FLIGHT = 1024  # per connection, internal requests answered out of order
+REFUSAL_LOG_INTERVAL_S = 10.0  # refused connections are logged at most this often (a flood must not flood the log)
+
+
+class QuotaRefusal(Exception):
+    """A connection over max.connections on the inter-broker listener did not start as a broker."""
 
 
 class KafkaServer:
@@ -98,8 +109,13 @@ class KafkaServer:
         self.max_frame_bytes = max_frame_bytes
         self._servers: list[asyncio.Server] = []
         self._connections: set[asyncio.Task[Any]] = set()
-        self._open: set[Connection] = set()
+        self._open: dict[Tracked, Connection] = {}
         self.metadata_answers = MetadataAnswerCache()
+        # max.connections(.per.ip), connections.max.idle.ms: configure_connections changes them.
+        self.quotas = ConnectionQuotas(apis.broker.config.connection_limits())
+        self._sweeper: asyncio.Task[None] | None = None
+        self._resolver: asyncio.Task[None] | None = None
+        self._refusals_logged_at = -REFUSAL_LOG_INTERVAL_S
 
     async def start(self, host: str, port: int, listener: str | None = None) -> int:
         """Listen on one listener (called once per listener); returns the port it bound.
@@ -107,10 +123,15 @@ class KafkaServer:
         Connections remember the listener's name: it picks the addresses Metadata shows them and
         may decide their client's AZ (``diskless.listener.az.map``)."""
 
-        async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await self._on_connection(reader, writer, listener)
-
         config = self.apis.broker.config
+        inter_broker = (listener or config.inter_broker_listener).upper() == config.inter_broker_listener
+
+        async def on_connection(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await self._on_connection(reader, writer, listener, inter_broker)
+
+        if self._sweeper is None:
+            self._sweeper = asyncio.create_task(self._sweep_loop())
+            self.configure_connections(self.quotas.limits)  # resolves host names of the overrides
         protocol = config.security_protocol(listener or config.inter_broker_listener)
         tls = server_context(config) if protocol.endswith("SSL") else None
         server = await asyncio.start_server(on_connection, host, port, reuse_address=True, ssl=tls, limit=READ_LIMIT)
@@ -121,7 +142,9 @@ class KafkaServer:
         """Stop accepting, close every connection's transport, and let their loops wind down."""
         for server in self._servers:
             server.close()
-        for connection in list(self._open):
+        await cancel_and_wait(self._sweeper)
+        await cancel_and_wait(self._resolver)
+        for connection in list(self._open.values()):
             connection.writer.close()
         if self._connections:
             _done, stragglers = await asyncio.wait(list(self._connections), timeout=1)
@@ -132,20 +155,87 @@ class KafkaServer:
                 await asyncio.wait_for(server.wait_closed(), 2)
 
     async def _on_connection(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, listener: str | None = None
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        listener: str | None = None,
+        inter_broker: bool = True,
     ) -> None:
+        loop = asyncio.get_running_loop()
+        peername = writer.get_extra_info("peername")
+        admission, tracked = self.quotas.accept(_host_of(peername), inter_broker, loop.time())
+        if tracked is None:
+            self._refused(admission.value, peername, loop.time())
+            writer.close()  # nothing was read or written: closes at once
+            return
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        connection = Connection(self, reader, writer, str(writer.get_extra_info("peername")), listener)
-        self._open.add(connection)
+        connection = Connection(self, reader, writer, str(peername), listener, tracked)
+        self._open[tracked] = connection
         CONNECTIONS.inc()
         try:
             await connection.run()
         finally:
             CONNECTIONS.dec()
-            self._open.discard(connection)
+            self.quotas.close(tracked)
+            self._open.pop(tracked, None)
             self._connections.discard(task)
+
+    def _refused(self, reason: str, peer: Any, now: float) -> None:
+        CONNECTION_QUOTA_CLOSES.labels(reason).inc()
+        if now - self._refusals_logged_at >= REFUSAL_LOG_INTERVAL_S:
+            self._refusals_logged_at = now
+            log.info(
+                "connection refused (further refusals are counted in diskless_connections_closed_total)",
+                peer=str(peer),
+                reason=reason,
+                connections=self.quotas.total,
+            )
+
+    def configure_connections(self, limits: ConnectionLimits) -> None:
+        """New limits for connections accepted from now on. Overrides that name hosts apply once
+        they are resolved (off the event loop); IP literals at once."""
+        self.quotas.reconfigure(limits)
+        names = [host for host in limits.per_ip_overrides if not is_ip(host)]
+        if self._resolver is not None:
+            self._resolver.cancel()
+            self._resolver = None
+        if names:
+            self._resolver = asyncio.create_task(self._resolve(limits, names))
+
+    async def _resolve(self, limits: ConnectionLimits, names: list[str]) -> None:
+        loop = asyncio.get_running_loop()
+        found: dict[str, list[str]] = {}
+        for name in names:
+            try:
+                infos = await loop.getaddrinfo(name, None)
+            except OSError as exc:
+                log.warning(
+                    "max.connections.per.ip.overrides: cannot resolve a host; ignored", host=name, error=str(exc)
+                )
+                continue
+            found[name] = sorted({str(info[4][0]) for info in infos})
+        if self.quotas.limits is limits:  # not reconfigured meanwhile
+            self.quotas.reconfigure(limits.resolved(found))
+
+    async def _sweep_loop(self) -> None:
+        """Close idle connections, and those that stayed on probation too long (connection_quotas)."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.quotas.sweep_interval)
+            now = loop.time()
+            for tracked, why in self.quotas.expired(now):
+                connection = self._open.get(tracked)
+                if connection is None:
+                    self.quotas.close(tracked)  # its task is ending
+                elif why is Expiry.IDLE and connection.writing_progressed():
+                    self.quotas.activity(tracked, now)  # a large answer still going out to a slow reader
+                else:
+                    self.quotas.close(tracked)
+                    CONNECTION_QUOTA_CLOSES.labels(why.value).inc()
+                    log.debug("closing connection", peer=connection.peer, reason=why.value)
+                    connection.abort()
 
 
 # Answers written together are joined into one buffer (copied): large fetch answers go alone.
@@ -162,11 +252,16 @@ class Connection:
         writer: asyncio.StreamWriter,
         peer: str,
         listener: str | None = None,
+        tracked: Tracked | None = None,
     ) -> None:
         self.server = server
         self.reader = reader
         self.writer = writer
         self.peer = peer
+        self._loop = asyncio.get_running_loop()
+        # Counted by the server's quotas (idle time, limits); a stand-in when made without a server's accept.
+        self.tracked = tracked if tracked is not None else Tracked(peer, self._loop.time(), None)
+        self._buffered_at_last_look = -1
         self.decoder = FrameDecoder(server.max_frame_bytes)
         self.pending: asyncio.Queue[_Pending | None] = asyncio.Queue(MAX_IN_FLIGHT)
         self.peer_az: str | None = None
@@ -199,6 +294,9 @@ class Connection:
         except (FrameError, m.MalformedRequest) as exc:
             REQUEST_ERRORS.labels(reason=type(exc).__name__).inc()
             log.warning("closing connection on bad frame", peer=self.peer, error=str(exc))
+        except QuotaRefusal:
+            self.server.quotas.close(self.tracked)
+            CONNECTION_QUOTA_CLOSES.labels(Admission.REFUSED_MAX.value).inc()
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
@@ -224,12 +322,38 @@ class Connection:
             data = await self.reader.read(2 * READ_LIMIT)
             if not data:
                 return
+            self.tracked.last_active = self._loop.time()  # ConnectionQuotas.activity, inlined (per read)
             self.decoder.feed(data)
             for frame in self.decoder.frames():
                 await self._dispatch(frame)
             self._count("in", len(data))
             if self.writer.is_closing():
                 return
+
+    def abort(self) -> None:
+        """Close now (the sweep's decision): an answer stuck in the send buffer is dropped."""
+        transport = self.writer.transport
+        if transport.get_write_buffer_size():
+            transport.abort()
+        else:
+            self.writer.close()
+
+    def writing_progressed(self) -> bool:
+        """Whether bytes left the send buffer since the last look: a slow reader of a large answer
+        is not idle (Kafka's Selector counts every writable event as activity)."""
+        size = self.writer.transport.get_write_buffer_size()
+        moved = size > 0 and size != self._buffered_at_last_look
+        self._buffered_at_last_look = size
+        return moved
+
+    def _wrote(self) -> None:
+        self.tracked.last_active = self._loop.time()
+
+    def _handling(self, task: asyncio.Future[Any]) -> None:
+        """A request is being handled until ``task`` is done: the connection is not idle meanwhile."""
+        tracked, loop = self.tracked, self._loop
+        ConnectionQuotas.request_started(tracked)
+        task.add_done_callback(lambda _: ConnectionQuotas.request_finished(tracked, loop.time()))
 
     def _count(self, direction: str, size: int) -> None:
         apis = self.server.apis
@@ -266,6 +390,10 @@ class Connection:
             await self._raw_sasl_token(frame)
             return
         header, body_pos = m.parse_header(frame)
+        if self.tracked.probation_until is not None and header.api_key not in internal.AUTH_APIS:
+            # Accepted over max.connections on the inter-broker listener: only a broker proving the
+            # cluster secret stays (connection_quotas.py).
+            raise QuotaRefusal
         self._count_api("in", header.api_key, len(frame) + 4)
         if not self.zone.decided:
             self._decide_zone(header)
@@ -287,6 +415,7 @@ class Connection:
             await self.internal_slots.acquire()
             # Started now, in arrival order (the task's first step runs before any later one's).
             task = asyncio.ensure_future(self._answer_internal(header, body))
+            self._handling(task)
             self.internal_tasks.add(task)
             task.add_done_callback(self.internal_tasks.discard)
             return
@@ -319,6 +448,7 @@ class Connection:
             task.add_done_callback(lambda _: budget.release(size))
         else:
             task = asyncio.ensure_future(self._respond(header, request))
+        self._handling(task)
         await self.pending.put((header, task))
 
     async def _raw_sasl_token(self, token: bytes) -> None:
@@ -350,7 +480,9 @@ class Connection:
         except replica_fetch_wire.ReplicaFetchWireError as exc:
             raise m.MalformedRequest(f"undecodable replica fetch: {exc}") from exc
         child(REQUESTS, str(header.api_key)).inc()
-        await self.pending.put((header, asyncio.ensure_future(self._answer_replica_fetch(header, request))))
+        task = asyncio.ensure_future(self._answer_replica_fetch(header, request))
+        self._handling(task)
+        await self.pending.put((header, task))
 
     async def _answer_replica_fetch(self, header: m.RequestHeader, request: Any) -> bytes | bytearray:
         try:
@@ -371,6 +503,7 @@ class Connection:
             answer, close = self.internal_auth.prove(body, header.client_id)
             if self.internal_auth.authenticated:
                 self.session.became(CLUSTER_PRINCIPAL)
+                self.server.quotas.proved_broker(self.tracked)  # max.connections never closes it
         self._write_internal(internal.encode_response(header.correlation_id, answer), header.api_key)
         if close:
             REQUEST_ERRORS.labels(reason="internal_auth_failed").inc()
@@ -397,6 +530,7 @@ class Connection:
     def _write_internal(self, frame: bytes, api: int | str) -> None:
         if not self.writer.is_closing():
             self.writer.write(frame)
+            self._wrote()
             self._count("out", len(frame))
             self._count_api("out", api, len(frame))
 
@@ -459,6 +593,7 @@ class Connection:
                 return
             frame = internal.encode_response(header.correlation_id, result, bool(body.get(internal.COMPACT_ANSWERS)))
             self.writer.write(frame)  # one whole frame: frames of concurrent answers never interleave
+            self._wrote()
             self._count("out", len(frame))
             self._count_api("out", header.api_key, len(frame))
             await self.writer.drain()
@@ -513,6 +648,7 @@ class Connection:
                 ended = item is None
                 if frames:
                     self.writer.write(frames[0] if len(frames) == 1 else b"".join(frames))
+                    self._wrote()
                 if close:
                     self.writer.close()  # after the answers: a transport flushes what it holds first
                     return

@@ -11,7 +11,9 @@ Dynamic values live in the metadata store (``broker-configs/<node id>`` and
 (``BrokerConfig.topic_defaults`` and fields), most specific first, as Kafka's DynamicBrokerConfig.
 The settings that are dynamic here are those Kafka allows at runtime and this broker honours at
 runtime: the broker-level synonyms of topic configs (``log.retention.ms``, ``message.max.bytes``,
-...: Kafka's DynamicLogConfig) and the leader's replication throttle.
+...: Kafka's DynamicLogConfig), the leader's replication throttle, and the connection limits
+(``max.connections``, ``max.connections.per.ip(.overrides)``: Kafka's SocketServer
+reconfigurables, per broker or cluster-wide; they apply to connections accepted afterwards).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from diskless.broker.connection_quotas import INT_MAX, LimitError, parse_overrides
 from diskless.config import SECRET_PROPERTIES, BrokerConfig
 from diskless.log.config import TOPIC_CONFIGS, ConfigDef, ConfigError
 
@@ -63,7 +66,13 @@ DYNAMIC_BROKER_FIELDS: dict[str, str] = {
     # Honoured by leaders for replicas a reassignment adds (broker/operations.py); the follower
     # side (follower.replication.throttled.rate) is not implemented, so it is not offered.
     "leader.replication.throttled.rate": "long",
+    # Fields of BrokerConfig too (their static value is the next layer); the server's quotas take
+    # them when they change (Operations.apply_dynamic_configs).
+    "max.connections": "int",
+    "max.connections.per.ip": "int",
+    "max.connections.per.ip.overrides": "overrides",
 }
+_DYNAMIC_TYPES = {"long": TYPE_LONG, "int": TYPE_INT, "overrides": TYPE_STRING}
 
 
 def is_sensitive(name: str) -> bool:
@@ -113,12 +122,15 @@ def validate_dynamic(updates: Mapping[str, str | None]) -> dict[str, str | None]
             if name in _SYNONYMS:
                 definition = _SYNONYMS[name]
                 out[name] = definition.render(definition.parse(raw))
+            elif DYNAMIC_BROKER_FIELDS[name] == "overrides":
+                parse_overrides(raw)
+                out[name] = raw.strip()
             else:
                 value = int(raw.strip())
-                if value < 0:
+                if value < 0 or (DYNAMIC_BROKER_FIELDS[name] == "int" and value > INT_MAX):
                     raise ValueError(raw)
                 out[name] = str(value)
-        except (ConfigError, ValueError):
+        except (ConfigError, ValueError, LimitError):
             message = f"Invalid value {raw} for configuration {name}"
             raise BrokerConfigError(ErrorCode.invalid_request, message) from None
     return out
@@ -128,6 +140,14 @@ class BrokerConfigError(Exception):
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def dynamic_field(static: BrokerConfig, dynamic: Mapping[str, Mapping[str, str]], node_id: int, name: str) -> str:
+    """A dynamic BrokerConfig field's effective raw value: per-broker, cluster default, static."""
+    value = dynamic_value(dynamic, node_id, name)
+    if value is not None:
+        return value
+    return str(getattr(static, next(f.name for f in dataclasses.fields(static) if f.metadata.get("property") == name)))
 
 
 def layered_topic_defaults(
@@ -183,7 +203,11 @@ def broker_entries(static: BrokerConfig, dynamic: Mapping[str, Mapping[str, str]
         value = getattr(static, f.name)
         default = _render(getattr(defaults, f.name))
         is_set = value != getattr(defaults, f.name)
-        chain = [(name, _render(value), SOURCE_STATIC_BROKER)] if is_set else []
+        chain = []
+        if name in DYNAMIC_BROKER_FIELDS:
+            chain += [(name, own[name], SOURCE_DYNAMIC_BROKER)] if name in own else []
+            chain += [(name, cluster[name], SOURCE_DYNAMIC_DEFAULT)] if name in cluster else []
+        chain += [(name, _render(value), SOURCE_STATIC_BROKER)] if is_set else []
         chain.append((name, default, SOURCE_DEFAULT))
         yield _entry(name, config_type(name, value), chain, f.metadata.get("doc") or None)
     for name, definition in sorted(_SYNONYMS.items()):
@@ -215,7 +239,7 @@ def broker_entries(static: BrokerConfig, dynamic: Mapping[str, Mapping[str, str]
 def default_entries(dynamic: Mapping[str, Mapping[str, str]]) -> Iterator[Entry]:
     """The cluster-wide dynamic defaults (DescribeConfigs of broker resource "")."""
     for name, value in sorted(dynamic.get(DEFAULT_RESOURCE, {}).items()):
-        kind = KIND_TYPES[_SYNONYMS[name].kind] if name in _SYNONYMS else TYPE_LONG
+        kind = KIND_TYPES[_SYNONYMS[name].kind] if name in _SYNONYMS else _DYNAMIC_TYPES[DYNAMIC_BROKER_FIELDS[name]]
         yield _entry(name, kind, [(name, value, SOURCE_DYNAMIC_DEFAULT)], None)
 
 
