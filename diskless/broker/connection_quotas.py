@@ -200,7 +200,12 @@ class ConnectionQuotas:
             del self.per_ip[tracked.ip]
 
     def proved_broker(self, tracked: Tracked) -> None:
-        """The connection proved the cluster secret: max.connections never closes it."""
+        """The connection proved the cluster secret: neither max.connections nor idleness closes it.
+
+        Kafka idles inter-broker connections too, but its brokers' own clients close theirs first
+        (connections.max.idle.ms 9 minutes on the client side); this broker's peer pools keep their
+        connections, so closing one here could cut a commit or a pointer request on its way (an
+        unknown outcome for the sender). Brokers are few and trusted: they are never idled out."""
         tracked.exempt = True
         tracked.probation_until = None
 
@@ -225,7 +230,7 @@ class ConnectionQuotas:
         if tracked.probation_until is not None:
             deadline = tracked.probation_until
         idle = self.idle_s
-        if idle is not None and tracked.in_flight == 0:
+        if idle is not None and tracked.in_flight == 0 and not tracked.exempt:
             deadline = min(deadline, tracked.last_active + idle)
         return deadline
 
@@ -242,7 +247,7 @@ class ConnectionQuotas:
         out = []
         for tracked in self.open:
             if tracked.probation_until is None:  # the common case, inlined (~2x faster sweeps)
-                if idle is None or tracked.in_flight:
+                if idle is None or tracked.in_flight or tracked.exempt:
                     continue
                 deadline = tracked.last_active + idle
             else:

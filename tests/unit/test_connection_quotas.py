@@ -139,6 +139,19 @@ def test_not_idle_while_a_request_is_in_flight() -> None:
     assert q.expired(61.0) == [(conn, Expiry.IDLE)]
 
 
+def test_a_proven_broker_connection_is_never_idled_out() -> None:
+    """This broker's peer pools keep their connections (no client-side idle close, unlike Kafka's
+    9 minutes before the broker's 10): idling one out could cut a commit on its way. A client
+    connection beside it still expires."""
+    q = quotas(max_idle_ms=1000)
+    _, broker = q.accept("10.0.0.2", True, 0.0)
+    _, client = q.accept("10.0.0.3", True, 0.0)
+    assert broker is not None and client is not None
+    q.proved_broker(broker)
+    assert q.expired(5.0) == [(client, Expiry.IDLE)]
+    assert q.deadline(broker) == float("inf")
+
+
 def test_negative_idle_time_never_expires() -> None:
     q = quotas(max_idle_ms=-1)
     q.accept("10.0.0.1", False, 0.0)
