@@ -17,7 +17,7 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.groups.consumer_protocol import ConsumerGroupConfig
-from diskless.groups.coordinator import GroupConfig, GroupCoordinatorCore, OffsetAndMetadata
+from diskless.groups.coordinator import GroupConfig, GroupCoordinatorCore, OffsetAndMetadata, StoredGroup
 from diskless.groups.offsets_upkeep import OffsetsUpkeep
 from diskless.groups.records import (
     DecodedRecord,
@@ -143,6 +143,8 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
         if isinstance(record, GroupTombstone):
             upkeep.group_removed(record.group_id)
             return True
+        if isinstance(record, StoredGroup):
+            return True
         tp = (record.topic, record.partition)
         if producer is not None:
             if isinstance(record, OffsetCommitRecord):
@@ -255,6 +257,7 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
             partitions_of=self.partitions_of,
         )
         self._forget_partition(partition.index)
+        now = self.now_ms()
         order: OffsetOrder = TxnOffsetOrder()
         upkeep = OffsetsUpkeep()
         log_start = partition.log.log_start_offset
@@ -271,7 +274,7 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
                 record = decode(key, value)
                 # The batch's timestamp is when the coordinator appended it (its own clock).
                 if self._note_record(order, upkeep, record, producer, offset, header.max_timestamp):
-                    apply_record(core, record)
+                    apply_record(core, record, now)
         # Transactions still open when we took over stay pending until their marker.
         self.txn_order[partition.index], self.upkeep[partition.index] = order, upkeep
         return core
