@@ -13,8 +13,10 @@ import itertools
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
-from test_group_coordinator import REBALANCE, SESSION, consumer_subscription, join, new_member, om, sync
+from test_group_coordinator import OPS, REBALANCE, SESSION, World, consumer_subscription, join, new_member, om, sync
 
 from diskless.cluster.coordinator_records import RecordFormatError, pack
 from diskless.groups import records
@@ -437,3 +439,94 @@ def test_group_records_round_trip_and_ignore_appended_fields() -> None:
 def test_group_records_refuse_what_they_do_not_know(value: bytes) -> None:
     with pytest.raises(RecordFormatError):
         records.decode(records.group_key("g"), value)
+
+
+# --- random interleavings with stores and failovers ---------------------------------------------------
+
+
+class StoringWorld(World):
+    """``World``'s well-behaved clients against a core whose group records are stored when the
+    test says (or fail), and a coordinator that may fail over at any point (replaying the records
+    that were stored)."""
+
+    def __init__(self, static: list[bool], delay: int) -> None:
+        super().__init__(4, static, delay, 100)
+        self.log = Log()
+        self.core = make_core(self.log, initial_rebalance_delay_ms=delay)
+        self.durable: list[StoredGroup] = []
+
+    def on_sync(self, actor: Any, gen: int, result: SyncResult) -> None:
+        if result.error is E.none:
+            # The safety property: nobody gets an assignment a failover could lose.
+            assert any(
+                g.generation_id == gen and any(m.assignment == result.assignment for m in g.members)
+                for g in self.durable
+            ), "an assignment that is not stored"
+        super().on_sync(actor, gen, result)
+
+    def step(self, op: tuple[str, int, int]) -> None:
+        kind, _, arg = op
+        if kind == "store" and self.log.pending:
+            store = self.log.pending.pop(0)
+            error = E.none if arg < 7 else (E.not_coordinator, E.rebalance_in_progress, E.unknown_server_error)[arg - 7]
+            if error is E.none:
+                self.log.records.append(records.encode_group(store.group))
+                self.durable.append(store.group)
+            self.core.group_stored(store.group.group_id, store.token, error, self.now)
+            self.check_core()
+        elif kind == "failover":
+            self.core.unload()  # parked requests: NOT_COORDINATOR, the clients rejoin
+            self.log.pending.clear()  # appended, never replicated: lost with the old leader
+            self.core = make_core(self.log, initial_rebalance_delay_ms=self.core.config.initial_rebalance_delay_ms)
+            records.replay(self.core, self.log.records, self.now)
+            # A rebalance the old coordinator did not store happens again: generations may repeat.
+            self.max_generation, self.plans = 0, {}
+            self.check_core()
+        else:
+            super().step(op)
+
+    def check_core(self) -> None:
+        group = self.core._groups.get(G)
+        if group is not None and group.sync_store is not None:
+            assert group.state is GroupState.COMPLETING_REBALANCE
+        if group is not None and group.state is GroupState.STABLE and group.static_stores:
+            # A replaced static member waits in JoinGroup for its record, in a Stable group.
+            waiting = {s.new_member_id for s in group.static_stores.values()}
+            assert all(
+                not m.sync_reply and (not m.join_reply or m.member_id in waiting) for m in group.members.values()
+            )
+            return
+        super().check_core()
+
+
+STORING_OPS = st.one_of(
+    OPS,
+    st.tuples(st.just("store"), st.just(0), st.integers(0, 9)),
+    st.tuples(st.just("store"), st.just(0), st.integers(0, 6)),
+    st.tuples(st.just("failover"), st.just(0), st.just(0)),
+)
+
+
+@given(
+    st.lists(STORING_OPS, max_size=120), st.lists(st.booleans(), min_size=4, max_size=4), st.sampled_from([0, 3_000])
+)
+def test_random_interleavings_with_stores_and_failovers(
+    ops: list[tuple[str, int, int]], static: list[bool], delay: int
+) -> None:
+    world = StoringWorld(static, delay)
+    for op in ops:
+        world.step(op)
+    # Stores end, the clock runs out, the coordinator goes: every parked request is answered once,
+    # and what the log holds loads.
+    while world.log.pending:
+        world.step(("store", 0, 0))
+    world.now += 10 * REBALANCE
+    world.core.tick(world.now)
+    while world.log.pending:
+        world.step(("store", 0, 0))
+    live = world.core.generation(G)
+    world.core.unload()
+    assert all(r.done for r in world.replies)
+    loaded = make_core(Log())
+    records.replay(loaded, world.log.records, world.now)
+    assert loaded.generation(G) <= live
