@@ -14,7 +14,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import structlog
 from kio.schema.errors import ErrorCode
@@ -32,6 +33,15 @@ CoreT = TypeVar("CoreT")
 
 
 FAILED_TICK_RETRY_S = 1.0  # after a timer pass that raised
+
+
+@dataclass(frozen=True, slots=True)
+class Appended:
+    """Records in the leader's log, not yet known to be replicated."""
+
+    replica: Any
+    last_offset: int
+    epoch: int
 
 
 class CoordinatorShell(Generic[CoreT]):
@@ -133,6 +143,17 @@ class CoordinatorShell(Generic[CoreT]):
         transaction's commit marker follows it in the same log. ``on_append`` runs right after
         the append, before anything else can append: state that must follow log order.
         """
+        return await self.replicated(self.append(key, entries, producer, on_append))
+
+    def append(
+        self,
+        key: str,
+        entries: list[tuple[bytes, bytes | None]],
+        producer: tuple[int, int] | None = None,
+        on_append: Callable[[], None] | None = None,
+    ) -> Appended | ErrorCode:
+        """``persist``'s first half, synchronous: the records are in the leader's log (in the order
+        of the calls) when it returns; ``replicated`` then waits for them. An ErrorCode: not appended."""
         replica = self.broker.replicas.partitions.get((self.topic, self.partition_of(key)))
         if replica is None or replica.leader_state is None:
             return ErrorCode.not_coordinator
@@ -156,8 +177,15 @@ class CoordinatorShell(Generic[CoreT]):
         if on_append is not None:
             on_append()
         self.broker.on_leader_append(replica)
-        epoch = replica.leader_epoch
-        if await replica.wait_for_commit(result.last_offset, epoch, 30.0):
+        return Appended(replica, result.last_offset, replica.leader_epoch)
+
+    @staticmethod
+    async def replicated(appended: Appended | ErrorCode) -> ErrorCode:
+        """``persist``'s second half: NONE once the appended records are replicated."""
+        if isinstance(appended, ErrorCode):
+            return appended
+        replica, epoch = appended.replica, appended.epoch
+        if await replica.wait_for_commit(appended.last_offset, epoch, 30.0):
             return ErrorCode.none
         return ErrorCode.request_timed_out if replica.leads_at(epoch) else ErrorCode.not_coordinator
 

@@ -1,13 +1,17 @@
 """Group coordination on the broker: ``GroupCoordinatorCore`` on leaders of ``__consumer_offsets``.
 
-On top of the shared coordinator shell: committed offsets are replayed from the partition's log
-when this broker becomes its leader; transactional offset commits (TxnOffsetCommit) are kept
+On top of the shared coordinator shell: committed offsets and classic group records are replayed
+from the partition's log when this broker becomes its leader; the group records the core asks for
+(``GroupStore``) are appended at once, in the core's order, and reported back once replicated
+(SyncGroup answers wait for that); transactional offset commits (TxnOffsetCommit) are kept
 pending until their transaction's marker is written to the same partition; and a periodic pass
-expires offsets (KIP-211) and keeps live ones in the time-retained log (``offsets_upkeep``).
+expires offsets (KIP-211), writes group tombstones for the Empty groups it forgets, and keeps
+live offsets and group records in the time-retained log (``offsets_upkeep``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import uuid
 from collections import Counter
@@ -18,7 +22,8 @@ from kio.schema.errors import ErrorCode
 
 from diskless.cluster.coordinator_records import OFFSETS_TOPIC
 from diskless.groups.consumer_protocol import ConsumerGroupConfig
-from diskless.groups.coordinator import GroupConfig, GroupCoordinatorCore, OffsetAndMetadata
+from diskless.groups.coordinator import GroupConfig, GroupCoordinatorCore, GroupStore, OffsetAndMetadata, StoredGroup
+from diskless.groups.handlers import group_store_error
 from diskless.groups.offsets_upkeep import OffsetsUpkeep
 from diskless.groups.records import (
     DecodedRecord,
@@ -26,6 +31,8 @@ from diskless.groups.records import (
     OffsetCommitRecord,
     apply_record,
     decode,
+    encode_group,
+    encode_group_tombstone,
     encode_offset,
     encode_offset_tombstone,
     partition_for,
@@ -35,7 +42,7 @@ from diskless.log.txn_index import CONTROL_COMMIT, control_type
 from diskless.protocol import records
 from diskless.replication.partition import Partition
 
-from .coordinator_shell import CoordinatorShell
+from .coordinator_shell import Appended, CoordinatorShell
 
 log = structlog.get_logger(__name__)
 
@@ -55,6 +62,7 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
         self.txn_order: dict[int, OffsetOrder] = {}
         self.upkeep: dict[int, OffsetsUpkeep] = {}  # per offsets partition this broker coordinates
         self._in_flight: Counter[str] = Counter()  # group id -> appends not yet answered
+        self._stores: set[asyncio.Task[None]] = set()  # group records waiting for replication
 
     def configured_partitions(self) -> int:
         return self.broker.config.offsets_topic_num_partitions
@@ -143,6 +151,9 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
         if isinstance(record, GroupTombstone):
             upkeep.group_removed(record.group_id)
             return True
+        if isinstance(record, StoredGroup):
+            upkeep.group_wrote(record, at_ms)
+            return True
         tp = (record.topic, record.partition)
         if producer is not None:
             if isinstance(record, OffsetCommitRecord):
@@ -186,11 +197,53 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
         self.txn_order.pop(index, None)
         self.upkeep.pop(index, None)
 
+    # --- group records ------------------------------------------------------------------------------
+
+    def _store_group(self, core: GroupCoordinatorCore, store: GroupStore) -> None:
+        """The core's ``on_store``: append the group record now, so that the log has the records
+        in the order the core made the changes (a group tombstone or a later record cannot get
+        ahead of it), and report to the core once it is replicated."""
+        appended: Appended | ErrorCode
+        try:
+            appended = self.append(store.group.group_id, [encode_group(store.group)])
+        except Exception:
+            # Reported all the same: members parked in SyncGroup must not wait for a record never written.
+            log.exception("could not append group record", group=store.group.group_id)
+            appended = ErrorCode.unknown_server_error
+        task = asyncio.get_running_loop().create_task(self._report_store(core, store, appended))
+        self._stores.add(task)
+        task.add_done_callback(self._stores.discard)
+
+    async def _report_store(
+        self, core: GroupCoordinatorCore, store: GroupStore, appended: Appended | ErrorCode
+    ) -> None:
+        group_id = store.group.group_id
+        try:
+            code = await self.replicated(appended)
+        except Exception:
+            log.exception("could not replicate group record", group=group_id)
+            code = ErrorCode.unknown_server_error
+        error = group_store_error(code)
+        if error is not ErrorCode.none:
+            log.warning("could not store group", group=group_id, generation=store.group.generation_id, error=error.name)
+        try:
+            # A core unloaded meanwhile has no groups left: this changes nothing then.
+            core.group_stored(group_id, store.token, error, self.now_ms())
+        except Exception:
+            log.exception("group store report failed", group=group_id)
+        self.wake()
+
+    async def settle_stores(self) -> None:
+        """Wait until every group record appended so far has been reported to its core (tests)."""
+        while self._stores:
+            await asyncio.gather(*self._stores, return_exceptions=True)
+
     # --- offsets retention (Kafka's offsets.retention.check.interval.ms task) -----------------------
 
     async def maintain(self) -> None:
-        """Expire offsets (KIP-211) with tombstones, forget empty groups, and append again the
-        live offsets whose latest record is getting old (``offsets_upkeep``)."""
+        """Expire offsets (KIP-211) with tombstones, forget empty groups (with a group tombstone
+        for those that had a generation), and append again the live offsets and group records
+        whose latest record is getting old (``offsets_upkeep``)."""
         retention_ms = self.broker.config.offsets_retention_minutes * 60_000
         for index, core in list(self.cores.items()):
             if self.cores.get(index) is core and index in self.upkeep:
@@ -209,10 +262,22 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
             tombstones = [encode_offset_tombstone(group_id, t, p) for t, p in tps]
             # Removed at the append: a commit appended after the tombstones must stay.
             await self.persist(group_id, tombstones, on_append=functools.partial(core.remove_offsets, group_id, tps))
-        core.prune_empty_groups()
+        if self.cores.get(index) is not core:
+            return
+        generations = {g: core.generation(g) for g in core.group_ids()}
+        gone = core.prune_empty_groups()
+        # Kafka's cleanupGroupMetadata: a group that had a generation has a group record to drop.
+        # Appended in the same step as the pruning: a group of the same name created afterwards
+        # writes its records after this tombstone.
+        tombstones = [encode_group_tombstone(g) for g in gone if generations.get(g, 0) > 0]
+        if tombstones:
+            code = await self.persist(gone[0], tombstones)
+            if code is not ErrorCode.none:
+                log.info("could not write group tombstones", groups=len(tombstones), error=code.name)
         upkeep = self.upkeep.get(index)
         if upkeep is None or self.cores.get(index) is not core:
             return
+        await self._append_group_records_again(index, core, upkeep, retention_ms)
         pending = {g: self.pending_partitions(g) for g in core.group_ids()}
         due = upkeep.due(
             {g: core.fetch_offsets(g) for g in core.group_ids()},
@@ -235,10 +300,25 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
             if code is not ErrorCode.none:
                 log.info("could not append offsets again", group=group_id, error=code.name)
 
+    async def _append_group_records_again(
+        self, index: int, core: GroupCoordinatorCore, upkeep: OffsetsUpkeep, retention_ms: int
+    ) -> None:
+        for group_id in list(upkeep.groups):
+            if self.cores.get(index) is not core or self.upkeep.get(index) is not upkeep:
+                return
+            # Read right before the append: the latest record as appended, whatever the core is doing.
+            latest = upkeep.group_due(group_id, self.now_ms(), retention_ms)
+            if latest is None:
+                continue
+            code = await self.persist(group_id, [encode_group(latest)])
+            if code is not ErrorCode.none:
+                log.info("could not append group record again", group=group_id, error=code.name)
+
     # --- replay --------------------------------------------------------------------------------
 
     def load(self, partition: Partition) -> GroupCoordinatorCore:
-        """Plain records apply in log order; transactional ones wait for their marker."""
+        """Plain records apply in log order; transactional ones wait for their marker. Loaded
+        members' session timers start now (Kafka's onGroupLoaded)."""
         config = self.broker.config
         core = GroupCoordinatorCore(
             GroupConfig(
@@ -253,8 +333,10 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
                 assignors=tuple(a.strip() for a in config.group_consumer_assignors.split(",") if a.strip()),
             ),
             partitions_of=self.partitions_of,
+            on_store=lambda store: self._store_group(core, store),
         )
         self._forget_partition(partition.index)
+        now = self.now_ms()
         order: OffsetOrder = TxnOffsetOrder()
         upkeep = OffsetsUpkeep()
         log_start = partition.log.log_start_offset
@@ -271,7 +353,7 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
                 record = decode(key, value)
                 # The batch's timestamp is when the coordinator appended it (its own clock).
                 if self._note_record(order, upkeep, record, producer, offset, header.max_timestamp):
-                    apply_record(core, record)
+                    apply_record(core, record, now)
         # Transactions still open when we took over stay pending until their marker.
         self.txn_order[partition.index], self.upkeep[partition.index] = order, upkeep
         return core

@@ -12,9 +12,19 @@ Three layers, each usable on its own:
   LeaveGroup, OffsetCommit, OffsetFetch, ListGroups, DescribeGroups, DeleteGroups, OffsetDelete)
   that talk to the broker through the small ``GroupFacade`` protocol.
 
-Only offsets are persisted. Group membership (members, generation, assignment) lives in memory
-on the coordinator: after a coordinator failover the new coordinator rebuilds offsets from the
-log and starts every group Empty; members learn it through UNKNOWN_MEMBER_ID on their next
-heartbeat and rejoin, which costs one rebalance per group and nothing else. Kafka persists the
-group metadata too, to spare that rebalance; we trade it for a much smaller failover story.
+Committed offsets and classic group metadata are persisted, as in Kafka. A group record
+(generation, protocol type and name, leader, the state's timestamp, and each member's ids, client
+id/host, timeouts, subscription and assignment) is written when a rebalance completes (the
+leader's SyncGroup: nobody gets an assignment before its record is durable; if writing fails the
+members get the error and rejoin), when a static member takes over its old member id in a Stable
+group, and when the group becomes Empty; DeleteGroups and the cleanup of Empty groups without
+offsets write its tombstone. A new coordinator loads each group as last stored (Stable, or Empty
+without members) and starts every member's session timer anew, so members keep heartbeating at
+their generation across a failover. A rebalance in progress is not stored: after a failover in
+PreparingRebalance/CompletingRebalance the group is back at its last stored generation and the
+members that had moved on rejoin (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID), as in Kafka.
+
+KIP-848 groups (ConsumerGroupHeartbeat, ``consumer_protocol``) still keep their membership in
+memory only (their offsets are persisted): after a failover their members are fenced and join
+again with epoch 0.
 """

@@ -16,8 +16,9 @@ follows Kafka's GroupMetadataManager.consumerGroupHeartbeat (3.7+, without onlin
   its session expires or it rejoins with the same instance id). A member that misses its session
   timeout, or does not revoke within its rebalance timeout, is removed.
 
-Membership is not persisted, like classic groups: after a coordinator failover members get
-UNKNOWN_MEMBER_ID and rejoin with epoch 0. Committed offsets stay in ``GroupCoordinatorCore``.
+Membership is not persisted (unlike classic groups, whose group records KIP-848 groups do not
+have here): after a coordinator failover members get UNKNOWN_MEMBER_ID and rejoin with epoch 0.
+Committed offsets stay in ``GroupCoordinatorCore``.
 
 Topics are identified by name here; the handler maps topic ids to names. ``partitions_of(topic)``
 (supplied by the shell) gives the partition count of a topic, None if it does not exist.

@@ -14,7 +14,8 @@ semantics and error codes of Kafka's GroupCoordinator (kafka.coordinator.group, 
 - The leader is the first member that joined (or, if it did not rejoin, any member that did). The
   protocol is the one every member supports that collects most votes (each member votes for its
   most preferred candidate; ties go to the candidate voted first, in member join order).
-- SyncGroup parks followers until the leader sends the assignment, then answers everyone. Members
+- SyncGroup parks followers until the leader sends the assignment and the group record holding it
+  is stored, then answers everyone (a failed store answers its error and rebalances). Members
   that do not send SyncGroup within the rebalance timeout are removed (KIP-767 style "pending
   sync" expiration) and the group rebalances.
 - Heartbeats keep members alive; a member whose session timeout passes without a heartbeat is
@@ -22,9 +23,10 @@ semantics and error codes of Kafka's GroupCoordinator (kafka.coordinator.group, 
   except new members, who get ``new_member_join_timeout_ms`` to complete their first join.
 - Static membership (KIP-345): a member with a ``group.instance.id`` that rejoins with an unknown
   member id replaces its old member id. In a Stable group whose selected protocol does not change
-  this happens without a rebalance and the member gets its previous assignment back through
-  SyncGroup; requests carrying the old member id are fenced with FENCED_INSTANCE_ID. Static
-  members that do not rejoin during a rebalance are kept (only their session timeout removes them).
+  this happens without a rebalance (once the group record with the new member id is stored) and
+  the member gets its previous assignment back through SyncGroup; requests carrying the old
+  member id are fenced with FENCED_INSTANCE_ID. Static members that do not rejoin during a
+  rebalance are kept (only their session timeout removes them).
 - Offsets: ``validate_commit`` decides whether a commit is allowed (Kafka's rules: members of the
   current generation, or anyone with generation -1 and an empty member id while the group is
   Empty/unknown); the shell persists the records, then ``apply_offsets`` makes them visible.
@@ -36,14 +38,19 @@ Timers are deadlines: every call that takes ``now_ms`` may move them; the shell 
 go to callbacks, each invoked exactly once, always after the core finished updating its state, so
 a callback may call back into the core.
 
-Membership is deliberately not persisted (see the package docstring): the core starts empty and
-only offsets are replayed into it after a failover.
+Group records (``StoredGroup``, see the package docstring): the core decides what to store and
+when, and hands each record to the ``on_store`` callback as a ``GroupStore`` (after its state
+change, in order, like replies); the shell persists it and reports with ``group_stored``. Until
+then the leader's assignment is held back (SyncGroup answers wait), and a static member's
+replacement is unanswered (undone if the store fails). After a failover ``load_group`` rebuilds
+each group from its latest record. Without ``on_store`` every store succeeds at once.
 """
 
 from __future__ import annotations
 
 import enum
 import functools
+import itertools
 import struct
 import uuid
 from collections import Counter
@@ -179,8 +186,45 @@ class GroupDescription:
     error_message: str | None = None  # why a group that does not exist (as a classic group) is not described
 
 
+@dataclass(frozen=True, slots=True)
+class StoredMember:
+    """One member as a group record keeps it (Kafka's GroupMetadataValue.MemberMetadata)."""
+
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    client_host: str
+    rebalance_timeout_ms: int
+    session_timeout_ms: int
+    subscription: bytes  # its metadata for the group's selected protocol
+    assignment: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StoredGroup:
+    """What a group record keeps (Kafka's GroupMetadataValue): a group with members loads Stable at
+    this generation, one without loads Empty, its state clock at ``state_timestamp_ms``."""
+
+    group_id: str
+    protocol_type: str | None
+    generation_id: int
+    protocol_name: str | None
+    leader_id: str | None
+    state_timestamp_ms: int
+    members: tuple[StoredMember, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStore:
+    """A group record the shell must persist, then report with ``group_stored(group_id, token, ...)``."""
+
+    token: int
+    group: StoredGroup
+
+
 JoinReply = Callable[[JoinResult], None]
 SyncReply = Callable[[SyncResult], None]
+StoreRequest = Callable[[GroupStore], None]
 
 
 @dataclass(slots=True, eq=False)
@@ -224,6 +268,23 @@ class _Member:
 
 
 @dataclass(slots=True, eq=False)
+class _StaticStore:
+    """A static member replaced in a Stable group, its JoinGroup answer waiting for the group record;
+    what to undo if the record cannot be stored."""
+
+    generation_id: int
+    group_instance_id: str
+    old_member_id: str
+    new_member_id: str
+    old_protocols: list[tuple[str, bytes]]
+    old_rebalance_timeout_ms: int
+    old_session_timeout_ms: int
+    reply: JoinReply
+    current_leader: str
+    support_skip_assignment: bool
+
+
+@dataclass(slots=True, eq=False)
 class _Group:
     group_id: str
     state_timestamp_ms: int
@@ -244,6 +305,10 @@ class _Group:
     sync_deadline_ms: int | None = None
     offsets: dict[TopicPartition, OffsetAndMetadata] = field(default_factory=dict)
     subscribed_topics: frozenset[str] | None = None
+    # The leader's SyncGroup assignment being stored (the token of its record) before anyone gets it.
+    sync_store: int | None = None
+    pending_assignment: dict[str, bytes] = field(default_factory=dict)
+    static_stores: dict[int, _StaticStore] = field(default_factory=dict)  # token -> replacement
 
     @property
     def rebalance_timeout_ms(self) -> int:
@@ -323,8 +388,10 @@ class GroupCoordinatorCore:
 
     The shell's part: run ``tick(now)`` once ``next_deadline_ms()`` is reached (and look again
     after every call that takes ``now_ms``); on becoming coordinator, ``records.replay`` the
-    partition into a fresh core before serving; on losing the partition, ``unload()`` so that
-    parked JoinGroup/SyncGroup requests are answered (NOT_COORDINATOR) rather than forgotten.
+    partition into a fresh core before serving; persist every ``GroupStore`` handed to
+    ``on_store``, in the order handed, and report each with ``group_stored``; on losing the
+    partition, ``unload()`` so that parked JoinGroup/SyncGroup requests are answered
+    (NOT_COORDINATOR) rather than forgotten.
     """
 
     def __init__(
@@ -335,8 +402,12 @@ class GroupCoordinatorCore:
         member_id_factory: Callable[[str], str] | None = None,
         consumer_config: ConsumerGroupConfig | None = None,
         partitions_of: Callable[[str], int | None] | None = None,
+        on_store: StoreRequest | None = None,
     ) -> None:
         self.config = config or GroupConfig()
+        # Gets each group record to persist; None: nothing is persisted and every store succeeds at once.
+        self._on_store = on_store
+        self._store_tokens = itertools.count(1)
         # KIP-848 groups (ConsumerGroupHeartbeat); their committed offsets live here, in _groups.
         self.consumer = ConsumerGroups(consumer_config, partitions_of)
         self.partition = partition
@@ -372,6 +443,112 @@ class GroupCoordinatorCore:
         self._outbox.append((member.sync_reply, result))
         member.sync_reply = None
         return True
+
+    # --- group records ------------------------------------------------------------------------
+
+    def _snapshot(self, group: _Group, assignment: Mapping[str, bytes] | None = None) -> StoredGroup:
+        """The group's record: its members with ``assignment`` (default: their current ones)."""
+        members: tuple[StoredMember, ...] = ()
+        if group.protocol_name is not None:
+            members = tuple(
+                StoredMember(
+                    m.member_id,
+                    m.group_instance_id,
+                    m.client_id,
+                    m.client_host,
+                    m.rebalance_timeout_ms,
+                    m.session_timeout_ms,
+                    m.metadata(group.protocol_name),
+                    m.assignment if assignment is None else assignment.get(m.member_id, b""),
+                )
+                for m in group.members.values()
+            )
+        return StoredGroup(
+            group.group_id,
+            group.protocol_type,
+            group.generation_id,
+            group.protocol_name,
+            group.leader_id,
+            group.state_timestamp_ms,
+            members,
+        )
+
+    def _request_store(self, group: _Group, token: int, snapshot: StoredGroup, now_ms: int) -> None:
+        """Have ``snapshot`` persisted; ``_stored`` runs once it is (at once without a store callback).
+
+        The request goes out with the replies, after the core finished its change, in the order the
+        core made the changes: the shell appends records in that order."""
+        if self._on_store is None:
+            self._stored(group, token, ErrorCode.none, now_ms)
+        else:
+            self._outbox.append((self._on_store, GroupStore(token, snapshot)))
+
+    @_delivers_replies
+    def group_stored(self, group_id: str, token: int, error: ErrorCode, now_ms: int) -> None:
+        """The shell's answer to a ``GroupStore``: its record is durable (NONE) or could not be
+        written (the error the waiting members get, as Kafka maps append errors)."""
+        group = self._groups.get(group_id)
+        if group is not None:
+            self._stored(group, token, error, now_ms)
+
+    def _stored(self, group: _Group, token: int, error: ErrorCode, now_ms: int) -> None:
+        if token == group.sync_store:
+            group.sync_store = None
+            assignment, group.pending_assignment = group.pending_assignment, {}
+            if group.state is not _COMPLETING:
+                return
+            if error is not ErrorCode.none:
+                # Kafka: nobody gets an assignment the log does not have; everyone rejoins.
+                self._reset_and_propagate_assignment_error(group, error, now_ms)
+                self._maybe_prepare_rebalance(group, now_ms)
+                return
+            for m in group.members.values():
+                m.assignment = assignment.get(m.member_id, b"")
+            self._propagate_assignment(group, ErrorCode.none, now_ms)
+            self._transition(group, _STABLE, now_ms)
+            return
+        replaced = group.static_stores.pop(token, None)
+        if replaced is not None:
+            self._static_member_stored(group, replaced, error, now_ms)
+        # Else the record of a group that became Empty: nobody waits for it. If it failed, the log
+        # still has the previous generation, whose members (all gone) will time out after a load.
+
+    @_delivers_replies
+    def load_group(self, stored: StoredGroup, now_ms: int) -> None:
+        """A replayed group record: the group as it was stored, Stable with its members (Empty
+        without), offsets kept. As Kafka's onGroupLoaded, every member's session timer starts now:
+        members that are still alive keep heartbeating at their generation, the others time out and
+        the group rebalances then."""
+        old = self._groups.get(stored.group_id)
+        if old is not None:
+            for member_id in list(old.members):
+                self._remove(old, member_id)
+        group = _Group(stored.group_id, state_timestamp_ms=stored.state_timestamp_ms)
+        if old is not None:
+            group.offsets = old.offsets
+        self._groups[stored.group_id] = group
+        group.generation_id = stored.generation_id
+        group.protocol_name = stored.protocol_name if stored.members else None
+        for s in stored.members:
+            assert group.protocol_name is not None  # records.decode refuses members without a protocol
+            member = _Member(
+                s.member_id,
+                s.group_instance_id,
+                s.client_id,
+                s.client_host,
+                s.rebalance_timeout_ms,
+                s.session_timeout_ms,
+                stored.protocol_type or "",
+                [(group.protocol_name, s.subscription)],
+                assignment=s.assignment,
+            )
+            self._add_member(group, member, None)
+            self._schedule_heartbeat(member, now_ms)
+        group.protocol_type = stored.protocol_type
+        if stored.leader_id in group.members:
+            group.leader_id = stored.leader_id
+        group.state = _STABLE if group.members else _EMPTY
+        group.subscribed_topics = self._compute_subscribed_topics(group)
 
     # --- timers -------------------------------------------------------------------------------
 
@@ -555,6 +732,9 @@ class GroupCoordinatorCore:
             self._reset_and_propagate_assignment_error(group, ErrorCode.rebalance_in_progress, now_ms)
         group.pending_sync.clear()
         group.sync_deadline_ms = None
+        # A leader's assignment still being stored is dropped: this generation is being abandoned.
+        group.sync_store = None
+        group.pending_assignment = {}
         if group.state is _EMPTY:
             delay = self.config.initial_rebalance_delay_ms
             group.initial_join = (delay, max(group.rebalance_timeout_ms - delay, 0))
@@ -601,6 +781,9 @@ class GroupCoordinatorCore:
             return
         self._init_next_generation(group, now_ms)
         if group.state is _EMPTY:
+            # Kafka stores the Empty group too: its generation, and when it became Empty (the
+            # offsets' retention clock, KIP-211). Nobody waits for this record.
+            self._request_store(group, next(self._store_tokens), self._snapshot(group), now_ms)
             return
         for member in list(group.members.values()):
             # The leader alone gets the member list it needs to compute the assignment.
@@ -914,38 +1097,31 @@ class GroupCoordinatorCore:
         support_skip_assignment: bool,
     ) -> None:
         current_leader = group.leader_id or ""
+        previous = group.members[old_member_id]
+        old_protocols = previous.protocols
+        old_timeouts = (previous.rebalance_timeout_ms, previous.session_timeout_ms)
         member = self._replace_static_member(group, group_instance_id, old_member_id, new_member_id)
         self._update_member(member, group, protocols, reply, rebalance_timeout_ms, session_timeout_ms)
         self._schedule_heartbeat(member, now_ms)
         if group.state is _STABLE:
             if group.protocol_name == group.select_protocol():
                 # The restarted instance takes its old place: same generation, same assignment
-                # (it gets it through SyncGroup), no rebalance for the others.
-                is_leader = group.leader_id == new_member_id
-                if support_skip_assignment:
-                    # v9+: tell a static leader it leads, but must not run the assignor again.
-                    result = JoinResult(
-                        ErrorCode.none,
-                        new_member_id,
-                        group.generation_id,
-                        group.protocol_type,
-                        group.protocol_name,
-                        group.leader_id or "",
-                        is_leader,
-                        self._member_metadata(group) if is_leader else (),
-                    )
-                else:
-                    # Older clients would run the assignor if they saw themselves as leader, and
-                    # a Stable group would ignore that assignment: report the old leader id.
-                    result = JoinResult(
-                        ErrorCode.none,
-                        new_member_id,
-                        group.generation_id,
-                        group.protocol_type,
-                        group.protocol_name,
-                        current_leader,
-                    )
-                self._invoke_join(member, result)
+                # (it gets it through SyncGroup), no rebalance for the others. As in Kafka, it is
+                # answered once the group record with its new member id is durable: a coordinator
+                # failover must not bring back the old id, which would fence the new instance.
+                token = next(self._store_tokens)
+                group.static_stores[token] = _StaticStore(
+                    group.generation_id,
+                    group_instance_id,
+                    old_member_id,
+                    new_member_id,
+                    old_protocols,
+                    *old_timeouts,
+                    reply,
+                    current_leader,
+                    support_skip_assignment,
+                )
+                self._request_store(group, token, self._snapshot(group), now_ms)
             else:
                 self._maybe_prepare_rebalance(group, now_ms)
         elif group.state is _COMPLETING:
@@ -953,6 +1129,70 @@ class GroupCoordinatorCore:
             self._prepare_rebalance(group, now_ms)
         elif group.state is not _PREPARING:
             self._invoke_join(member, JoinResult(ErrorCode.unknown_member_id, new_member_id))
+
+    def _static_member_stored(self, group: _Group, replaced: _StaticStore, error: ErrorCode, now_ms: int) -> None:
+        member = group.members.get(replaced.new_member_id)
+        if (
+            member is None
+            or member.join_reply is not replaced.reply
+            or group.state is not _STABLE
+            or group.generation_id != replaced.generation_id
+        ):
+            # The group moved on meanwhile: a rebalance answers the JoinGroup (the member counts as
+            # rejoined), a removal already did, and the next record supersedes this one.
+            return
+        if error is not ErrorCode.none:
+            # Kafka undoes the replacement: the old member id is the instance's again, and the new
+            # instance gets the error and joins again.
+            self._invoke_join(
+                member,
+                JoinResult(
+                    error,
+                    UNKNOWN_MEMBER_ID,
+                    group.generation_id,
+                    group.protocol_type,
+                    group.protocol_name,
+                    replaced.current_leader,
+                ),
+            )
+            group.supported_protocols.subtract(name for name, _ in member.protocols)
+            member.protocols = replaced.old_protocols
+            group.supported_protocols.update(name for name, _ in member.protocols)
+            member.rebalance_timeout_ms = replaced.old_rebalance_timeout_ms
+            member.session_timeout_ms = replaced.old_session_timeout_ms
+            self._replace_static_member(
+                group, replaced.group_instance_id, replaced.new_member_id, replaced.old_member_id
+            )
+            self._schedule_heartbeat(member, now_ms)
+            return
+        is_leader = group.leader_id == member.member_id
+        if replaced.support_skip_assignment:
+            # v9+: tell a static leader it leads, but must not run the assignor again.
+            result = JoinResult(
+                ErrorCode.none,
+                member.member_id,
+                group.generation_id,
+                group.protocol_type,
+                group.protocol_name,
+                group.leader_id or "",
+                is_leader,
+                self._member_metadata(group) if is_leader else (),
+            )
+        else:
+            # Older clients would run the assignor if they saw themselves as leader, and
+            # a Stable group would ignore that assignment: report the old leader id.
+            result = JoinResult(
+                ErrorCode.none,
+                member.member_id,
+                group.generation_id,
+                group.protocol_type,
+                group.protocol_name,
+                replaced.current_leader,
+            )
+        self._invoke_join(member, result)
+        # Its session may have lapsed while the record was written (a member waiting for its
+        # JoinGroup answer needs no heartbeat): restart the clock.
+        self._schedule_heartbeat(member, now_ms)
 
     def _replace_static_member(
         self, group: _Group, group_instance_id: str, old_member_id: str, new_member_id: str
@@ -1007,12 +1247,13 @@ class GroupCoordinatorCore:
             self._invoke_sync(member, SyncResult(ErrorCode.rebalance_in_progress))
             member.sync_reply = reply
             self._remove_pending_sync(group, member_id)
-            if member_id == group.leader_id:
-                # Members the leader left out get an empty assignment, as Kafka does.
-                for m in group.members.values():
-                    m.assignment = bytes(assignments.get(m.member_id, b""))
-                self._propagate_assignment(group, ErrorCode.none, now_ms)
-                self._transition(group, _STABLE, now_ms)
+            if member_id == group.leader_id and group.sync_store is None:
+                # Members the leader left out get an empty assignment, as Kafka does. Nobody gets
+                # theirs before the group record holding it is durable (``_stored``); a leader's
+                # SyncGroup sent again meanwhile waits for that same record, as in Kafka.
+                group.pending_assignment = {m: bytes(assignments.get(m, b"")) for m in group.members}
+                group.sync_store = token = next(self._store_tokens)
+                self._request_store(group, token, self._snapshot(group, group.pending_assignment), now_ms)
         else:  # Stable: hand out the current assignment again
             member = group.members[member_id]
             self._remove_pending_sync(group, member_id)

@@ -11,8 +11,9 @@ COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE) is the answer, adjusted
 Kafka does (SyncGroup turns "loading" into REBALANCE_IN_PROGRESS, Heartbeat into NONE).
 
 JoinGroup and SyncGroup may be answered later: they pass the core a reply callback that resolves
-a future, and await it. Handlers call ``facade.wake()`` after anything that may move the core's
-timers, so the shell re-arms its tick from ``core.next_deadline_ms()``.
+a future, and await it (a SyncGroup also waits for the group record the shell stores for the
+core). Handlers call ``facade.wake()`` after anything that may move the core's timers, so the
+shell re-arms its tick from ``core.next_deadline_ms()``.
 
 Offset writes go through the log before they become visible: OffsetCommit validates, persists
 the records (``facade.persist``), and only then applies them to the core; DeleteGroups and
@@ -107,6 +108,16 @@ def _persist_error(code: ErrorCode) -> ErrorCode:
     if code in (ErrorCode.message_too_large, ErrorCode.record_list_too_large, ErrorCode.invalid_fetch_size):
         return ErrorCode.invalid_commit_offset_size
     return code
+
+
+def group_store_error(code: ErrorCode) -> ErrorCode:
+    """Kafka's translation (GroupMetadataManager.storeGroup) of a group record's append error into
+    what the members waiting for it get: a timeout sends them back to JoinGroup."""
+    if code is ErrorCode.request_timed_out:
+        return ErrorCode.rebalance_in_progress
+    if code in (ErrorCode.message_too_large, ErrorCode.record_list_too_large, ErrorCode.invalid_fetch_size):
+        return ErrorCode.unknown_server_error
+    return _persist_error(code)
 
 
 def _reply_future() -> tuple[asyncio.Future[Any], Callable[[Any], None]]:

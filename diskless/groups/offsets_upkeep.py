@@ -15,7 +15,13 @@ retention plus one check interval old (the check interval is capped at a quarter
 retention), so it is never deleted while it is the latest; a replay therefore finds every live
 offset. Offsets that KIP-211 expires are not appended again but tombstoned, as in Kafka.
 
-An appended-again record must not overtake a newer one: the shell skips a group while any append
+Group records (classic group metadata) get the same care: the latest record of each group is
+appended again, unchanged, once older than half the retention, so that a group Stable for longer
+than the retention still loads after a failover. What is appended again is the group's latest
+record as appended (kept here), never the core's current state, which may be in the middle of a
+rebalance; it is read right before the append, so it cannot overtake a newer one.
+
+An appended-again offset record must not overtake a newer one: the shell skips a group while any append
 of its own is in flight (a commit appended but not yet applied to the core would be overwritten by
 the older value), and a partition with a pending transactional offset (a plain record appended
 after it supersedes it). Both are retried at the next check, long before the deadline.
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from .coordinator import OffsetAndMetadata, TopicPartition
+from .coordinator import OffsetAndMetadata, StoredGroup, TopicPartition
 
 OffsetKey = tuple[str, TopicPartition]  # (group id, (topic, partition))
 
@@ -42,6 +48,8 @@ class OffsetsUpkeep:
 
     def __init__(self) -> None:
         self.written_ms: dict[OffsetKey, int] = {}
+        # Per group: its latest group record and when it was appended.
+        self.groups: dict[str, tuple[StoredGroup, int]] = {}
 
     def wrote(self, group_id: str, tp: TopicPartition, at_ms: int) -> None:
         self.written_ms[(group_id, tp)] = at_ms
@@ -50,8 +58,20 @@ class OffsetsUpkeep:
         self.written_ms.pop((group_id, tp), None)
 
     def group_removed(self, group_id: str) -> None:
+        """A group tombstone: the group's offsets and its group record are gone."""
         for key in [key for key in self.written_ms if key[0] == group_id]:
             del self.written_ms[key]
+        self.groups.pop(group_id, None)
+
+    def group_wrote(self, group: StoredGroup, at_ms: int) -> None:
+        self.groups[group.group_id] = (group, at_ms)
+
+    def group_due(self, group_id: str, now_ms: int, retention_ms: int) -> StoredGroup | None:
+        """The group's latest record, if it is older than half the retention and must be appended again."""
+        latest = self.groups.get(group_id)
+        if latest is None or now_ms - latest[1] <= retention_ms // 2:
+            return None
+        return latest[0]
 
     def due(
         self,

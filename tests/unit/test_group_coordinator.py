@@ -772,7 +772,7 @@ def test_replay_rebuilds_offsets() -> None:
         records.encode_offset("c", "u", 0, om(6)),  # c committed again after its deletion
     ]
     core = make_core()
-    assert records.replay(core, log) == len(log)
+    assert records.replay(core, log, 0) == len(log)
     assert core.fetch_offsets("a") == {("t", 0): om(4)}
     assert core.fetch_offsets("b") == {("t", 0): om(3)}
     assert core.fetch_offsets("c") == {("u", 0): om(6)}
@@ -800,7 +800,7 @@ def test_replay_matches_a_dict_model(ops: list[tuple[str, str, int, int | None]]
             log.append(records.encode_offset(group, topic, partition, OffsetAndMetadata(offset)))
             model[(group, topic, partition)] = offset
     core = make_core()
-    records.replay(core, log)
+    records.replay(core, log, 0)
     rebuilt = {(g, t, p): v.offset for g in ("g1", "g2", "ж") for (t, p), v in core.fetch_offsets(g).items()}
     assert rebuilt == model
 

@@ -332,7 +332,7 @@ async def test_commit_then_fetch(commit_v: int, fetch_v: int) -> None:
     }
     # The log alone rebuilds the same offsets (what a new coordinator does after failover).
     replayed = GroupCoordinatorCore()
-    records.replay(replayed, facade.log)
+    records.replay(replayed, facade.log, facade.clock)
     assert replayed.fetch_offsets(G) == facade.core.fetch_offsets(G)
     assert replayed.fetch_offsets(G)[("u", 0)].offset == 12
 

@@ -18,7 +18,7 @@ from diskless.broker.group_shell import GroupShell
 from diskless.config import BrokerConfig
 from diskless.groups.coordinator import GroupState, OffsetAndMetadata
 from diskless.groups.offsets_upkeep import OffsetsUpkeep, check_interval_ms
-from diskless.groups.records import encode_offset
+from diskless.groups.records import encode_offset, group_deletion_records
 from diskless.log.config import LogConfig
 from diskless.log.partition_log import PartitionLog
 
@@ -91,8 +91,8 @@ class Cluster:
         core = self.new_shell().load(self.partition)  # type: ignore[arg-type]
         return {tp: om.offset for tp, om in core.fetch_offsets(group).items()}
 
-    def stable_group(self, group: str) -> None:
-        """A classic consumer group with one member subscribed to "t", Stable."""
+    async def stable_group(self, group: str) -> None:
+        """A classic consumer group with one member subscribed to "t", Stable (its record stored)."""
         replies: list = []
         self.core.join_group(
             group, "", None, "consumer", [("range", SUBSCRIPTION)], 10_000, 10_000, self.now, replies.append,
@@ -101,13 +101,15 @@ class Cluster:
         self.core.tick(self.now + 3_000)
         member = replies[-1].member_id
         self.core.sync_group(group, 1, member, None, "consumer", "range", {member: b""}, self.now, replies.append)
+        assert self.core.group_state(group) is GroupState.COMPLETING_REBALANCE  # until its record is durable
+        await self.shell.settle_stores()
         assert self.core.group_state(group) is GroupState.STABLE
 
 
 def test_an_idle_partitions_offset_of_a_stable_group_survives_failover_after_the_retention(tmp_path: Path) -> None:
     async def scenario() -> None:
         cluster = Cluster(tmp_path)
-        cluster.stable_group("g")
+        await cluster.stable_group("g")
         await cluster.commit("g", ("t", 0), 42)  # then partition 0 stays idle: no new commit
         for _ in range(30):  # a month, checking every day
             cluster.advance(1)
@@ -178,3 +180,85 @@ def test_only_offsets_older_than_half_the_retention_are_due() -> None:
     assert upkeep.due(offsets, T0 + 4 * DAY, RETENTION_MS, skip=lambda g, tp: True) == {}
     assert check_interval_ms(600_000, RETENTION_MS) == 600_000
     assert check_interval_ms(600_000, 60_000) == 15_000
+
+
+# --- group records -------------------------------------------------------------------------------
+
+
+def test_a_group_stable_for_longer_than_the_retention_still_loads_after_failover(tmp_path: Path) -> None:
+    """The group record is appended again like a live offset: a month without a rebalance, then
+    a failover, and the member goes on at its generation."""
+
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.stable_group("g")
+        (member,) = cluster.core.describe_group("g").members
+        for _ in range(30):
+            cluster.advance(1)
+            await cluster.shell.maintain()
+            assert cluster.core.heartbeat("g", 1, member.member_id, None, cluster.now) is ErrorCode.none
+        assert cluster.partition.log.log_start_offset > 0  # the first group record is long gone
+        core = cluster.new_shell().load(cluster.partition)  # type: ignore[arg-type]
+        assert core.group_state("g") is GroupState.STABLE
+        assert core.heartbeat("g", 1, member.member_id, None, cluster.now) is ErrorCode.none
+
+    asyncio.run(scenario())
+
+
+def test_group_records_are_appended_in_the_cores_order(tmp_path: Path) -> None:
+    """The record of a group that became Empty is in the log before the call that emptied it
+    returns, so a DeleteGroups right after puts its tombstone behind it, never ahead (a replay
+    would bring the deleted group back)."""
+
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.stable_group("g")
+        (member,) = cluster.core.describe_group("g").members
+        end = cluster.partition.log.log_end_offset
+        cluster.core.leave_group("g", [(member.member_id, None)], cluster.now)
+        assert cluster.partition.log.log_end_offset == end + 1  # appended already, not yet reported
+        assert cluster.core.prepare_delete_group("g") is ErrorCode.none
+        assert await cluster.shell.persist("g", group_deletion_records("g", [])) is ErrorCode.none
+        cluster.core.complete_delete_group("g")
+        await cluster.shell.settle_stores()
+        core = cluster.new_shell().load(cluster.partition)  # type: ignore[arg-type]
+        assert core.group_state("g") is None
+
+    asyncio.run(scenario())
+
+
+def test_a_forgotten_empty_group_gets_a_tombstone(tmp_path: Path) -> None:
+    """Kafka's cleanupGroupMetadata: an Empty group without offsets is dropped, and with it its
+    group record; otherwise every failover would bring it back (Empty, in ListGroups)."""
+
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.stable_group("g")
+        (member,) = cluster.core.describe_group("g").members
+        cluster.core.leave_group("g", [(member.member_id, None)], cluster.now)
+        await cluster.shell.settle_stores()
+        assert cluster.new_shell().load(cluster.partition).group_state("g") is GroupState.EMPTY  # type: ignore[arg-type]
+        await cluster.shell.maintain()
+        assert "g" not in cluster.core.group_ids() and "g" not in cluster.shell.upkeep[0].groups
+        assert cluster.new_shell().load(cluster.partition).group_state("g") is None  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+
+
+def test_a_group_record_that_cannot_be_appended_fails_the_sync(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path)
+        replies: list = []
+        cluster.core.join_group(
+            "g", "", None, "consumer", [("range", SUBSCRIPTION)], 10_000, 10_000, cluster.now, replies.append,
+            require_known_member_id=False,
+        )  # fmt: skip
+        cluster.core.tick(cluster.now + 3_000)
+        member = replies[-1].member_id
+        cluster.partition.leader_state = None  # leadership lost under the coordinator
+        cluster.core.sync_group("g", 1, member, None, None, None, {member: b"A"}, cluster.now, replies.append)
+        await cluster.shell.settle_stores()
+        assert replies[-1].error is ErrorCode.not_coordinator
+        assert cluster.core.group_state("g") is GroupState.PREPARING_REBALANCE
+
+    asyncio.run(scenario())
