@@ -234,3 +234,107 @@ async def test_member_that_stops_polling_leaves_and_the_other_takes_its_partitio
         await asyncio.gather(idle_task, busy_task, return_exceptions=True)
         await busy.stop()
         await idle.stop()
+
+
+class SteadyMember:
+    """A confluent-kafka member that counts its rebalances and the commits that succeeded; errors
+    (the coordinator moving) are counted, never raised out of its thread."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str, name: str) -> None:
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "client.id": name,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                # Longer than a coordinator failover: librdkafka leaves the group by itself after a
+                # session's worth of failed heartbeats, which would be a rebalance of its own making.
+                "session.timeout.ms": 30000,
+                "heartbeat.interval.ms": 500,
+            }
+        )
+        self.assigned = 0
+        self.commits = 0
+        self.assignment: set[int] = set()
+        self.consumer.subscribe([topic], on_assign=self._on_assign)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.assigned += 1
+        self.assignment = {tp.partition for tp in partitions}
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            message = self.consumer.poll(0.2)
+            if message is None or message.error() is not None:
+                continue
+            try:
+                self.consumer.commit(message=message, asynchronous=False)
+                self.commits += 1
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.consumer.close()
+
+
+async def test_a_coordinator_failover_costs_no_rebalance(cluster_factory) -> None:
+    """The group's record (generation, members, assignment) is in __consumer_offsets: the broker
+    that takes the partition over loads the group Stable and the members go on at their generation.
+    Before, the new coordinator started the group Empty: every member got UNKNOWN_MEMBER_ID at its
+    next heartbeat and the group rebalanced."""
+    cluster = cluster_factory(overrides=GROUP_OVERRIDES)  # __consumer_offsets: replication factor 3
+    topic, group = "steady", "steady-group"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 3)])[topic].result(30)
+    stop = threading.Event()
+
+    def keep_producing() -> None:
+        producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 5})
+        i = 0
+        while not stop.is_set():
+            producer.produce(topic, value=f"value-{i}".encode(), partition=i % PARTITIONS)
+            producer.poll(0.01)
+            i += 1
+        producer.flush(10)
+
+    producing = threading.Thread(target=keep_producing, daemon=True)
+    producing.start()
+    members = [SteadyMember(cluster.bootstrap, topic, group, f"m{i}") for i in range(2)]
+    try:
+
+        def stable() -> bool:
+            described = admin.describe_consumer_groups([group])[group].result(10)
+            owned = [m.assignment for m in members]
+            return (
+                str(described.state).endswith("STABLE")
+                and sorted(len(s) for s in owned) == [6, 6]
+                and all(m.commits > 0 for m in members)
+            )
+
+        await asyncio.to_thread(wait_until, stable, 60, 0.2)
+        rebalances = [m.assigned for m in members]
+        coordinator = admin.describe_consumer_groups([group])[group].result(30).coordinator.id
+        commits = [m.commits for m in members]
+        cluster.brokers[coordinator].kill()
+
+        def moved_on() -> bool:
+            described = admin.describe_consumer_groups([group])[group].result(10)
+            return described.coordinator.id != coordinator and all(
+                m.commits > c + 20 for m, c in zip(members, commits, strict=True)
+            )
+
+        # Both members commit again, at their generation, through the new coordinator.
+        await asyncio.to_thread(wait_until, moved_on, 90, 0.5)
+        assert [m.assigned for m in members] == rebalances, "the failover rebalanced the group"
+        assert sorted(len(m.assignment) for m in members) == [6, 6]
+    finally:
+        stop.set()
+        for member in members:
+            member.close()
+        producing.join(15)
