@@ -2,25 +2,58 @@
 
 Ordering note: the connection layer starts handlers in request order, and ``produce`` appends
 before its first ``await``, so pipelined produce requests on one connection append in order.
-Diskless partitions are handed to the representative instead of appended here."""
+Diskless partitions are handed to the representative instead of appended here.
+
+Transaction verification of classic partitions (KIP-890 part 1, ``transaction.partition.
+verification.enable``), as Kafka's ReplicaManager.handleProduceAppend: a transactional batch of a
+producer with no transaction ongoing here at its epoch (the first batch of its transaction at this
+partition, or a late one from a transaction that already ended) is appended only once the
+transaction coordinator confirmed that the partition is in the producer's ongoing transaction
+(``TxnVerificationRpcs.verify_leader``, the code the diskless path uses; AddPartitionsToTxn
+verifyOnly). Otherwise it is answered as Kafka answers (``produce_error``): INVALID_TXN_STATE for a
+partition not in the transaction, INVALID_PRODUCER_EPOCH for a fenced producer, NOT_ENOUGH_REPLICAS
+(which every client retries, with no metadata refresh) when the coordinator could not be asked.
+The log checks the verified guard again when it appends (``PartitionLog.append_as_leader``), so a
+marker written while the coordinator was asked makes the append fail instead of opening a
+transaction nobody will end. A batch of a producer whose transaction is ongoing here at its epoch
+(every batch after the first) is appended at once: one dict lookup, no round trip.
+
+Order while a batch waits for its verification: later batches of the same producer to the same
+partition (the only ones whose order matters: sequence numbers are per producer and partition)
+wait behind it in a queue (``_waiting``), each transactional one verified meanwhile (concurrent
+questions share one coordinator round trip), and are appended from the front of the queue, in
+arrival order, as their verifications end; other producers' batches are not held up. Kafka instead
+lets a later batch overtake (it verifies, then appends in a callback) and relies on idempotent
+producers retrying the OUT_OF_ORDER_SEQUENCE_NUMBER that follows; the queue keeps the ordering note
+above true without that retry, as the representative's per-producer verification queue does for
+diskless partitions. A produce request with a waiting batch is answered once every batch of it is
+appended or refused; acks=all replication is then awaited for the request's timeout, counted from
+there, as Kafka starts its delayed produce after the verification callback appended."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.log.batch_codec import in_topic_codec
-from diskless.log.partition_log import timestamp_allowed
+from diskless.log.partition_log import PartitionLog, timestamp_allowed
+from diskless.log.txn_verification import TxnGuard
 from diskless.produce.representative import TxnCheck
 from diskless.protocol import messages as m
 from diskless.protocol import records
 from diskless.replication.partition import Partition, wait_for_commits
 
 from .api_base import ApiFamily, CloseConnection, _ms
+
+if TYPE_CHECKING:
+    from .broker import Broker
+    from .txn_verification_rpcs import TxnVerificationRpcs
 
 log = structlog.get_logger(__name__)
 
@@ -49,6 +82,20 @@ def _request_refusal(version: int, request: Any) -> ErrorCode | None:
     return None
 
 
+def _failed(partition: int, code: ErrorCode, message: str | None = None) -> tuple[dict[str, Any], None, int]:
+    """A classic partition's produce refused with ``code``: nothing appended."""
+    entry = {
+        "index": partition,
+        "error_code": code,
+        "base_offset": -1,
+        "log_append_time": None,
+        "log_start_offset": -1,
+        "record_errors": [],
+        "error_message": message,
+    }
+    return entry, None, -1
+
+
 def _refused(request: Any, code: ErrorCode) -> dict[str, Any]:
     """Every partition of the request answered ``code``."""
     return {
@@ -74,8 +121,41 @@ def _refused(request: Any, code: ErrorCode) -> dict[str, Any]:
     }
 
 
+# Verification outcomes that refuse a batch for a passing reason: the producer retries it.
+_PASSING = frozenset({ErrorCode.not_enough_replicas, ErrorCode.not_leader_or_follower})
+
+# What a classic partition's produce comes to: its response entry, the replica it was appended to
+# (None: refused) and the last offset appended.
+Appended = tuple[dict[str, Any], Partition | None, int]
+
+
+@dataclass
+class _Waiting:
+    """A classic batch appended only after the batches of its producer ahead of it (and, if it is
+    transactional with no transaction ongoing, its own verification)."""
+
+    topic: str
+    partition: int
+    batches: list[memoryview]
+    acks: int
+    future: asyncio.Future[Appended]
+    verifying: bool = False
+    verified: TxnGuard | ErrorCode | None = None  # a transactional batch's verification outcome
+
+
 class ProduceApis(ApiFamily):
     """Produce to classic partitions (append here) and diskless ones (via the representative)."""
+
+    def __init__(self, broker: Broker) -> None:
+        super().__init__(broker)
+        # (log, producer id) -> its batches waiting for a verification, in arrival order. Empty
+        # but for the first batch of a producer's transaction at a partition, for one round trip.
+        self._waiting: dict[tuple[PartitionLog, int], deque[_Waiting]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def _verification(self) -> TxnVerificationRpcs:
+        return self.broker.apis.txn_verification
 
     def handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
         return {
@@ -93,9 +173,11 @@ class ProduceApis(ApiFamily):
             if acks == 0:
                 raise CloseConnection(f"acks=0 produce refused: {refusal.name}")
             return _refused(request, refusal)
+        transactional_id = getattr(request, "transactional_id", None)
         responses = []
         pending: list[tuple[dict[str, Any], Partition, int, int]] = []
         remote: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]] = []
+        waiting: list[tuple[list[dict[str, Any]], int, asyncio.Future[Appended]]] = []
         for topic_data in request.topic_data:
             parts = []
             diskless = self._is_diskless(topic_data.name)
@@ -107,16 +189,22 @@ class ProduceApis(ApiFamily):
                         pdata.records,
                         acks,
                         now,
-                        getattr(request, "transactional_id", None),
+                        transactional_id,
                         int(timeout_s * 1000),
                     )
                     if future is not None:
                         remote.append((result, future))
                     parts.append(result)
                     continue
-                result, replica, last_offset = self._produce_partition(
-                    topic_data.name, pdata.index, pdata.records, acks, now
+                outcome = self._produce_partition(
+                    topic_data.name, pdata.index, pdata.records, acks, now, transactional_id
                 )
+                if isinstance(outcome, asyncio.Future):
+                    # Waits for a verification: its entry is filled in once appended or refused.
+                    waiting.append((parts, len(parts), outcome))
+                    parts.append({})
+                    continue
+                result, replica, last_offset = outcome
                 if replica is not None and acks == -1:
                     pending.append((result, replica, last_offset, replica.leader_epoch))
                 parts.append(result)
@@ -124,14 +212,35 @@ class ProduceApis(ApiFamily):
         if acks == 0:
             # As Kafka does: a failed acks=0 produce closes the connection, the client's only signal
             # that its records were refused (it then refreshes metadata and reconnects).
-            errors = [p["error_code"] for t in responses for p in t["partition_responses"] if p["error_code"]]
+            errors = [p["error_code"] for t in responses for p in t["partition_responses"] if p.get("error_code")]
             if errors:
                 raise CloseConnection(f"acks=0 produce failed: {[e.name for e in errors]}")
+            if waiting:
+                return self._await_waiting_acks0(waiting, remote)
             return self._await_buffered(remote) if remote else None
         body = {"responses": responses, "throttle_time": 0}
-        if not pending and not remote:
+        if not pending and not remote and not waiting:
             return body
-        return self._await_replication(body, pending, remote, timeout_s)
+        return self._await_replication(body, pending, remote, timeout_s, waiting, acks)
+
+    async def _await_waiting_acks0(
+        self,
+        waiting: list[tuple[list[dict[str, Any]], int, asyncio.Future[Appended]]],
+        remote: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]],
+    ) -> None:
+        """acks=0 with batches waiting for a verification: handled until they are appended, as
+        Kafka appends before it reads the connection's next request; a refusal closes the connection."""
+        try:
+            appended = await asyncio.gather(*(future for _, _, future in waiting))
+        except BaseException:
+            self._withdraw(remote)
+            raise
+        errors = [entry["error_code"] for entry, _, _ in appended if entry["error_code"]]
+        if errors:
+            self._withdraw(remote)
+            raise CloseConnection(f"acks=0 produce failed: {[ErrorCode(e).name for e in errors]}")
+        if remote:
+            await self._await_buffered(remote)
 
     async def _await_replication(
         self,
@@ -139,10 +248,25 @@ class ProduceApis(ApiFamily):
         pending: list[tuple[dict[str, Any], Partition, int, int]],
         remote: list[tuple[dict[str, Any], asyncio.Future[dict[str, Any]]]],
         timeout_s: float,
+        waiting: list[tuple[list[dict[str, Any]], int, asyncio.Future[Appended]]] | None = None,
+        acks: int = -1,
     ) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        if waiting:
+            # Not bounded by the request's timeout, as in Kafka (the coordinator question is, and
+            # every batch waiting is verified concurrently): a batch still waiting would be appended
+            # after its request was answered, which its producer's retry would then duplicate.
+            try:
+                for parts, index, future in waiting:
+                    entry, replica, last_offset = await future
+                    parts[index] = entry
+                    if replica is not None and acks == -1:
+                        pending.append((entry, replica, last_offset, replica.leader_epoch))
+            except BaseException:
+                self._withdraw(remote)
+                raise
         # One deadline for the whole request, as Kafka's delayed produce: a request with diskless
         # and classic partitions waited the timeout for each kind in turn, twice it in all.
-        loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         if remote:
             try:
@@ -271,39 +395,72 @@ class ProduceApis(ApiFamily):
         )
 
     def _produce_partition(
-        self, topic: str, partition: int, data: bytes | None, acks: int, now: int
-    ) -> tuple[dict[str, Any], Partition | None, int]:
-        def failed(code: ErrorCode, message: str | None = None) -> tuple[dict[str, Any], None, int]:
-            entry = {
-                "index": partition,
-                "error_code": code,
-                "base_offset": -1,
-                "log_append_time": None,
-                "log_start_offset": -1,
-                "record_errors": [],
-                "error_message": message,
-            }
-            return entry, None, -1
-
+        self,
+        topic: str,
+        partition: int,
+        data: bytes | None,
+        acks: int,
+        now: int,
+        transactional_id: str | None = None,
+    ) -> Appended | asyncio.Future[Appended]:
+        """Append one classic batch now, or (the first batch of a transaction here, or a batch of
+        its producer behind one) a future of its append once it is verified (module docstring)."""
         if acks not in (0, 1, -1):
-            return failed(ErrorCode.invalid_required_acks)
+            return _failed(partition, ErrorCode.invalid_required_acks)
         code, plog, replica = self._leader_log(topic, partition)
         if plog is None or replica is None:
             if code == ErrorCode.not_leader_or_follower and data:
                 self._note_fenced_refusal(topic, partition, data)
-            return failed(code)
+            return _failed(partition, code)
         if not data:
-            return failed(ErrorCode.invalid_record, "produce request carries no records")
+            return _failed(partition, ErrorCode.invalid_record, "produce request carries no records")
         try:
             batches = records.split_batches(data)
             if len(batches) != 1:
                 raise records.InvalidBatch("invalid_record", "produce v3+ must carry exactly one record batch")
+        except records.InvalidBatch as exc:
+            return _failed(partition, ErrorCode[exc.error], str(exc))
+        verify = self.broker.config.transaction_partition_verification_enable
+        if self._waiting or (transactional_id is not None and verify):
+            header = records.parse_header(batches[0])
+            key = (plog, header.producer_id)
+            queue = self._waiting.get(key)
+            unverified = (
+                verify
+                and transactional_id is not None
+                and header.is_transactional
+                and not plog.in_ongoing_txn(header.producer_id, header.producer_epoch)
+            )
+            if queue is not None or unverified:
+                item = _Waiting(topic, partition, batches, acks, asyncio.get_running_loop().create_future())
+                if queue is None:
+                    queue = self._waiting[key] = deque()
+                queue.append(item)
+                if unverified:
+                    assert transactional_id is not None
+                    item.verifying = True
+                    self._spawn(self._verify(key, item, transactional_id, header, replica.leader_epoch))
+                return item.future
+        return self._append(plog, replica, partition, batches, acks, now, None)
+
+    def _append(
+        self,
+        plog: PartitionLog,
+        replica: Partition,
+        partition: int,
+        batches: list[memoryview],
+        acks: int,
+        now: int,
+        guard: TxnGuard | None,
+    ) -> Appended:
+        try:
             if acks == -1 and len(replica.isr) < plog.config.min_insync_replicas:
                 plog.producer_state.note_refused(records.parse_header(batches[0]), "not_enough_replicas")
-                return failed(ErrorCode.not_enough_replicas)
-            result = plog.append_as_leader(batches, replica.leader_epoch, now)
+                return _failed(partition, ErrorCode.not_enough_replicas)
+            verify = self.broker.config.transaction_partition_verification_enable
+            result = plog.append_as_leader(batches, replica.leader_epoch, now, txn_guard=guard, verify_txn=verify)
         except records.InvalidBatch as exc:
-            return failed(ErrorCode[exc.error], str(exc))
+            return _failed(partition, ErrorCode[exc.error], str(exc))
         if not result.duplicate:
             self.broker.on_leader_append(replica)
         entry = {
@@ -316,6 +473,64 @@ class ProduceApis(ApiFamily):
             "error_message": None,
         }
         return entry, replica, result.last_offset
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _verify(
+        self,
+        key: tuple[PartitionLog, int],
+        item: _Waiting,
+        transactional_id: str,
+        header: records.BatchHeader,
+        leader_epoch: int,
+    ) -> None:
+        try:
+            item.verified = await self._verification.verify_leader(
+                item.topic,
+                item.partition,
+                key[0],
+                leader_epoch,
+                transactional_id,
+                header.producer_id,
+                header.producer_epoch,
+            )
+        except Exception as exc:
+            log.info("transaction verification failed", error=repr(exc))
+            item.verified = ErrorCode.not_enough_replicas
+        finally:
+            if item.verified is None:  # cancelled (the broker stops): never appended unverified
+                item.verified = ErrorCode.not_enough_replicas
+            item.verifying = False
+            self._release(key)
+
+    def _release(self, key: tuple[PartitionLog, int]) -> None:
+        """Append (or refuse) a producer's batches from the front of its queue, in arrival order,
+        up to the first one still being verified. Synchronous: no marker or other batch of the
+        producer comes between a batch's turn and its append."""
+        queue = self._waiting.get(key)
+        while queue and not queue[0].verifying:
+            item = queue.popleft()
+            code, plog, replica = self._leader_log(item.topic, item.partition)
+            if plog is not key[0] or replica is None:
+                # Leadership moved while it waited (or the log was replaced): this log's queue is void.
+                outcome = _failed(item.partition, code or ErrorCode.not_leader_or_follower)
+            elif isinstance(item.verified, ErrorCode):
+                if item.verified in _PASSING:
+                    # Its pipelined successors must not be answered OUT_OF_ORDER_SEQUENCE_NUMBER for
+                    # the gap this refusal makes (ProducerStateManager.note_refused).
+                    plog.producer_state.note_refused(records.parse_header(item.batches[0]), item.verified.name)
+                outcome = _failed(item.partition, item.verified, "transaction verification failed")
+            else:
+                outcome = self._append(
+                    plog, replica, item.partition, item.batches, item.acks, self.broker.now_ms(), item.verified
+                )
+            if not item.future.done():
+                item.future.set_result(outcome)
+        if queue is not None and not queue:
+            del self._waiting[key]
 
     def _note_fenced_refusal(self, topic: str, partition: int, data: bytes) -> None:
         """A replica leading here refused a batch only because its lease may have lapsed: it may

@@ -1,12 +1,15 @@
-"""Transaction verification of diskless commits, the asyncio side (KIP-890 part 1 for diskless).
+"""Transaction verification, the asyncio side (KIP-890 part 1): diskless commits and classic produce.
 
-Two internal RPCs:
+Two internal RPCs, and the leader's check they share with classic produce:
 
 - VerifyTxnPartition (representative -> partition leader), sent when a representative accepts a
   transactional batch, before the batch is buffered: the leader answers with a guard that the
   batch's commit carries (``log/txn_verification.py`` holds the rules). A guard already verified
   for the producer's epoch is answered at once; otherwise the leader asks the transaction
   coordinator first, so only the first batch of a partition per transaction pays that round trip.
+- ``verify_leader`` is the leader's part of VerifyTxnPartition, also called by the classic produce
+  path (``produce_apis``) for a transactional batch of a producer with no transaction ongoing at
+  the partition: one implementation of the rules for both kinds of partitions.
 - VerifyTxn (leader -> transaction coordinator): Kafka's AddPartitionsToTxn verifyOnly, answered by
   ``TransactionCoordinatorCore.verify_partitions``.
 
@@ -41,7 +44,9 @@ def produce_error(code: ErrorCode) -> ErrorCode:
         return code
     if code is ErrorCode.producer_fenced:
         return ErrorCode.invalid_producer_epoch
-    if code is ErrorCode.invalid_producer_id_mapping:
+    if code in (ErrorCode.invalid_producer_id_mapping, ErrorCode.transaction_abortable):
+        # TRANSACTION_ABORTABLE is for produce v11+ (KIP-890); Kafka's AddPartitionsToTxnManager
+        # answers older versions (all this broker serves) INVALID_TXN_STATE instead.
         return ErrorCode.invalid_txn_state
     return ErrorCode.not_enough_replicas
 
@@ -68,25 +73,58 @@ class TxnVerificationRpcs(ApiFamily):
         code, plog, replica = self._leader_log(topic, partition)
         if plog is None or replica is None:
             return {"error_code": int(code)}
-        producer_id, producer_epoch = int(body["producer_id"]), int(body["producer_epoch"])
-        leader_epoch = replica.leader_epoch
+        verified = await self.verify_leader(
+            topic,
+            partition,
+            plog,
+            replica.leader_epoch,
+            str(body["transactional_id"]),
+            int(body["producer_id"]),
+            int(body["producer_epoch"]),
+        )
+        if isinstance(verified, ErrorCode):
+            return {"error_code": int(verified)}
+        return {"error_code": 0, "guard": verified.to_wire()}
+
+    async def verify_leader(
+        self,
+        topic: str,
+        partition: int,
+        plog: PartitionLog,
+        leader_epoch: int,
+        transactional_id: str,
+        producer_id: int,
+        producer_epoch: int,
+    ) -> TxnGuard | ErrorCode:
+        """The leader's side of a verification, for diskless commits (``verify_partition``) and
+        classic produce (``produce_apis``) alike: a verified guard for (producer id, epoch) on
+        ``plog`` in the term ``leader_epoch``, asking the coordinator only if the guard is not
+        verified yet; or the produce error to answer (``produce_error``)."""
         began = plog.txn_verifier.begin(producer_id, producer_epoch, leader_epoch)
         if isinstance(began, ErrorCode):
-            return {"error_code": int(began)}
+            return began
         guard, verified = began
-        if not verified:
-            answer = await self._coordinator_answer(plog, body, guard)
-            if answer is not ErrorCode.none:
-                plog.txn_verifier.forget(producer_id, guard)
-                return {"error_code": int(produce_error(answer))}
-            _, now_log, now_replica = self._leader_log(topic, partition)
-            if now_log is not plog or now_replica is None or now_replica.leader_epoch != leader_epoch:
-                plog.txn_verifier.forget(producer_id, guard)
-                return {"error_code": int(ErrorCode.not_leader_or_follower)}
-            if not plog.txn_verifier.confirm(producer_id, guard):
-                # A marker ended the transaction while the coordinator was being asked.
-                return {"error_code": int(ErrorCode.invalid_txn_state)}
-        return {"error_code": 0, "guard": guard.to_wire()}
+        if verified:
+            return guard
+        question = {
+            "transactional_id": transactional_id,
+            "producer_id": producer_id,
+            "producer_epoch": producer_epoch,
+            "topic": topic,
+            "partition": partition,
+        }
+        answer = await self._coordinator_answer(plog, question, guard)
+        if answer is not ErrorCode.none:
+            plog.txn_verifier.forget(producer_id, guard)
+            return produce_error(answer)
+        _, now_log, now_replica = self._leader_log(topic, partition)
+        if now_log is not plog or now_replica is None or now_replica.leader_epoch != leader_epoch:
+            plog.txn_verifier.forget(producer_id, guard)
+            return ErrorCode.not_leader_or_follower
+        if not plog.txn_verifier.confirm(producer_id, guard):
+            # A marker ended the transaction while the coordinator was being asked.
+            return ErrorCode.invalid_txn_state
+        return guard
 
     async def _coordinator_answer(self, plog: PartitionLog, body: dict[str, Any], guard: TxnGuard) -> ErrorCode:
         key = (id(plog), int(body["producer_id"]), guard)

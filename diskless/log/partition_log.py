@@ -348,13 +348,30 @@ class PartitionLog:
         check_fits_segment(prepared, self.config)
         return prepared, headers
 
+    def in_ongoing_txn(self, producer_id: int, producer_epoch: int) -> bool:
+        """Whether the producer's transaction at this epoch is open here: its next transactional
+        batch needs no verification with the coordinator (Kafka's hasOngoingTransaction)."""
+        if producer_id not in self.txns.ongoing:
+            return False
+        entry = self.producer_state.producers.get(producer_id)
+        return entry is not None and entry.epoch == producer_epoch
+
     def append_as_leader(
-        self, batches: Sequence[memoryview], leader_epoch: int, now_ms: int, check_sequence: bool = True
+        self,
+        batches: Sequence[memoryview],
+        leader_epoch: int,
+        now_ms: int,
+        check_sequence: bool = True,
+        txn_guard: TxnGuard | None = None,
+        verify_txn: bool = False,
     ) -> AppendResult:
         """Assign offsets to validated producer batches and append them.
 
         ``check_sequence`` is off for batches a coordinator writes for a producer (transactional
         offset commits), which carry its id and epoch but no sequence, as in Kafka.
+        With ``verify_txn`` a transactional batch that would open a transaction here (none ongoing
+        for its producer at its epoch) is appended only under a current verified ``txn_guard``
+        (``txn_verification``), else refused INVALID_TXN_STATE: Kafka's analyzeAndValidateProducerState.
         """
         prepared, headers = self.validate_and_prepare(batches, now_ms, from_client=check_sequence)
         for header in headers:
@@ -368,6 +385,12 @@ class PartitionLog:
                 log_append = self.config.message_timestamp_type == "LogAppendTime"
                 return self._duplicate_result(duplicate, log_append)
             self._check_txn_state(header)
+            if (
+                verify_txn
+                and header.is_transactional
+                and not self.in_ongoing_txn(header.producer_id, header.producer_epoch)
+            ):
+                self._check_txn_guard(header, txn_guard, leader_epoch)
         if check_sequence and headers:
             self._abort_superseded_txn(headers[0], leader_epoch, now_ms)
         log_append = self.config.message_timestamp_type == "LogAppendTime"
@@ -413,11 +436,7 @@ class PartitionLog:
             return self._duplicate_result(duplicate, parsed.is_log_append_time)
         self._check_txn_state(parsed)
         if verify_txn and parsed.is_transactional and not parsed.is_control:
-            refused = self.txn_verifier.check(parsed.producer_id, parsed.producer_epoch, txn_guard, leader_epoch)
-            if refused is not None:
-                raise records.InvalidBatch(
-                    refused.name, f"producer {parsed.producer_id}: transactional commit without a current verification"
-                )
+            self._check_txn_guard(parsed, txn_guard, leader_epoch)
         self._abort_superseded_txn(parsed, leader_epoch, now_ms)
         base_offset = self.log_end_offset
         self.epochs.assign(leader_epoch, base_offset)
@@ -432,6 +451,13 @@ class PartitionLog:
         self._flush_if_unflushed_messages(now_ms)
         log_append_time = parsed.max_timestamp if parsed.is_log_append_time else -1
         return AppendResult(base_offset, last, log_append_time, self.log_start_offset)
+
+    def _check_txn_guard(self, header: records.BatchHeader, guard: TxnGuard | None, leader_epoch: int) -> None:
+        refused = self.txn_verifier.check(header.producer_id, header.producer_epoch, guard, leader_epoch)
+        if refused is not None:
+            raise records.InvalidBatch(
+                refused.name, f"producer {header.producer_id}: transactional batch without a current verification"
+            )
 
     def _check_txn_state(self, header: records.BatchHeader) -> None:
         """Refuse a non-transactional batch of a producer whose transaction is open here

@@ -111,3 +111,53 @@ async def test_late_commit_of_an_aborted_transaction_joins_no_later_transaction(
     assert sorted(got) == [b"after", b"before"], f"read_committed got {got}"
     ends = await asyncio.to_thread(latest_offsets_in, "az-1", bootstrap, topic)
     assert ends[0] == ends[1], f"last stable offset {ends[1]} stuck below the high watermark {ends[0]}"
+
+
+def test_classic_transactions_with_verification_with_librdkafka(broker_factory) -> None:
+    """Classic partitions verify too: a real transactional client's first batch of each
+    transaction waits for the coordinator, its pipelined batches queue behind it, a committed
+    transaction is read in order by read_committed, an aborted one is invisible, and the next
+    committed one is read after it (nothing holds the last stable offset)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer
+    from confluent_kafka import TopicPartition as Partition
+
+    broker = broker_factory(OVERRIDES)
+    topic = "classic-verified"
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    producer = Producer(
+        {"bootstrap.servers": broker.bootstrap, "transactional.id": "classic-1", "linger.ms": 0, "batch.size": 200}
+    )
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(200):  # many small batches: pipelined while the first one is verified
+        producer.produce(topic, b"c%03d" % i)
+    producer.commit_transaction(30)
+    producer.begin_transaction()
+    for _ in range(20):
+        producer.produce(topic, b"aborted")
+    producer.flush(30)
+    producer.abort_transaction(30)
+    producer.begin_transaction()  # visible only if nothing holds the last stable offset
+    producer.produce(topic, b"after")
+    producer.commit_transaction(30)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap,
+            "group.id": "classic-verified",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.assign([Partition(topic, 0, OFFSET_BEGINNING)])  # no group: only the produce path is under test
+    seen: list[bytes] = []
+
+    def all_committed() -> bool:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            seen.append(message.value())
+        return len(seen) >= 201
+
+    wait_until(all_committed, timeout=60)
+    assert seen == [b"c%03d" % i for i in range(200)] + [b"after"]
+    consumer.close()

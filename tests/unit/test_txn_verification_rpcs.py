@@ -15,7 +15,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 from loghelpers import T0, open_log
 
-from diskless.broker.txn_verification_rpcs import TxnVerificationRpcs
+from diskless.broker.txn_verification_rpcs import TxnVerificationRpcs, produce_error
 from diskless.log.partition_log import PartitionLog
 from diskless.transactions.coordinator import TransactionCoordinatorCore, Transit
 
@@ -155,3 +155,11 @@ async def test_question_after_the_producers_request_timed_out_is_not_answered(tm
     rpcs = Rpcs(Broker(core), open_log(tmp_path))
     late = {**body(epoch), "deadline_ms": T0 - 1}
     assert await rpcs.verify_partition(late) == {"error_code": int(ErrorCode.request_timed_out)}
+
+
+def test_transaction_abortable_reaches_old_produce_versions_as_invalid_txn_state() -> None:
+    """Kafka's AddPartitionsToTxnManager: TRANSACTION_ABORTABLE only for produce v11+ (KIP-890
+    part 2 clients); older versions (this broker serves v3-9) get INVALID_TXN_STATE, not a retry."""
+    assert produce_error(ErrorCode.transaction_abortable) == ErrorCode.invalid_txn_state
+    assert produce_error(ErrorCode.producer_fenced) == ErrorCode.invalid_producer_epoch
+    assert produce_error(ErrorCode.concurrent_transactions) == ErrorCode.not_enough_replicas
