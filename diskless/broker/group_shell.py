@@ -265,7 +265,9 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
         if self.cores.get(index) is not core:
             return
         generations = {g: core.generation(g) for g in core.group_ids()}
-        gone = core.prune_empty_groups()
+        # A group with a commit on its way is not without offsets (Kafka's hasOffsets counts pending
+        # commits): its tombstone would follow the commit's record and drop it at the next replay.
+        gone = core.prune_empty_groups(busy=lambda g: bool(self._in_flight[g] or self.pending_partitions(g)))
         # Kafka's cleanupGroupMetadata: a group that had a generation has a group record to drop.
         # Appended in the same step as the pruning: a group of the same name created afterwards
         # writes its records after this tombstone.

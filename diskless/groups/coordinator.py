@@ -1577,9 +1577,15 @@ class GroupCoordinatorCore:
                 expired[group.group_id] = tps
         return expired
 
-    def prune_empty_groups(self) -> list[str]:
-        """Forget Empty groups without offsets (Kafka's cleanup task marks them Dead)."""
-        gone = [g.group_id for g in self._groups.values() if g.state is _EMPTY and not g.offsets]
+    def prune_empty_groups(self, busy: Callable[[str], bool] | None = None) -> list[str]:
+        """Forget Empty groups without offsets (Kafka's cleanup task marks them Dead). A classic
+        group for which ``busy(group_id)`` is true is kept: it has offsets on their way (a commit
+        being persisted, a transaction's), which Kafka's ``hasOffsets`` counts too."""
+        gone = [
+            g.group_id
+            for g in self._groups.values()
+            if g.state is _EMPTY and not g.offsets and (busy is None or not busy(g.group_id))
+        ]
         for group_id in gone:
             del self._groups[group_id]
         for group_id in [g for g in list(self.consumer.groups) if self.consumer.is_empty(g) and g not in self._groups]:

@@ -262,3 +262,28 @@ def test_a_group_record_that_cannot_be_appended_fails_the_sync(tmp_path: Path) -
         assert cluster.core.group_state("g") is GroupState.PREPARING_REBALANCE
 
     asyncio.run(scenario())
+
+
+def test_a_commit_in_flight_keeps_its_empty_group_from_being_pruned(tmp_path: Path) -> None:
+    """An Empty group without offsets yet has a commit on its way (an admin's offset reset): Kafka's
+    hasOffsets counts pending commits, so the cleanup leaves it alone. Pruning it would append the
+    group tombstone after the commit's record: the live coordinator would then serve the offset
+    (the commit recreates the group) while a replay drops it with the group."""
+
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.stable_group("g")
+        (member,) = cluster.core.describe_group("g").members
+        cluster.core.leave_group("g", [(member.member_id, None)], cluster.now)  # Empty at generation 2
+        await cluster.shell.settle_stores()
+        gate = cluster.partition.gate = asyncio.Event()
+        commit = asyncio.create_task(cluster.commit("g", ("t", 0), 7))
+        await asyncio.sleep(0)  # appended, replicating
+        cluster.partition.gate = None  # what the pass appends is replicated at once
+        await cluster.shell.maintain()
+        gate.set()
+        await commit
+        assert cluster.served("g") == {("t", 0): 7} == cluster.after_failover("g")
+        assert cluster.new_shell().load(cluster.partition).group_state("g") is GroupState.EMPTY  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
