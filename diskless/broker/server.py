@@ -349,10 +349,12 @@ class Connection:
     def _wrote(self) -> None:
         self.tracked.last_active = self._loop.time()
 
-    def _handling(self, task: asyncio.Future[Any]) -> None:
-        """A request is being handled until ``task`` is done: the connection is not idle meanwhile."""
+    def _handling(self, task: asyncio.Future[Any], *, counted: bool = False) -> None:
+        """A request is being handled until ``task`` is done: the connection is not idle meanwhile
+        (``counted``: it was in flight already, since it was read)."""
         tracked, loop = self.tracked, self._loop
-        ConnectionQuotas.request_started(tracked)
+        if not counted:
+            ConnectionQuotas.request_started(tracked)
         task.add_done_callback(lambda _: ConnectionQuotas.request_finished(tracked, loop.time()))
 
     def _count(self, direction: str, size: int) -> None:
@@ -441,14 +443,21 @@ class Connection:
         child(REQUESTS, str(header.api_key)).inc()
         budget = self.server.request_budget
         if budget is not None and not self.internal_auth.authenticated:
-            # Reading stops here until earlier requests give their bytes back.
+            # Reading stops here until earlier requests give their bytes back. The request is in
+            # flight meanwhile: its client waits for the answer, the connection is not idle.
             size = len(frame)
-            await budget.take(size)
+            ConnectionQuotas.request_started(self.tracked)
+            try:
+                await budget.take(size)
+            except BaseException:
+                ConnectionQuotas.request_finished(self.tracked, self._loop.time())
+                raise
             task = asyncio.ensure_future(self._respond(header, request))
             task.add_done_callback(lambda _: budget.release(size))
+            self._handling(task, counted=True)
         else:
             task = asyncio.ensure_future(self._respond(header, request))
-        self._handling(task)
+            self._handling(task)
         await self.pending.put((header, task))
 
     async def _raw_sasl_token(self, token: bytes) -> None:

@@ -198,3 +198,38 @@ def test_an_idle_connection_is_closed_but_not_while_its_request_is_parked() -> N
             await server.stop()
 
     asyncio.run(scenario())
+
+
+def test_a_request_waiting_for_the_request_budget_keeps_its_connection_open() -> None:
+    """queued.max.request.bytes spent by another connection's parked request: this connection's
+    request is read and waits for its share before its handler starts. It is in flight all the
+    same (the client waits for its answer): idleness must not close the connection under it."""
+    apis = ParkingApis(BrokerConfig(connections_max_idle_ms=300))
+
+    async def scenario() -> None:
+        server = KafkaServer(apis, max_frame_bytes=1 << 20, queued_max_request_bytes=1)  # type: ignore[arg-type]
+        port = await server.start("127.0.0.1", 0)
+        loop = asyncio.get_running_loop()
+        assert server.request_budget is not None
+        busy, waiting = _connect(port), _connect(port)
+        probe: socket.socket | None = None
+        try:
+            await loop.sock_sendall(busy, _produce_frame(1))
+            await _until(lambda: apis.parked == 1, "the first request parked, holding the budget")
+            await loop.sock_sendall(waiting, _produce_frame(2))
+            await _until(lambda: server.request_budget.waiting == 1, "the second request waiting for the budget")  # type: ignore[union-attr]
+            probe = _connect(port)  # opened after the waiting request was read
+            assert await _read_until_closed(probe) == b""
+            assert _is_open(waiting) and _is_open(busy)
+            apis.release.set()
+            for client, correlation_id in ((busy, 1), (waiting, 2)):
+                answer = await _read_until_closed(client)  # answered, then idle: closed
+                assert len(answer) == 4 + struct.unpack_from(">i", answer)[0]
+                assert struct.unpack_from(">i", answer, 4)[0] == correlation_id
+        finally:
+            for c in (busy, waiting, probe):
+                if c is not None:
+                    c.close()
+            await server.stop()
+
+    asyncio.run(scenario())
