@@ -171,7 +171,15 @@ class KafkaServer:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
-        connection = Connection(self, reader, writer, str(peername), listener, tracked)
+        try:
+            connection = Connection(self, reader, writer, str(peername), listener, tracked)
+        except Exception:
+            # Counted at accept: a connection that never ran must give its slot back too.
+            log.exception("could not set up a connection", peer=str(peername))
+            self.quotas.close(tracked)
+            self._connections.discard(task)
+            writer.close()
+            return
         self._open[tracked] = connection
         CONNECTIONS.inc()
         try:

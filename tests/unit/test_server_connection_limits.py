@@ -19,6 +19,7 @@ from typing import Any
 
 from integration.rawclient import build_batch, encode_request, produce_request
 
+from diskless.broker import server as server_module
 from diskless.broker.server import KafkaServer
 from diskless.cluster.client_az import AzSource
 from diskless.config import BrokerConfig
@@ -232,4 +233,35 @@ def test_a_request_waiting_for_the_request_budget_keeps_its_connection_open() ->
                     c.close()
             await server.stop()
 
+    asyncio.run(scenario())
+
+
+def test_a_connection_that_fails_to_set_up_is_closed_and_uncounted(monkeypatch: Any) -> None:
+    """An exception between the accept and the connection's loop (setting up its session, zone...)
+    must neither keep the socket open nor its slot counted against max.connections(.per.ip)."""
+    apis = ParkingApis(BrokerConfig(max_connections_per_ip=1, connections_max_idle_ms=-1))
+
+    def broken_zone(*args: Any) -> None:
+        raise RuntimeError("set-up failed")
+
+    async def scenario() -> None:
+        server = KafkaServer(apis, max_frame_bytes=1 << 20)  # type: ignore[arg-type]
+        port = await server.start("127.0.0.1", 0)
+        client = _connect(port)
+        retry: socket.socket | None = None
+        try:
+            assert await _read_until_closed(client) == b""
+            await _until(lambda: server.quotas.total == 0, "the failed connection uncounted")
+            assert server.quotas.per_ip == {} and not server._open
+            monkeypatch.undo()
+            retry = _connect(port)  # its one slot is free again
+            await _until(lambda: server.quotas.per_ip.get("127.0.0.1") == 1, "the retry admitted")
+            assert _is_open(retry)
+        finally:
+            client.close()
+            if retry is not None:
+                retry.close()
+            await server.stop()
+
+    monkeypatch.setattr(server_module, "ConnectionZone", broken_zone)
     asyncio.run(scenario())
