@@ -324,6 +324,8 @@ class Broker:
         await self.server.stop()
         await self.apis.security.stop()
         await self.peers.close()
+        if not self.clustered:
+            await self.backend.settle()  # a change a cancelled handler made is still being applied
         await self.replicas.close()
         for store in (self.store, self.miss_store):
             if store is not None:

@@ -8,6 +8,7 @@ etcd. The JSON form is the same in both places.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import re
@@ -16,12 +17,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.files import replace_durably
 from diskless.log.config import ConfigError, canonical_name, validate_overrides
 
 from .producer_ids import LocalProducerIdStore, ProducerIdBlock
+
+log = structlog.get_logger(__name__)
 
 _LEGAL_TOPIC = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_TOPIC_NAME = 249
@@ -445,6 +449,7 @@ class LocalBackend:
         self.metadata = metadata
         self.on_change: Callable[[list[RecordKey]], Awaitable[None]] | None = None
         self._pid_store = LocalProducerIdStore(path + ".producer-ids")
+        self._applying: set[asyncio.Future[None]] = set()  # applications under way (their callers may be gone)
 
     def load(self) -> None:
         try:
@@ -460,8 +465,29 @@ class LocalBackend:
         self.metadata.generation += 1
         self.metadata.topology_generation += 1
         self._save()
-        if self.on_change is not None:
-            await self.on_change(changes)
+        if self.on_change is None:
+            return
+        # The change is stored and in the metadata: its application must run to the end even when
+        # the caller is cancelled. The caller is a request handler, cancelled when its connection
+        # closes, and the application yields to the event loop (at most every APPLY_SLICE_S); a
+        # cancelled application left the rest of the changes unapplied for good: a new topic's
+        # later partitions never got a replica (librdkafka sends FindCoordinator on its bootstrap
+        # connection and closes that connection at once: the __consumer_offsets partitions after
+        # the cut had no coordinator, and consumers of groups hashed to them waited forever).
+        applying = asyncio.ensure_future(self.on_change(changes))
+        self._applying.add(applying)
+        applying.add_done_callback(self._applied)
+        await asyncio.shield(applying)
+
+    async def settle(self, timeout: float = 10.0) -> None:
+        """Wait for the applications whose caller went away (the broker stopping: before its logs close)."""
+        if self._applying:
+            await asyncio.wait(set(self._applying), timeout=timeout)
+
+    def _applied(self, applying: asyncio.Future[None]) -> None:
+        self._applying.discard(applying)
+        if not applying.cancelled() and applying.exception() is not None:
+            log.error("metadata change not applied", exc_info=applying.exception())
 
     async def create_topic(self, topic: TopicMetadata) -> bool:
         if topic.name in self.metadata.topics:
