@@ -513,24 +513,34 @@ class ProduceApis(ApiFamily):
         queue = self._waiting.get(key)
         while queue and not queue[0].verifying:
             item = queue.popleft()
-            code, plog, replica = self._leader_log(item.topic, item.partition)
-            if plog is not key[0] or replica is None:
-                # Leadership moved while it waited (or the log was replaced): this log's queue is void.
-                outcome = _failed(item.partition, code or ErrorCode.not_leader_or_follower)
-            elif isinstance(item.verified, ErrorCode):
-                if item.verified in _PASSING:
-                    # Its pipelined successors must not be answered OUT_OF_ORDER_SEQUENCE_NUMBER for
-                    # the gap this refusal makes (ProducerStateManager.note_refused).
-                    plog.producer_state.note_refused(records.parse_header(item.batches[0]), item.verified.name)
-                outcome = _failed(item.partition, item.verified, "transaction verification failed")
-            else:
-                outcome = self._append(
-                    plog, replica, item.partition, item.batches, item.acks, self.broker.now_ms(), item.verified
-                )
+            try:
+                outcome = self._take_turn(key[0], item)
+            except Exception as exc:
+                # As on the direct path, the request fails (answered by the connection layer); the
+                # batches behind it still get their turn: one raising must not strand them.
+                if not item.future.done():
+                    item.future.set_exception(exc)
+                else:
+                    log.warning("withdrawn produce failed", topic=item.topic, partition=item.partition, error=repr(exc))
+                continue
             if not item.future.done():
                 item.future.set_result(outcome)
         if queue is not None and not queue:
             del self._waiting[key]
+
+    def _take_turn(self, waited_on: PartitionLog, item: _Waiting) -> Appended:
+        """Append (or refuse) a batch at the front of its producer's queue on ``waited_on``."""
+        code, plog, replica = self._leader_log(item.topic, item.partition)
+        if plog is not waited_on or replica is None:
+            # Leadership moved while it waited (or the log was replaced): this log's queue is void.
+            return _failed(item.partition, code or ErrorCode.not_leader_or_follower)
+        if isinstance(item.verified, ErrorCode):
+            if item.verified in _PASSING:
+                # Its pipelined successors must not be answered OUT_OF_ORDER_SEQUENCE_NUMBER for
+                # the gap this refusal makes (ProducerStateManager.note_refused).
+                plog.producer_state.note_refused(records.parse_header(item.batches[0]), item.verified.name)
+            return _failed(item.partition, item.verified, "transaction verification failed")
+        return self._append(plog, replica, item.partition, item.batches, item.acks, self.broker.now_ms(), item.verified)
 
     def _note_fenced_refusal(self, topic: str, partition: int, data: bytes) -> None:
         """A replica leading here refused a batch only because its lease may have lapsed: it may

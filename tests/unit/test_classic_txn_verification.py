@@ -242,3 +242,31 @@ async def test_verification_off_appends_without_asking(tmp_path: Path) -> None:
     result = setup.send(setup.batch(0))
     assert isinstance(result, dict) and answer(result) == (ErrorCode.none, 0)
     assert setup.broker.txns.questions == 0
+
+
+async def test_append_failing_unexpectedly_leaves_no_batch_of_the_producer_stuck(tmp_path: Path) -> None:
+    """An append that raises something the log does not answer with an error code (a disk
+    failure) fails its own request, as on the direct path; the producer's batches queued behind it
+    still get their turn, and its later batches are not queued behind a turn that never comes."""
+    setup = Setup(tmp_path, {("t", 0)})
+    real_append = setup.log.append_as_leader
+    calls = 0
+
+    def append_as_leader(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise OSError("disk failed")
+        return real_append(*args, **kwargs)
+
+    setup.log.append_as_leader = append_as_leader  # type: ignore[method-assign]
+    setup.verification.gate.clear()
+    first = setup.send(setup.batch(0))
+    # Queued behind it with no verification of its own to end (not transactional).
+    second = setup.send(setup.batch(0, transactional=False))
+    setup.verification.gate.set()
+    with pytest.raises(OSError, match="disk failed"):
+        await asyncio.wait_for(first, 2)
+    assert answer(await asyncio.wait_for(second, 2)) == (ErrorCode.none, 0)
+    assert setup.apis._waiting == {}
+    assert await asyncio.wait_for(setup.produce(setup.batch(1)), 2) == (ErrorCode.none, 1)
