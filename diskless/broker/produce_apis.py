@@ -533,6 +533,8 @@ class ProduceApis(ApiFamily):
         code, plog, replica = self._leader_log(item.topic, item.partition)
         if plog is not waited_on or replica is None:
             # Leadership moved while it waited (or the log was replaced): this log's queue is void.
+            if plog is None and code == ErrorCode.not_leader_or_follower:
+                self._note_fenced_refusal(item.topic, item.partition, item.batches[0])
             return _failed(item.partition, code or ErrorCode.not_leader_or_follower)
         if isinstance(item.verified, ErrorCode):
             if item.verified in _PASSING:
@@ -542,7 +544,7 @@ class ProduceApis(ApiFamily):
             return _failed(item.partition, item.verified, "transaction verification failed")
         return self._append(plog, replica, item.partition, item.batches, item.acks, self.broker.now_ms(), item.verified)
 
-    def _note_fenced_refusal(self, topic: str, partition: int, data: bytes) -> None:
+    def _note_fenced_refusal(self, topic: str, partition: int, data: bytes | memoryview) -> None:
         """A replica leading here refused a batch only because its lease may have lapsed: it may
         serve again at the same epoch, so its producer state must know of the gap it made
         (ProducerStateManager.note_refused)."""

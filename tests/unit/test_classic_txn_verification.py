@@ -244,6 +244,30 @@ async def test_verification_off_appends_without_asking(tmp_path: Path) -> None:
     assert setup.broker.txns.questions == 0
 
 
+async def test_batch_refused_while_fenced_after_its_verification_makes_a_gap_of_ours(tmp_path: Path) -> None:
+    """A leader whose etcd lease may have lapsed while a batch waited for the coordinator refuses
+    it NOT_LEADER_OR_FOLLOWER, as it refuses a batch that arrives while fenced: the producer's
+    state must know the gap is of the leader's making (ProducerStateManager.note_refused), so the
+    producer's next batch, arriving once the lease is refreshed, is refused alike instead of
+    OUT_OF_ORDER_SEQUENCE_NUMBER (which aborts a librdkafka transaction; test_fenced_produce.py)."""
+    from fenced_broker import TTL_MS
+
+    setup = Setup(tmp_path, {("t", 0)})
+    assert await setup.produce(setup.batch(0)) == (ErrorCode.none, 0)
+    setup.log.append_marker_as_leader(PID, setup.epoch, False, 0, 0, 3)  # the next batch is verified again
+    setup.verification.gate.clear()
+    waiting = setup.send(setup.batch(1))
+    assert not isinstance(waiting, dict)
+    await setup.verification.asked.wait()
+    setup.broker.clock = TTL_MS  # fenced while the question is out
+    setup.verification.gate.set()
+    assert answer(await waiting) == (ErrorCode.not_leader_or_follower, -1)
+    setup.broker.fence.on_refreshed(TTL_MS)  # leading again, same epoch
+    assert await setup.produce(setup.batch(2)) == (ErrorCode.not_leader_or_follower, -1)
+    assert await setup.produce(setup.batch(1)) == (ErrorCode.none, 2)  # resent from the refused batch
+    assert await setup.produce(setup.batch(2)) == (ErrorCode.none, 3)
+
+
 async def test_append_failing_unexpectedly_leaves_no_batch_of_the_producer_stuck(tmp_path: Path) -> None:
     """An append that raises something the log does not answer with an error code (a disk
     failure) fails its own request, as on the direct path; the producer's batches queued behind it
