@@ -294,3 +294,21 @@ async def test_append_failing_unexpectedly_leaves_no_batch_of_the_producer_stuck
     assert answer(await asyncio.wait_for(second, 2)) == (ErrorCode.none, 0)
     assert setup.apis._waiting == {}
     assert await asyncio.wait_for(setup.produce(setup.batch(1)), 2) == (ErrorCode.none, 1)
+
+
+async def test_topic_recreated_while_the_batch_waits_appends_to_neither_log(tmp_path: Path) -> None:
+    """The queue belongs to the log the batch was accepted for: once the name leads to another
+    incarnation's log, the waiting batches of the old one are refused (retriable) and appended to
+    neither log, as when leadership moves while they wait."""
+    setup = Setup(tmp_path, {("t", 0)})
+    old_log = setup.log
+    setup.verification.gate.clear()
+    first = setup.send(setup.batch(0))
+    second = setup.send(setup.batch(1))
+    await setup.verification.asked.wait()
+    setup.broker.host("t")  # deleted and re-created under the same name, led here
+    assert setup.log is not old_log
+    setup.verification.gate.set()
+    assert [answer(await r) for r in (first, second)] == [(ErrorCode.not_leader_or_follower, -1)] * 2
+    assert old_log.log_end_offset == 0 and setup.log.log_end_offset == 0
+    assert setup.apis._waiting == {}
