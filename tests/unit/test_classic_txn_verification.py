@@ -207,7 +207,7 @@ async def test_pipelined_batches_of_the_producer_stay_in_order(tmp_path: Path) -
     answers = [answer(await r) for r in (first, second, third)]
     assert answers == [(ErrorCode.none, 1), (ErrorCode.none, 2), (ErrorCode.none, 3)]
     assert setup.broker.txns.questions == 1
-    assert setup.apis._waiting == {}
+    assert not setup.apis._txn_verification, "no batch left waiting"
 
 
 async def test_fenced_producer_is_invalid_producer_epoch(tmp_path: Path) -> None:
@@ -292,7 +292,7 @@ async def test_append_failing_unexpectedly_leaves_no_batch_of_the_producer_stuck
     with pytest.raises(OSError, match="disk failed"):
         await asyncio.wait_for(first, 2)
     assert answer(await asyncio.wait_for(second, 2)) == (ErrorCode.none, 0)
-    assert setup.apis._waiting == {}
+    assert not setup.apis._txn_verification, "no batch left waiting"
     assert await asyncio.wait_for(setup.produce(setup.batch(1)), 2) == (ErrorCode.none, 1)
 
 
@@ -311,4 +311,4 @@ async def test_topic_recreated_while_the_batch_waits_appends_to_neither_log(tmp_
     setup.verification.gate.set()
     assert [answer(await r) for r in (first, second)] == [(ErrorCode.not_leader_or_follower, -1)] * 2
     assert old_log.log_end_offset == 0 and setup.log.log_end_offset == 0
-    assert setup.apis._waiting == {}
+    assert not setup.apis._txn_verification, "no batch left waiting"
