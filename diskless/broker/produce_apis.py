@@ -4,38 +4,17 @@ Ordering note: the connection layer starts handlers in request order, and ``prod
 before its first ``await``, so pipelined produce requests on one connection append in order.
 Diskless partitions are handed to the representative instead of appended here.
 
-Transaction verification of classic partitions (KIP-890 part 1, ``transaction.partition.
-verification.enable``), as Kafka's ReplicaManager.handleProduceAppend: a transactional batch of a
-producer with no transaction ongoing here at its epoch (the first batch of its transaction at this
-partition, or a late one from a transaction that already ended) is appended only once the
-transaction coordinator confirmed that the partition is in the producer's ongoing transaction
-(``TxnVerificationRpcs.verify_leader``, the code the diskless path uses; AddPartitionsToTxn
-verifyOnly). Otherwise it is answered as Kafka answers (``produce_error``): INVALID_TXN_STATE for a
-partition not in the transaction, INVALID_PRODUCER_EPOCH for a fenced producer, NOT_ENOUGH_REPLICAS
-(which every client retries, with no metadata refresh) when the coordinator could not be asked.
-The log checks the verified guard again when it appends (``PartitionLog.append_as_leader``), so a
-marker written while the coordinator was asked makes the append fail instead of opening a
-transaction nobody will end. A batch of a producer whose transaction is ongoing here at its epoch
-(every batch after the first) is appended at once: one dict lookup, no round trip.
-
-Order while a batch waits for its verification: later batches of the same producer to the same
-partition (the only ones whose order matters: sequence numbers are per producer and partition)
-wait behind it in a queue (``_waiting``), each transactional one verified meanwhile (concurrent
-questions share one coordinator round trip), and are appended from the front of the queue, in
-arrival order, as their verifications end; other producers' batches are not held up. Kafka instead
-lets a later batch overtake (it verifies, then appends in a callback) and relies on idempotent
-producers retrying the OUT_OF_ORDER_SEQUENCE_NUMBER that follows; the queue keeps the ordering note
-above true without that retry, as the representative's per-producer verification queue does for
-diskless partitions. A produce request with a waiting batch is answered once every batch of it is
-appended or refused; acks=all replication is then awaited for the request's timeout, counted from
-there, as Kafka starts its delayed produce after the verification callback appended."""
+Transactional batches of classic partitions that must be verified with their coordinator first
+(KIP-890 part 1), and the batches of their producers that arrive meanwhile, wait in
+``ClassicTxnVerification`` (``classic_txn_verification.py``); their turn is ``_take_turn`` here. A
+produce request with a waiting batch is answered once every batch of it is appended or refused;
+acks=all replication is then awaited for the request's timeout, counted from there, as Kafka starts
+its delayed produce after the verification callback appended."""
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -50,6 +29,7 @@ from diskless.protocol import records
 from diskless.replication.partition import Partition, wait_for_commits
 
 from .api_base import ApiFamily, CloseConnection, _ms
+from .classic_txn_verification import Appended, ClassicTxnVerification, WaitingBatch
 
 if TYPE_CHECKING:
     from .broker import Broker
@@ -124,38 +104,18 @@ def _refused(request: Any, code: ErrorCode) -> dict[str, Any]:
 # Verification outcomes that refuse a batch for a passing reason: the producer retries it.
 _PASSING = frozenset({ErrorCode.not_enough_replicas, ErrorCode.not_leader_or_follower})
 
-# What a classic partition's produce comes to: its response entry, the replica it was appended to
-# (None: refused) and the last offset appended.
-Appended = tuple[dict[str, Any], Partition | None, int]
-
-
-@dataclass
-class _Waiting:
-    """A classic batch appended only after the batches of its producer ahead of it (and, if it is
-    transactional with no transaction ongoing, its own verification)."""
-
-    topic: str
-    partition: int
-    batches: list[memoryview]
-    acks: int
-    future: asyncio.Future[Appended]
-    verifying: bool = False
-    verified: TxnGuard | ErrorCode | None = None  # a transactional batch's verification outcome
-
 
 class ProduceApis(ApiFamily):
     """Produce to classic partitions (append here) and diskless ones (via the representative)."""
 
     def __init__(self, broker: Broker) -> None:
         super().__init__(broker)
-        # (log, producer id) -> its batches waiting for a verification, in arrival order. Empty
-        # but for the first batch of a producer's transaction at a partition, for one round trip.
-        self._waiting: dict[tuple[PartitionLog, int], deque[_Waiting]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        # Empty but for the first batch of a producer's transaction at a partition, for one round trip.
+        self._txn_verification = ClassicTxnVerification(self._verify_leader, self._take_turn)
 
-    @property
-    def _verification(self) -> TxnVerificationRpcs:
-        return self.broker.apis.txn_verification
+    def _verify_leader(self, *question: Any) -> Awaitable[TxnGuard | ErrorCode]:
+        verification: TxnVerificationRpcs = self.broker.apis.txn_verification
+        return verification.verify_leader(*question)
 
     def handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
         return {
@@ -421,26 +381,11 @@ class ProduceApis(ApiFamily):
         except records.InvalidBatch as exc:
             return _failed(partition, ErrorCode[exc.error], str(exc))
         verify = self.broker.config.transaction_partition_verification_enable
-        if self._waiting or (transactional_id is not None and verify):
-            header = records.parse_header(batches[0])
-            key = (plog, header.producer_id)
-            queue = self._waiting.get(key)
-            unverified = (
-                verify
-                and transactional_id is not None
-                and header.is_transactional
-                and not plog.in_ongoing_txn(header.producer_id, header.producer_epoch)
-            )
-            if queue is not None or unverified:
-                item = _Waiting(topic, partition, batches, acks, asyncio.get_running_loop().create_future())
-                if queue is None:
-                    queue = self._waiting[key] = deque()
-                queue.append(item)
-                if unverified:
-                    assert transactional_id is not None
-                    item.verifying = True
-                    self._spawn(self._verify(key, item, transactional_id, header, replica.leader_epoch))
-                return item.future
+        waiting = self._txn_verification.hold(
+            plog, replica.leader_epoch, topic, partition, batches, acks, transactional_id, verify
+        )
+        if waiting is not None:
+            return waiting
         return self._append(plog, replica, partition, batches, acks, now, None)
 
     def _append(
@@ -474,65 +419,24 @@ class ProduceApis(ApiFamily):
         }
         return entry, replica, result.last_offset
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def _take_turn(self, waited_on: PartitionLog, item: WaitingBatch) -> Appended:
+        """A batch's turn at the front of its producer's line on ``waited_on``: appended, or refused
+        (leadership moved, the log was replaced, its verification failed)."""
+        code, plog, replica = self._leader_log(item.topic, item.partition)
+        if plog is not waited_on or replica is None:
+            # Leadership moved while it waited (or the log was replaced): this log's line is void.
+            if plog is None and code == ErrorCode.not_leader_or_follower:
+                self._note_fenced_refusal(item.topic, item.partition, item.batches[0])
+            return _failed(item.partition, code or ErrorCode.not_leader_or_follower)
+        if isinstance(item.verified, ErrorCode):
+            if item.verified in _PASSING:
+                # Its pipelined successors must not be answered OUT_OF_ORDER_SEQUENCE_NUMBER for
+                # the gap this refusal makes (ProducerStateManager.note_refused).
+                plog.producer_state.note_refused(records.parse_header(item.batches[0]), item.verified.name)
+            return _failed(item.partition, item.verified, "transaction verification failed")
+        return self._append(plog, replica, item.partition, item.batches, item.acks, self.broker.now_ms(), item.verified)
 
-    async def _verify(
-        self,
-        key: tuple[PartitionLog, int],
-        item: _Waiting,
-        transactional_id: str,
-        header: records.BatchHeader,
-        leader_epoch: int,
-    ) -> None:
-        try:
-            item.verified = await self._verification.verify_leader(
-                item.topic,
-                item.partition,
-                key[0],
-                leader_epoch,
-                transactional_id,
-                header.producer_id,
-                header.producer_epoch,
-            )
-        except Exception as exc:
-            log.info("transaction verification failed", error=repr(exc))
-            item.verified = ErrorCode.not_enough_replicas
-        finally:
-            if item.verified is None:  # cancelled (the broker stops): never appended unverified
-                item.verified = ErrorCode.not_enough_replicas
-            item.verifying = False
-            self._release(key)
-
-    def _release(self, key: tuple[PartitionLog, int]) -> None:
-        """Append (or refuse) a producer's batches from the front of its queue, in arrival order,
-        up to the first one still being verified. Synchronous: no marker or other batch of the
-        producer comes between a batch's turn and its append."""
-        queue = self._waiting.get(key)
-        while queue and not queue[0].verifying:
-            item = queue.popleft()
-            code, plog, replica = self._leader_log(item.topic, item.partition)
-            if plog is not key[0] or replica is None:
-                # Leadership moved while it waited (or the log was replaced): this log's queue is void.
-                outcome = _failed(item.partition, code or ErrorCode.not_leader_or_follower)
-            elif isinstance(item.verified, ErrorCode):
-                if item.verified in _PASSING:
-                    # Its pipelined successors must not be answered OUT_OF_ORDER_SEQUENCE_NUMBER for
-                    # the gap this refusal makes (ProducerStateManager.note_refused).
-                    plog.producer_state.note_refused(records.parse_header(item.batches[0]), item.verified.name)
-                outcome = _failed(item.partition, item.verified, "transaction verification failed")
-            else:
-                outcome = self._append(
-                    plog, replica, item.partition, item.batches, item.acks, self.broker.now_ms(), item.verified
-                )
-            if not item.future.done():
-                item.future.set_result(outcome)
-        if queue is not None and not queue:
-            del self._waiting[key]
-
-    def _note_fenced_refusal(self, topic: str, partition: int, data: bytes) -> None:
+    def _note_fenced_refusal(self, topic: str, partition: int, data: bytes | memoryview) -> None:
         """A replica leading here refused a batch only because its lease may have lapsed: it may
         serve again at the same epoch, so its producer state must know of the gap it made
         (ProducerStateManager.note_refused)."""

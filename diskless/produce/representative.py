@@ -43,7 +43,6 @@ import asyncio
 import itertools
 import time
 import uuid
-from collections import deque
 from collections.abc import Hashable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
@@ -51,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from kio.schema.errors import ErrorCode
 
+from diskless.log.txn_verification_order import VerificationLines
 from diskless.metrics import (
     DISKLESS_COMMIT_RPCS,
     DISKLESS_COMMIT_RPCS_IN_FLIGHT,
@@ -187,7 +187,7 @@ class Representative:
         self._released_uploading = 0
         # Per (topic id, partition, producer id): batches in arrival order, held while the first
         # of them is being verified, so that verification never reorders a producer's batches.
-        self._verifying: dict[tuple[str, int, int], deque[_Item]] = {}
+        self._verifying: VerificationLines[tuple[str, int, int], _Item] = VerificationLines()
         # Batches submitted but not buffered yet (being verified, or waiting for room), by their
         # futures: their requests may end first (``withdraw``) or wait for them (``until_buffered``).
         self._unbuffered: dict[asyncio.Future[dict[str, Any]], _Item] = {}
@@ -226,16 +226,13 @@ class Representative:
             self._admit(item)
             return future
         key = (topic_id, partition, txn.producer_id if txn is not None else _producer_id(batch))
-        queue = self._verifying.get(key)
-        if txn is None and queue is None:
+        if txn is None and not self._verifying.has_line(key):
             self._admit(item)
             return future
-        if queue is None:
-            queue = self._verifying[key] = deque()
-        queue.append(item)
+        item.verifying = txn is not None
+        self._verifying.join(key, item)
         self._track(item)
         if txn is not None:
-            item.verifying = True
             self._spawn(self._verify(key, item, txn))
         self._release(key)
         return future
@@ -298,9 +295,7 @@ class Representative:
 
     def _release(self, key: tuple[str, int, int]) -> None:
         """Admit a producer's verified batches from the front of its queue, in arrival order."""
-        queue = self._verifying.get(key)
-        while queue and not queue[0].verifying:
-            item = queue.popleft()
+        while (item := self._verifying.next_turn(key)) is not None:
             if item.withdrawn:
                 self._leave_line(item)
                 self._fail_unbuffered(item, TIMED_OUT)
@@ -308,8 +303,6 @@ class Representative:
                 self._admit(item)
             else:
                 self._fail_unbuffered(item, item.verify_error)
-        if queue is not None and not queue:
-            del self._verifying[key]
 
     async def _verify(self, key: tuple[str, int, int], item: _Item, txn: TxnCheck) -> None:
         try:
@@ -402,10 +395,8 @@ class Representative:
         self._closed = True
         for item in self.admission.drop_waiting():
             _resolve(item, {"error_code": STORAGE_ERROR})
-        for queue in self._verifying.values():
-            for item in queue:
-                _resolve(item, {"error_code": STORAGE_ERROR})
-        self._verifying.clear()
+        for item in self._verifying.drain():
+            _resolve(item, {"error_code": STORAGE_ERROR})
         self.pipeline.failed(list(self._items), STORAGE_ERROR, _now_ms())
         self._deliver()
         for handle in (self._timer, self._wakeup):

@@ -207,7 +207,7 @@ async def test_pipelined_batches_of_the_producer_stay_in_order(tmp_path: Path) -
     answers = [answer(await r) for r in (first, second, third)]
     assert answers == [(ErrorCode.none, 1), (ErrorCode.none, 2), (ErrorCode.none, 3)]
     assert setup.broker.txns.questions == 1
-    assert setup.apis._waiting == {}
+    assert not setup.apis._txn_verification, "no batch left waiting"
 
 
 async def test_fenced_producer_is_invalid_producer_epoch(tmp_path: Path) -> None:
@@ -242,3 +242,73 @@ async def test_verification_off_appends_without_asking(tmp_path: Path) -> None:
     result = setup.send(setup.batch(0))
     assert isinstance(result, dict) and answer(result) == (ErrorCode.none, 0)
     assert setup.broker.txns.questions == 0
+
+
+async def test_batch_refused_while_fenced_after_its_verification_makes_a_gap_of_ours(tmp_path: Path) -> None:
+    """A leader whose etcd lease may have lapsed while a batch waited for the coordinator refuses
+    it NOT_LEADER_OR_FOLLOWER, as it refuses a batch that arrives while fenced: the producer's
+    state must know the gap is of the leader's making (ProducerStateManager.note_refused), so the
+    producer's next batch, arriving once the lease is refreshed, is refused alike instead of
+    OUT_OF_ORDER_SEQUENCE_NUMBER (which aborts a librdkafka transaction; test_fenced_produce.py)."""
+    from fenced_broker import TTL_MS
+
+    setup = Setup(tmp_path, {("t", 0)})
+    assert await setup.produce(setup.batch(0)) == (ErrorCode.none, 0)
+    setup.log.append_marker_as_leader(PID, setup.epoch, False, 0, 0, 3)  # the next batch is verified again
+    setup.verification.gate.clear()
+    waiting = setup.send(setup.batch(1))
+    assert not isinstance(waiting, dict)
+    await setup.verification.asked.wait()
+    setup.broker.clock = TTL_MS  # fenced while the question is out
+    setup.verification.gate.set()
+    assert answer(await waiting) == (ErrorCode.not_leader_or_follower, -1)
+    setup.broker.fence.on_refreshed(TTL_MS)  # leading again, same epoch
+    assert await setup.produce(setup.batch(2)) == (ErrorCode.not_leader_or_follower, -1)
+    assert await setup.produce(setup.batch(1)) == (ErrorCode.none, 2)  # resent from the refused batch
+    assert await setup.produce(setup.batch(2)) == (ErrorCode.none, 3)
+
+
+async def test_append_failing_unexpectedly_leaves_no_batch_of_the_producer_stuck(tmp_path: Path) -> None:
+    """An append that raises something the log does not answer with an error code (a disk
+    failure) fails its own request, as on the direct path; the producer's batches queued behind it
+    still get their turn, and its later batches are not queued behind a turn that never comes."""
+    setup = Setup(tmp_path, {("t", 0)})
+    real_append = setup.log.append_as_leader
+    calls = 0
+
+    def append_as_leader(*args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise OSError("disk failed")
+        return real_append(*args, **kwargs)
+
+    setup.log.append_as_leader = append_as_leader  # type: ignore[method-assign]
+    setup.verification.gate.clear()
+    first = setup.send(setup.batch(0))
+    # Queued behind it with no verification of its own to end (not transactional).
+    second = setup.send(setup.batch(0, transactional=False))
+    setup.verification.gate.set()
+    with pytest.raises(OSError, match="disk failed"):
+        await asyncio.wait_for(first, 2)
+    assert answer(await asyncio.wait_for(second, 2)) == (ErrorCode.none, 0)
+    assert not setup.apis._txn_verification, "no batch left waiting"
+    assert await asyncio.wait_for(setup.produce(setup.batch(1)), 2) == (ErrorCode.none, 1)
+
+
+async def test_topic_recreated_while_the_batch_waits_appends_to_neither_log(tmp_path: Path) -> None:
+    """The queue belongs to the log the batch was accepted for: once the name leads to another
+    incarnation's log, the waiting batches of the old one are refused (retriable) and appended to
+    neither log, as when leadership moves while they wait."""
+    setup = Setup(tmp_path, {("t", 0)})
+    old_log = setup.log
+    setup.verification.gate.clear()
+    first = setup.send(setup.batch(0))
+    second = setup.send(setup.batch(1))
+    await setup.verification.asked.wait()
+    setup.broker.host("t")  # deleted and re-created under the same name, led here
+    assert setup.log is not old_log
+    setup.verification.gate.set()
+    assert [answer(await r) for r in (first, second)] == [(ErrorCode.not_leader_or_follower, -1)] * 2
+    assert old_log.log_end_offset == 0 and setup.log.log_end_offset == 0
+    assert not setup.apis._txn_verification, "no batch left waiting"
