@@ -262,7 +262,8 @@ def test_preferred_and_unclean_leader_elections(cluster_factory) -> None:
     admin = kp_admin(cluster)
     result = admin.elect_leaders(0, {"pref": [0]})
     assert [p.error_code for r in result.replica_election_results for p in r.partition_result] == [0]
-    assert partitions_of(admin, "pref")[0]["leader_id"] == 0
+    # The answer comes once the election is stored; the broker asked next may learn it a moment later.
+    wait_until(lambda: partitions_of(admin, "pref")[0]["leader_id"] == 0, timeout=30)
     # confluent-kafka: nothing to do now (ELECTION_NOT_NEEDED is reported per partition).
     answer = confluent.elect_leaders(ElectionType.PREFERRED, [CTopicPartition("pref", 0)]).result(timeout=30)
     (error,) = answer.values()
@@ -282,8 +283,12 @@ def test_preferred_and_unclean_leader_elections(cluster_factory) -> None:
     confluent = AdminClient({"bootstrap.servers": cluster.bootstrap})
     answer = confluent.elect_leaders(ElectionType.UNCLEAN, [CTopicPartition("lone", 0)]).result(timeout=30)
     assert list(answer.values()) == [None]
-    state = partitions_of(admin, "lone")[0]
-    assert state["leader_id"] == 2 and state["isr_nodes"] == [2]
+
+    def elected() -> bool:
+        state = partitions_of(admin, "lone")[0]
+        return state["leader_id"] == 2 and state["isr_nodes"] == [2]
+
+    wait_until(elected, timeout=30)
     admin.close()
 
 
