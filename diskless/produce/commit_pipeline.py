@@ -239,6 +239,25 @@ class CommitPipeline:
         producer, first, last = _producer_of(data)
         self._note_hint(_Batch(-1, -1, key, len(data), producer, first, last), code, now_ms)
 
+    def restart(self) -> CommitPipeline:
+        """A fresh pipeline for the shell's reset after a bug: nothing in flight, the hints kept.
+
+        A failure answered before the reset leaves the producer's later batches, sent before it
+        learned of that failure, to be refused OUT_OF_ORDER_SEQUENCE by the leader: without the
+        hint (R4) that answer would reach the producer, a fatal error for an idempotent one. A
+        hint only ever turns that answer into a retriable one, so keeping it is safe even when
+        the rest of the state is not to be trusted."""
+        fresh = CommitPipeline(
+            retry_timeout_ms=self.retry_timeout_ms,
+            retry_backoff_ms=self.retry_backoff_ms,
+            hint_ttl_ms=self.hint_ttl_ms,
+            max_hints=self.max_hints,
+        )
+        fresh._hints = OrderedDict(
+            (key, _Hint(hint.epoch, dict(hint.failed), hint.expires_ms)) for key, hint in self._hints.items()
+        )
+        return fresh
+
     def leaders_changed(self) -> None:
         """Metadata changed: batches backing off after a leadership answer may try at once."""
         for batch in self._batches.values():

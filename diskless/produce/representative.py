@@ -493,7 +493,9 @@ class Representative:
             # ones included (a later batch must not commit after an earlier one failed), and start
             # afresh; answers still to come for the old batches are ignored.
             log.exception("commit pipeline failed; failing every batch held")
-            fresh = CommitPipeline(retry_timeout_ms=int(LEADERSHIP_RETRY_S * 1000), retry_backoff_ms=RETRY_BACKOFF_MS)
+            # The hints stay (R4): a producer's batch failed before the reset may have later
+            # batches still coming, which the leader refuses out of order.
+            fresh = self.pipeline.restart()
             for item in [*self._items.values(), *self.admission.drop_waiting()]:
                 if not item.future.done():
                     key = (item.batch.topic_id, item.batch.partition)

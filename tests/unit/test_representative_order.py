@@ -432,6 +432,37 @@ def test_failed_put_then_later_batch_of_same_partition() -> None:
     assert cluster.logs[0].seqs == list(range(6))
 
 
+def test_reset_after_a_bug_keeps_the_hints_of_earlier_failures() -> None:
+    """Pinned from test_injected_failures_at_every_step_never_wedge_or_reorder, which failed about
+    once in 20 runs of partitions=3, count=9, faults=Faults(lose={1}, garble={5, 15},
+    core={12, 16}), moves=[(22, 1), (22, 1)], delays=[0, 0], wal_max_bytes=100, acks=-1: p2's
+    seq 3 and 4 failed (hints), a bug handling a local commit's answer reset the pipeline, and seq 5,
+    submitted after the reset, was refused OUT_OF_ORDER_SEQUENCE by p2's leader. The fresh
+    pipeline had lost the hints, so the producer got that fatal answer instead of a retriable one."""
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        cluster = FakeCluster(1, [], [0], Faults())
+        broker = FakeBroker(cluster, 32 * 1024 * 1024, 4096)
+        FailingWriter.calls = 0
+        FailingWriter.failures = set()
+        rep = Representative(broker.host(), FakeStore({1}, [0]), lambda key, data: None)  # type: ignore[arg-type]
+        first = await rep.submit(TOPIC, TOPIC_ID, 0, batch_bytes(0, 0), 1)  # its PUT fails
+
+        def bug(*args: object) -> None:
+            raise AssertionError("injected: a bug in the pipeline")
+
+        rep.pipeline.next_sends = bug  # type: ignore[method-assign]
+        rep._pump()  # the shell fails what it holds and starts a fresh pipeline
+        # Sent by the producer before it learned of seq 0's failure.
+        second = await rep.submit(TOPIC, TOPIC_ID, 0, batch_bytes(0, 1), 1)
+        await rep.close()
+        return first, second
+
+    first, second = asyncio.run(scenario())
+    assert first["error_code"] == int(ErrorCode.kafka_storage_error)
+    assert second["error_code"] in RETRIABLE  # not OUT_OF_ORDER_SEQUENCE: the producer resends seq 0, 1
+
+
 @given(bound=st.integers(150, 2000), partitions=st.integers(1, 3))
 @settings(max_examples=15)
 def test_held_bytes_stay_within_the_buffer_bound(bound: int, partitions: int) -> None:
