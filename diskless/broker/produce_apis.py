@@ -62,9 +62,9 @@ def _request_refusal(version: int, request: Any) -> ErrorCode | None:
     return None
 
 
-def _failed(partition: int, code: ErrorCode, message: str | None = None) -> tuple[dict[str, Any], None, int]:
-    """A classic partition's produce refused with ``code``: nothing appended."""
-    entry = {
+def _partition_answer(partition: int, code: ErrorCode, message: str | None = None) -> dict[str, Any]:
+    """A partition's produce answer with nothing appended (yet): ``code`` and no offsets."""
+    return {
         "index": partition,
         "error_code": code,
         "base_offset": -1,
@@ -73,7 +73,11 @@ def _failed(partition: int, code: ErrorCode, message: str | None = None) -> tupl
         "record_errors": [],
         "error_message": message,
     }
-    return entry, None, -1
+
+
+def _failed(partition: int, code: ErrorCode, message: str | None = None) -> tuple[dict[str, Any], None, int]:
+    """A classic partition's produce refused with ``code``: nothing appended."""
+    return _partition_answer(partition, code, message), None, -1
 
 
 def _refused(request: Any, code: ErrorCode) -> dict[str, Any]:
@@ -82,18 +86,7 @@ def _refused(request: Any, code: ErrorCode) -> dict[str, Any]:
         "responses": [
             {
                 "name": topic_data.name,
-                "partition_responses": [
-                    {
-                        "index": pdata.index,
-                        "error_code": code,
-                        "base_offset": -1,
-                        "log_append_time": None,
-                        "log_start_offset": -1,
-                        "record_errors": [],
-                        "error_message": None,
-                    }
-                    for pdata in topic_data.partition_data
-                ],
+                "partition_responses": [_partition_answer(pdata.index, code) for pdata in topic_data.partition_data],
             }
             for topic_data in request.topic_data
         ],
@@ -296,15 +289,7 @@ class ProduceApis(ApiFamily):
         timeout_ms: int = 30000,
     ) -> tuple[dict[str, Any], asyncio.Future[dict[str, Any]] | None]:
         """Any broker accepts diskless produce: validate the header, hand the batch to the representative."""
-        entry: dict[str, Any] = {
-            "index": partition,
-            "error_code": ErrorCode.none,
-            "base_offset": -1,
-            "log_append_time": None,
-            "log_start_offset": -1,
-            "record_errors": [],
-            "error_message": None,
-        }
+        entry = _partition_answer(partition, ErrorCode.none)  # the representative's answer fills it in
 
         def failed(code: ErrorCode, message: str | None = None) -> tuple[dict[str, Any], None]:
             entry.update(error_code=code, error_message=message)
