@@ -37,6 +37,7 @@ from diskless.fetch.read_quota import ReadQuota
 from diskless.fetch.wal_reader import WalCache, WalReader
 from diskless.groups.offsets_upkeep import check_interval_ms
 from diskless.log.config import LogConfig, canonical_name, effective_values
+from diskless.log.partition_log import PartitionLog
 from diskless.log.segment import POINTERS, BatchLocation, LogSegment
 from diskless.metrics import EVENT_LOOP_LAG_SECONDS, METADATA_APPLY_ERRORS, RETENTION_DELETED_SEGMENTS, serve_metrics
 from diskless.produce.host import RepresentativeHost
@@ -607,26 +608,23 @@ class Broker:
         """fsync the logs whose last flush is older than their flush.ms (Kafka's
         LogManager.flushDirtyLogs); returns how many were flushed. On the event loop, as appends
         are: a flush must not race an append, a roll or a deletion of the same segment."""
-        flushed = 0
-        now = self.now_ms()
-        for key, partition in list(self.replicas.partitions.items()):
-            try:
-                flushed += partition.log.flush_if_stale(now)
-            except OSError:
-                log.exception("flush failed", partition=key)
-        return flushed
+        return self._over_logs(PartitionLog.flush_if_stale, "flush failed")
 
     def remove_retired_segments(self) -> int:
         """Remove the files of segments dropped (retention, DeleteRecords, truncation, tiering) at
         least file.delete.delay.ms ago; returns how many segments went."""
-        removed = 0
+        return self._over_logs(PartitionLog.remove_retired_segments, "removing deleted segments failed")
+
+    def _over_logs(self, step: Callable[[PartitionLog, int], int | bool], failure: str) -> int:
+        """``step(log, now_ms)`` on every hosted log, summed; an I/O error is logged, the rest go on."""
+        done = 0
         now = self.now_ms()
         for key, partition in list(self.replicas.partitions.items()):
             try:
-                removed += partition.log.remove_retired_segments(now)
+                done += step(partition.log, now)
             except OSError:
-                log.exception("removing deleted segments failed", partition=key)
-        return removed
+                log.exception(failure, partition=key)
+        return done
 
     # --- controller ----------------------------------------------------------------------------
 

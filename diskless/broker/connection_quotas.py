@@ -31,9 +31,10 @@ idle period.
 from __future__ import annotations
 
 import enum
-import ipaddress
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+
+from diskless.cluster.client_az import ip_of
 
 INT_MAX = 2**31 - 1  # Kafka's Integer.MAX_VALUE: no limit
 PROBATION_S = 10.0  # a connection over max.connections on the inter-broker listener proves itself by then
@@ -57,22 +58,13 @@ class LimitError(ValueError):
 
 
 def normal_ip(host: str) -> str:
-    """An address as counted: IPv4-mapped IPv6 as IPv4, no scope; not an IP literal: unchanged."""
-    try:
-        address = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return host
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return str(address)
+    """An address as counted (``client_az.ip_of``); not an IP literal: unchanged."""
+    address = ip_of(host)
+    return host if address is None else str(address)
 
 
 def is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return False
-    return True
+    return ip_of(host) is not None
 
 
 def parse_overrides(text: str | None) -> dict[str, int]:

@@ -34,6 +34,19 @@ from dataclasses import dataclass, field
 
 from diskless.log.config import ConfigError
 
+
+def ip_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """The address a peer's host names, as counted and matched: an IPv4-mapped IPv6 address as its
+    IPv4 one, a scope dropped; None if ``host`` is no IP literal."""
+    try:
+        address = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -122,12 +135,9 @@ class ZonePolicy:
         """The AZ of the most specific configured network holding ``host``."""
         if not host or not self.cidrs:
             return None
-        try:
-            address = ipaddress.ip_address(host.split("%", 1)[0])
-        except ValueError:
+        address = ip_of(host)
+        if address is None:
             return None
-        if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-            address = address.ipv4_mapped
         best: tuple[int, str] | None = None
         for network, az in self.cidrs:
             fits = address.version == network.version and address in network
