@@ -232,18 +232,23 @@ class KafkaServer:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(self.quotas.sweep_interval)
-            now = loop.time()
-            for tracked, why in self.quotas.expired(now):
-                connection = self._open.get(tracked)
-                if connection is None:
-                    self.quotas.close(tracked)  # its task is ending
-                elif why is Expiry.IDLE and connection.writing_progressed():
-                    self.quotas.activity(tracked, now)  # a large answer still going out to a slow reader
-                else:
-                    self.quotas.close(tracked)
-                    CONNECTION_QUOTA_CLOSES.labels(why.value).inc()
-                    log.debug("closing connection", peer=connection.peer, reason=why.value)
-                    connection.abort()
+            try:
+                self._sweep(loop.time())
+            except Exception:  # a bug here must not end idle expiry for the broker's lifetime
+                log.exception("connection sweep failed")
+
+    def _sweep(self, now: float) -> None:
+        for tracked, why in self.quotas.expired(now):
+            connection = self._open.get(tracked)
+            if connection is None:
+                self.quotas.close(tracked)  # its task is ending
+            elif why is Expiry.IDLE and connection.writing_progressed():
+                self.quotas.activity(tracked, now)  # a large answer still going out to a slow reader
+            else:
+                self.quotas.close(tracked)
+                CONNECTION_QUOTA_CLOSES.labels(why.value).inc()
+                log.debug("closing connection", peer=connection.peer, reason=why.value)
+                connection.abort()
 
 
 # Answers written together are joined into one buffer (copied): large fetch answers go alone.
