@@ -25,6 +25,11 @@ Why no interleaving breaks per-partition order or an idempotent producer (what t
   Kafka request that timed out at the client while the leader appended it).
 - Late answers carry batch ids (the representative's tokens) that no later batch ever gets, so the
   fresh pipeline ignores them.
+
+What the producer of a batch whose commit was started is told at the reset: REQUEST_TIMED_OUT
+(retriable, "possibly persisted", the Kafka client's view of a request that timed out at it), never
+KAFKA_STORAGE_ERROR, which tells it the batch was not written (librdkafka's NOT_PERSISTED status:
+an application may resend it expecting no duplicate).
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ from diskless.protocol import internal, records
 OOSS = int(ErrorCode.out_of_order_sequence_number)
 NOT_LEADER = int(ErrorCode.not_leader_or_follower)
 FENCED = int(ErrorCode.fenced_leader_epoch)
+TIMED_OUT = int(ErrorCode.request_timed_out)
+STORAGE_ERROR = int(ErrorCode.kafka_storage_error)
 RETRIABLE = {int(code) for code in ErrorCode if code.retriable}
 
 
@@ -323,6 +330,49 @@ def test_an_old_commit_applied_after_the_resend_on_a_new_connection_is_a_duplica
         assert setup.part.log == ["a", "b"]
         assert first.result()["error_code"] in RETRIABLE
         assert again.result()["base_offset"] == 0 and second.result()["base_offset"] == 1
+        await setup.close()
+
+    asyncio.run(scenario())
+
+
+def test_without_idempotence_a_commit_cut_off_by_the_reset_is_answered_possibly_persisted() -> None:
+    """A producer without idempotence. Its batch's commit was read by broker 1 when the reset failed
+    it, then the connection broke; the producer resends the batch on a new connection, and the
+    leader applies the resend before the old request: the batch is in the log twice. That is at
+    least once, as in Kafka when a request times out at the client while the leader appended it,
+    provided the producer was told what a Kafka client knows then: REQUEST_TIMED_OUT (possibly
+    persisted), not KAFKA_STORAGE_ERROR (not written, so resending cannot duplicate it)."""
+
+    async def scenario() -> None:
+        setup = make_setup()
+        conn, first = await old_commit_in_flight(setup, None)
+        assert first.result() == {"error_code": TIMED_OUT}
+        conn.drop()
+        again = setup.submit("a", None)
+        await until(lambda: setup.peers.conns[1] is not conn and len(setup.peers.conns[1].queue) == 1)
+        future, answer = setup.apply_next(1)
+        future.set_result(answer)
+        await until(again.done)
+        setup.apply_stale(conn)
+        assert setup.part.log == ["a", "a"]
+        await setup.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_batch_never_sent_is_answered_not_persisted_at_the_reset() -> None:
+    """Only a batch whose commit was started may have reached a leader: one still buffered (or
+    uploading) when the reset fails it is answered KAFKA_STORAGE_ERROR, as before."""
+
+    async def scenario() -> None:
+        setup = make_setup()
+        conn = setup.peers.conns[1]
+        sent = setup.submit("a", 0)
+        await until(lambda: len(conn.queue) == 1)
+        buffered = setup.submit("b", 1)  # in the buffer: its flush waits for the linger
+        setup.reset()
+        assert sent.result() == {"error_code": TIMED_OUT}
+        assert buffered.result() == {"error_code": STORAGE_ERROR}
         await setup.close()
 
     asyncio.run(scenario())
