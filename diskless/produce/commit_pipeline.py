@@ -246,7 +246,12 @@ class CommitPipeline:
         learned of that failure, to be refused OUT_OF_ORDER_SEQUENCE by the leader: without the
         hint (R4) that answer would reach the producer, a fatal error for an idempotent one. A
         hint only ever turns that answer into a retriable one, so keeping it is safe even when
-        the rest of the state is not to be trusted."""
+        the rest of the state is not to be trusted.
+
+        The old pipeline's commits still in flight are not carried over, and the fresh one does
+        not wait for them: the leader applies them before a later commit on the same channel, and
+        fences them by epoch on another (``representative.py``, "Reset after a bug"). Reports
+        about them name ids the fresh pipeline never had, and are ignored."""
         fresh = CommitPipeline(
             retry_timeout_ms=self.retry_timeout_ms,
             retry_backoff_ms=self.retry_backoff_ms,

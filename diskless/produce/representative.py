@@ -27,6 +27,18 @@ the PUT is bounded by ``diskless.wal.commit.timeout.ms`` (a later commit would b
 back-offs at once. So every batch gets an ordering outcome in bounded time, and nothing holds
 a gate: there is no gate, only the pipeline's state, which each report moves forward.
 
+Reset after a bug. An unexpected exception in the pump fails every batch held and starts a fresh
+pipeline (``CommitPipeline.restart``), which knows nothing of the old one's commits still in flight
+to remote leaders and may send a later commit of the same partition before they are applied. That
+keeps the order: on the same channel (leader, connection, epoch) the leader applies the old commit
+first; on another epoch or leader the old commit's stamped epoch is refused, or its append is
+truncated (KIP-320), or it was replicated before the new epoch began, so before the new commit;
+another connection to the same leader and epoch exists only once the old one closed, which is the
+lost-answer case R3/R6 already handle (a late application is a duplicate an idempotent producer's
+sequence reveals). The producers of the failed batches are answered retriably, REQUEST_TIMED_OUT
+when their commit was started (possibly appended), and ``tests/unit/test_representative_reset.py``
+drives each interleaving.
+
 Liveness with slow followers. The leader answers CommitBatches once the pointers are appended;
 that is all the ordering needs (a remote leader may hold the answer up to
 ``REPLICATION_PIGGYBACK_MS`` to report acks=all entries already replicated; later commits of the
@@ -491,16 +503,23 @@ class Representative:
         except Exception:
             # A bug: the pipeline's state cannot be trusted. Fail every batch held here, buffered
             # ones included (a later batch must not commit after an earlier one failed), and start
-            # afresh; answers still to come for the old batches are ignored.
+            # afresh; answers still to come for the old batches are ignored (their ids are never
+            # reused), and the old commits still in flight need no waiting for (see "Reset after
+            # a bug" above).
             log.exception("commit pipeline failed; failing every batch held")
             # The hints stay (R4): a producer's batch failed before the reset may have later
             # batches still coming, which the leader refuses out of order.
             fresh = self.pipeline.restart()
             for item in [*self._items.values(), *self.admission.drop_waiting()]:
-                if not item.future.done():
-                    key = (item.batch.topic_id, item.batch.partition)
-                    fresh.note_failure(key, item.batch.data, STORAGE_ERROR, _now_ms())
-                _resolve(item, {"error_code": STORAGE_ERROR})
+                if item.future.done():
+                    continue
+                # A batch whose commit was started may be appended: REQUEST_TIMED_OUT ("possibly
+                # persisted", what a Kafka client knows of a request that timed out at it), as R6
+                # answers a lost commit. KAFKA_STORAGE_ERROR says it was not written (librdkafka's
+                # NOT_PERSISTED: resending it would not duplicate it), true only of the others.
+                code = TIMED_OUT if item.sent else STORAGE_ERROR
+                fresh.note_failure((item.batch.topic_id, item.batch.partition), item.batch.data, code, _now_ms())
+                _resolve(item, {"error_code": code})
             self._items.clear()
             self._flushes.clear()
             self.buffer.drain(_now_ms())

@@ -296,3 +296,29 @@ def test_a_batch_whose_send_failed_is_sent_again_even_without_idempotence() -> N
     pipeline.lost([1], 10, maybe_applied=False)
     assert codes(pipeline) == {}
     assert [s.ids for s in pipeline.next_sends(200, lambda key: "remote")] == [[1]]
+
+
+def test_a_restarted_pipeline_ignores_reports_about_the_old_ones_batches() -> None:
+    """After the shell's reset the old pipeline's commits may still be answered, lost or failed;
+    the fresh pipeline knows none of their ids (the shell never reuses one), so each report is
+    ignored and completes nothing of its own, even a batch of the same partition in flight on the
+    same channel. It does not wait for the old commits: on one channel the leader applies them
+    first, and on another the leader epoch stamped on every entry fences them (see
+    test_representative_reset)."""
+    old = CommitPipeline()
+    old.add_flush(0, [(1, ("t", 0), idem(0))])
+    old.uploaded(0, 0)
+    assert [s.ids for s in old.next_sends(0, lambda key: "remote")] == [[1]]
+    fresh = old.restart()
+    fresh.add_flush(1, [(2, ("t", 0), idem(0)), (3, ("t", 0), idem(1))])
+    fresh.uploaded(1, 1)
+    assert [s.ids for s in fresh.next_sends(1, lambda key: "remote")] == [[2, 3]]
+
+    fresh.answered(1, {"error_code": 0}, 2)
+    fresh.lost([1], 2)
+    fresh.failed([1], int(ErrorCode.kafka_storage_error), 2)
+    assert codes(fresh) == {} and fresh.state_of(2) is State.SENT and fresh.pending == 2
+
+    fresh.answered(2, {"error_code": 0}, 3)
+    fresh.answered(3, {"error_code": 0}, 3)
+    assert codes(fresh) == {2: 0, 3: 0} and fresh.pending == 0
