@@ -409,7 +409,11 @@ class Representative:
             _resolve(item, {"error_code": STORAGE_ERROR})
         for item in self._verifying.drain():
             _resolve(item, {"error_code": STORAGE_ERROR})
-        self.pipeline.failed(list(self._items), STORAGE_ERROR, _now_ms())
+        # As at a reset: a batch whose commit went out may be appended (REQUEST_TIMED_OUT, "possibly
+        # persisted"); only the others were surely not written.
+        sent = [token for token, item in self._items.items() if item.sent]
+        self.pipeline.failed(sent, TIMED_OUT, _now_ms())
+        self.pipeline.failed([token for token, item in self._items.items() if not item.sent], STORAGE_ERROR, _now_ms())
         self._deliver()
         for handle in (self._timer, self._wakeup):
             if handle is not None:
@@ -644,7 +648,8 @@ class Representative:
                 self._on_answer(send, answer)
             except Exception:  # a bug must not leave these batches in flight forever (their chains would stall)
                 log.exception("handling a commit answer failed")
-                self.pipeline.failed(send.ids, STORAGE_ERROR, _now_ms())
+                # The leader answered: these batches may well be appended ("possibly persisted").
+                self.pipeline.failed(send.ids, TIMED_OUT, _now_ms())
         finally:
             DISKLESS_COMMIT_RPCS_IN_FLIGHT.dec()
         self._pump()

@@ -376,3 +376,27 @@ def test_a_batch_never_sent_is_answered_not_persisted_at_the_reset() -> None:
         await setup.close()
 
     asyncio.run(scenario())
+
+
+def test_an_answer_that_cannot_be_handled_is_answered_possibly_persisted() -> None:
+    """A bug while handling a leader's answer: the leader did answer, so the batch may be appended;
+    its producer is told REQUEST_TIMED_OUT, not KAFKA_STORAGE_ERROR (not written)."""
+
+    async def scenario() -> None:
+        setup = make_setup()
+        conn = setup.peers.conns[1]
+        sent = setup.submit("a", None)
+        await until(lambda: len(conn.queue) == 1)
+
+        def bug(*args: object) -> None:
+            raise AssertionError("injected: a bug handling the answer")
+
+        setup.rep._on_answer = bug  # type: ignore[method-assign]
+        future, answer = setup.apply_next(1)
+        future.set_result(answer)
+        await until(sent.done)
+        assert setup.part.log == ["a"]
+        assert sent.result()["error_code"] == TIMED_OUT
+        await setup.close()
+
+    asyncio.run(scenario())
