@@ -147,8 +147,8 @@ def parse_records(header: records.BatchHeader, body: bytes | memoryview) -> list
                 name_length, pos = _varint(body, pos)
                 if name_length < 0:
                     raise _corrupt(f"record at {start} has a header with a null name")
-                value_length, pos = _varint(body, pos + name_length)
-                pos += max(value_length, 0)
+                header_value_length, pos = _varint(body, pos + name_length)
+                pos += max(header_value_length, 0)
             if pos != end:
                 raise _corrupt(f"record at {start} is {length} bytes long but its fields take {pos - start} bytes")
             out.append(RawRecord(start, end, attributes, timestamp_delta, offset_delta, tail, key, value_length >= 0))
@@ -296,14 +296,27 @@ class CleanedTransactions:
         while self._next < len(self._pending) and self._pending[self._next].first_offset <= offset:
             txn = self._pending[self._next]
             self._next += 1
-            self._aborted.setdefault(txn.producer_id, _AbortedInProgress(txn))
+            current = self._aborted.get(txn.producer_id)
+            if current is None or current.txn.last_offset < txn.first_offset:
+                self._aborted[txn.producer_id] = _AbortedInProgress(txn)
+
+    def _aborted_at(self, producer_id: int, offset: int) -> _AbortedInProgress | None:
+        """The producer's aborted transaction still open at ``offset``. Kafka trusts its aborted
+        list to name only transactions whose markers are in the log (the cleaned segments' index);
+        one whose marker lies behind ``offset`` was removed by an earlier pass and is ignored here,
+        or the producer's next transaction would look aborted and its data be dropped."""
+        in_progress = self._aborted.get(producer_id)
+        if in_progress is not None and in_progress.txn.last_offset < offset:
+            del self._aborted[producer_id]
+            return None
+        return in_progress
 
     def on_data_batch(self, header: records.BatchHeader) -> bool:
         """A data batch was read; True if it is aborted (discardable)."""
         self._reach(header.last_offset)
         if not header.is_transactional:
             return False
-        in_progress = self._aborted.get(header.producer_id)
+        in_progress = self._aborted_at(header.producer_id, header.base_offset)
         if in_progress is not None:
             in_progress.observed = True
             return True
@@ -317,7 +330,8 @@ class CleanedTransactions:
         if control_type is None:
             return True  # emptied by an earlier pass
         if control_type == CONTROL_ABORT:
-            in_progress = self._aborted.pop(header.producer_id, None)
+            in_progress = self._aborted_at(header.producer_id, header.base_offset)
+            self._aborted.pop(header.producer_id, None)
             if in_progress is not None and in_progress.observed:
                 self.kept_aborted.append(in_progress.txn)
                 return False
