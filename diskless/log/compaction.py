@@ -457,11 +457,11 @@ class BatchCleaner:
         )
         if len(kept) == len(parsed) and not needs_horizon:
             return self._unchanged(batch, len(kept))
-        if needs_horizon:
-            stats.horizons_set += 1
         if records.compute_crc(view) != header.crc:
             # Rewriting would give corrupt records a valid CRC; Kafka's cleaner does not look.
             raise _corrupt(f"record batch at offset {header.base_offset} fails its CRC")
+        if needs_horizon:
+            stats.horizons_set += 1
         out = _rebuild(header, body, kept, self._new_horizon if needs_horizon else horizon)
         stats.batches_rewritten += 1
         return self._written(out, len(kept))
@@ -570,7 +570,9 @@ def _rebuild(
         out += inner
     if header.is_log_append_time:
         # Readers take every record's timestamp from the max timestamp: the append time stays. The
-        # records' own (create time) deltas are kept as they were, where Kafka rewrites them to 0.
+        # records' own (create time) timestamps are kept too, where Kafka's builder replaces them
+        # with the append time (the base is then the append time, or the horizon): no reader sees
+        # the difference, and the producer's times are not lost.
         max_timestamp = header.max_timestamp
     codec = header.compression
     payload = compression.compress_body(codec, out, _DEFAULT_LEVELS.get(codec, 0))
