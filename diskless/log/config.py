@@ -7,7 +7,8 @@ effective value is override, else the broker's ``log.*`` synonym, else Kafka's d
 Values are checked one by one (``ConfigDef.parse``) and then together (``check_combination``):
 Kafka's LogConfig.validateValues (``min.compaction.lag.ms`` <= ``max.compaction.lag.ms``) and this
 project's rule that a diskless topic is never compacted (its batches live in shared WAL objects,
-which a cleaner cannot rewrite per partition; Aiven's Inkless refuses compacted diskless topics too).
+which a cleaner cannot rewrite per partition; Aiven's Inkless does not support compacted diskless
+topics either).
 
 ``CleanerConfig`` is the log cleaner's broker-wide settings (Kafka's CleanerConfig), built from the
 broker's static and dynamic configuration by ``cluster/broker_configs.cleaner_config``.
@@ -252,7 +253,10 @@ def check_topic(overrides: Mapping[str, str], broker_value: ValueSource, previou
     values = {name: value for name, (value, _) in effective_values(overrides, broker_value).items()}
     before = None
     if previous is not None:
-        before = {name: value for name, (value, _) in effective_values(previous, broker_value).items()}
+        try:
+            before = {name: value for name, (value, _) in effective_values(previous, broker_value).items()}
+        except ConfigError:
+            before = None  # stored by an older version that took it: it only words the refusal
     check_combination(values, before)
 
 
