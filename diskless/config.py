@@ -9,6 +9,7 @@ value stops the broker at startup rather than at first use.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import string
@@ -24,7 +25,16 @@ from diskless.cluster.client_az import (
     parse_listener_az_map,
     parse_listeners,
 )
-from diskless.log.config import TOPIC_CONFIGS, ConfigError
+from diskless.log.config import (
+    DEFAULT_DEDUPE_BUFFER_SIZE,
+    DOUBLE_MAX,
+    TOPIC_CONFIGS,
+    CleanerConfig,
+    ConfigError,
+    check_combination,
+    effective_values,
+    parse_java_double,
+)
 from diskless.security import redact
 
 ENV_PREFIX = "DISKLESS_"
@@ -95,6 +105,50 @@ class BrokerConfig:
     default_replication_factor: int = field(default=1, metadata=_prop("default.replication.factor"))
     auto_create_topics_enable: bool = field(default=True, metadata=_prop("auto.create.topics.enable"))
     log_retention_check_interval_ms: int = field(default=300000, metadata=_prop("log.retention.check.interval.ms"))
+    # --- the log cleaner of compacted classic topics (Kafka's CleanerConfig) ---
+    # All but log.cleaner.enable are dynamic, as in Kafka (LogCleaner.ReconfigurableConfigs): the
+    # cleaner reads them through cluster/broker_configs.cleaner_config at each pass.
+    log_cleaner_enable: bool = field(
+        default=True,
+        metadata=_prop(
+            "log.cleaner.enable",
+            "Run the log cleaner, which compacts topics whose cleanup.policy includes compact. Disabled,"
+            " those topics are not compacted and grow (produce still refuses records without a key).",
+        ),
+    )
+    log_cleaner_threads: int = field(
+        default=1, metadata=_prop("log.cleaner.threads", "Logs cleaned at once (each with its share of the buffers).")
+    )
+    log_cleaner_dedupe_buffer_size: int = field(
+        default=DEFAULT_DEDUPE_BUFFER_SIZE,
+        metadata=_prop(
+            "log.cleaner.dedupe.buffer.size",
+            "Bytes of the cleaners' key -> offset maps together. An entry costs ~128 bytes in Python"
+            " (24 in Kafka), so a cleaner holds size / threads / 128 x load factor keys per pass."
+            " Kafka's default is 128 MiB; 32 MiB here (about 230k keys) fits the broker's memory budget.",
+        ),
+    )
+    log_cleaner_io_buffer_load_factor: float = field(
+        default=0.9,
+        metadata=_prop("log.cleaner.io.buffer.load.factor", "The share of a cleaner's map entries it fills."),
+    )
+    log_cleaner_io_buffer_size: int = field(
+        default=512 * 1024,
+        metadata=_prop(
+            "log.cleaner.io.buffer.size", "Bytes of the cleaners' read and write buffers together (half each)."
+        ),
+    )
+    log_cleaner_io_max_bytes_per_second: float = field(
+        default=DOUBLE_MAX,
+        metadata=_prop(
+            "log.cleaner.io.max.bytes.per.second",
+            "The cleaners' reads and writes together are throttled to this rate on average.",
+        ),
+    )
+    log_cleaner_backoff_ms: int = field(
+        default=15000,
+        metadata=_prop("log.cleaner.backoff.ms", "How long the cleaner sleeps when no log needs cleaning."),
+    )
     socket_request_max_bytes: int = field(default=104857600, metadata=_prop("socket.request.max.bytes"))
     # Kafka's default is -1 (unbounded; its produce path does not park requests). Here produce
     # requests waiting for room in the representative's buffer hold their frames, so without a
@@ -541,6 +595,30 @@ class BrokerConfig:
         """Raw value of a broker-level synonym of a topic config, if set explicitly."""
         return self.topic_defaults.get(name)
 
+    def cleaner_config(self) -> CleanerConfig:
+        """The log cleaner's settings in this (static) configuration; the dynamic ones laid over
+        them are ``cluster/broker_configs.cleaner_config``."""
+        return CleanerConfig(
+            enable=self.log_cleaner_enable,
+            threads=self.log_cleaner_threads,
+            dedupe_buffer_size=self.log_cleaner_dedupe_buffer_size,
+            dedupe_buffer_load_factor=self.log_cleaner_io_buffer_load_factor,
+            io_buffer_size=self.log_cleaner_io_buffer_size,
+            io_max_bytes_per_second=self.log_cleaner_io_max_bytes_per_second,
+            backoff_ms=self.log_cleaner_backoff_ms,
+        )
+
+    def validate_log_defaults(self) -> None:
+        """The broker's topic defaults and cleaner settings together, as Kafka checks them at startup
+        (LogConfig.validateBrokerLogConfigValues, KafkaConfig, LogCleaner); ConfigError if refused."""
+        values = {name: value for name, (value, _) in effective_values({}, self.broker_value).items()}
+        try:
+            check_combination(values)
+        except ConfigError as exc:
+            # Every topic created without overrides would be refused: say so at startup instead.
+            raise ConfigError(f"broker topic defaults: {exc}") from None
+        self.cleaner_config().validate()
+
 
 _PROPERTY_FIELDS = {f.metadata["property"]: f for f in fields(BrokerConfig) if "property" in f.metadata}
 _ALIASES = {"broker.id": "node.id"}
@@ -557,7 +635,12 @@ def _coerce(name: str, raw: str) -> Any:
             raise ValueError(f"invalid number {raw!r}")
         return int(raw)
     if kind.startswith("float"):
-        return float(raw)
+        # Kafka's DOUBLE: Double.parseDouble (no "inf", "nan" or "1_0"); NaN is refused, it would
+        # silently turn off whatever the setting bounds.
+        value = parse_java_double(raw)
+        if math.isnan(value):
+            raise ValueError(f"invalid number {raw!r}")
+        return value
     if kind.startswith("bool"):
         if raw.lower() not in ("true", "false"):
             raise ValueError(f"expected true or false, got {raw!r}")  # load_config names the setting
@@ -667,4 +750,5 @@ def load_config(
     )
     config.validate_listeners()
     config.connection_limits()
+    config.validate_log_defaults()
     return config

@@ -77,6 +77,10 @@ REPLICA_FETCH_PARTITIONS = Counter(
     ["kind"],
 )
 RETENTION_DELETED_SEGMENTS = Counter("diskless_retention_deleted_segments_total", "Segments deleted by retention")
+# Kafka's NoKeyCompactedTopicRecordsPerSec: produce refused INVALID_RECORD (log/key_check.py).
+NO_KEY_COMPACTED_RECORDS = Counter(
+    "diskless_no_key_compacted_topic_records_total", "Records without a key refused by compacted topics"
+)
 
 
 _CHILDREN: dict[tuple[int, tuple[str, ...]], Any] = {}

@@ -14,7 +14,7 @@ from diskless.log.partition_log import OffsetOutOfRange
 from diskless.protocol import messages as m
 
 from .api_base import ApiFamily, _find_partition, forwarded_by_broker
-from .config_apis import topic_config_entries
+from .config_apis import check_with_broker_defaults, topic_config_entries
 
 log = structlog.get_logger(__name__)
 
@@ -88,15 +88,17 @@ class AdminApis(ApiFamily):
                 partitions = self.broker.config.num_partitions if partitions == -1 else partitions
                 rf = self.broker.config.default_replication_factor if rf == -1 else rf
             configs = {c.name: c.value for c in item.configs}
+            validate_only = getattr(request, "validate_only", False)
             try:
+                # Validated first (Kafka's order of refusals), then its overrides (diskless.enabled
+                # pinned) with this broker's topic defaults: a compacted diskless topic, or a
+                # compaction lag conflicting with a log.cleaner.* default, is INVALID_CONFIG.
                 topic = await self.broker.create_topic(
-                    item.name,
-                    partitions,
-                    rf,
-                    configs,
-                    assignments,
-                    validate_only=getattr(request, "validate_only", False),
+                    item.name, partitions, rf, configs, assignments, validate_only=True
                 )
+                check_with_broker_defaults(self.broker, topic.configs)
+                if not validate_only:
+                    topic = await self.broker.create_topic(item.name, partitions, rf, configs, assignments)
             except MetadataError as exc:
                 entry.update(error_code=exc.code, error_message=str(exc))
                 results.append(entry)

@@ -11,14 +11,14 @@ static configuration (``operations.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kio.schema.errors import ErrorCode
 
 from diskless.cluster import broker_configs as bc
 from diskless.cluster.metadata import MetadataError, TopicMetadata, validate_topic_name
-from diskless.log.config import TOPIC_CONFIGS, canonical_name, effective_values
+from diskless.log.config import TOPIC_CONFIGS, ConfigError, canonical_name, check_topic, effective_values
 from diskless.protocol import messages as m
 
 from .api_base import OP_APPEND, OP_DELETE, OP_SET, OP_SUBTRACT, RESOURCE_BROKER, RESOURCE_TOPIC, ApiFamily
@@ -75,6 +75,20 @@ def topic_config_entries(
             }
         )
     return out
+
+
+def check_with_broker_defaults(
+    broker: Broker, overrides: Mapping[str, str], previous: Mapping[str, str] | None = None
+) -> None:
+    """A topic's valid overrides checked together with this broker's topic defaults (its
+    ``log.*`` synonyms, dynamic ones included), as Kafka's controller validates the merged
+    config: INVALID_CONFIG for a compacted diskless topic or min.compaction.lag.ms above
+    max.compaction.lag.ms. The metadata checks the overrides against Kafka's defaults only; here
+    a default such as ``log.cleanup.policy=compact`` or ``diskless.enabled=true`` counts too."""
+    try:
+        check_topic(overrides, broker.config.broker_value, previous)
+    except ConfigError as exc:
+        raise MetadataError(ErrorCode.invalid_config, str(exc)) from None
 
 
 def _refuse_unclear(configs: Any, names: list[str], needs_value: Callable[[Any], bool]) -> None:
@@ -234,9 +248,13 @@ class ConfigApis(ApiFamily):
                         raise MetadataError(
                             ErrorCode.unknown_topic_or_partition, f"Topic {res.resource_name} does not exist"
                         )
-                    await self.broker.alter_topic_configs(
-                        res.resource_name, updates_for(res, dict(topic.configs)), request.validate_only
-                    )
+                    updates = updates_for(res, dict(topic.configs))
+                    # The overrides the broker would store (INVALID_CONFIG as it would refuse them);
+                    # one that drops diskless.enabled takes the broker's default, as the broker
+                    # pins it, which effective values give too.
+                    planned = self._meta.plan_configs(res.resource_name, updates)
+                    check_with_broker_defaults(self.broker, planned, topic.configs)
+                    await self.broker.alter_topic_configs(res.resource_name, updates, request.validate_only)
                 elif res.resource_type == RESOURCE_BROKER:
                     if res.resource_name != "" and not res.resource_name.isdigit():
                         raise MetadataError(ErrorCode.invalid_request, f"Invalid broker id {res.resource_name}")

@@ -146,9 +146,13 @@ class Operations:
             with attempt:
                 current = dict(self.broker.metadata.broker_configs.get(name, {}))
                 updates = broker_configs.validate_dynamic(updates_for(current))
+                merged = {k: v for k, v in {**current, **updates}.items() if v is not None}
+                # Each value is valid alone; together with the other layers (this broker's view)
+                # they must still make a startable configuration (min <= max compaction lag...).
+                after = {**self.broker.metadata.broker_configs, name: merged}
+                broker_configs.check_dynamic_combination(self.static_config, after, self.broker.node_id)
                 if validate_only:
                     return
-                merged = {k: v for k, v in {**current, **updates}.items() if v is not None}
                 if not await self.broker.backend.update_broker_configs(name, merged):
                     raise ConcurrentChange
                 deadline = time.monotonic() + APPLIED_WAIT_S

@@ -21,6 +21,7 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.log.batch_codec import in_topic_codec
+from diskless.log.key_check import KeylessRecords, check_keys
 from diskless.log.partition_log import PartitionLog, timestamp_allowed
 from diskless.log.txn_verification import TxnGuard
 from diskless.produce.representative import TxnCheck
@@ -387,8 +388,19 @@ class ProduceApis(ApiFamily):
             if acks == -1 and len(replica.isr) < plog.config.min_insync_replicas:
                 plog.producer_state.note_refused(records.parse_header(batches[0]), "not_enough_replicas")
                 return _failed(partition, ErrorCode.not_enough_replicas)
+            # Compacted topics only (nothing parsed otherwise): Kafka's LogValidator.validateKey.
+            check_keys(batches, plog.config, replica.topic, partition)
             verify = self.broker.config.transaction_partition_verification_enable
             result = plog.append_as_leader(batches, replica.leader_epoch, now, txn_guard=guard, verify_txn=verify)
+        except KeylessRecords as exc:
+            entry, _, _ = _failed(partition, ErrorCode.invalid_record, str(exc))
+            # Produce v8+ carry them (produce_response.py); the log start offset as Kafka's
+            # processFailedRecord answers it.
+            entry["record_errors"] = [
+                {"batch_index": index, "batch_index_error_message": message} for index, message in exc.record_errors
+            ]
+            entry["log_start_offset"] = plog.log_start_offset
+            return entry, None, -1
         except records.InvalidBatch as exc:
             return _failed(partition, ErrorCode[exc.error], str(exc))
         if not result.duplicate:

@@ -11,9 +11,11 @@ Dynamic values live in the metadata store (``broker-configs/<node id>`` and
 (``BrokerConfig.topic_defaults`` and fields), most specific first, as Kafka's DynamicBrokerConfig.
 The settings that are dynamic here are those Kafka allows at runtime and this broker honours at
 runtime: the broker-level synonyms of topic configs (``log.retention.ms``, ``message.max.bytes``,
-...: Kafka's DynamicLogConfig), the leader's replication throttle, and the connection limits
+...: Kafka's DynamicLogConfig), the leader's replication throttle, the connection limits
 (``max.connections``, ``max.connections.per.ip(.overrides)``: Kafka's SocketServer
-reconfigurables, per broker or cluster-wide; they apply to connections accepted afterwards).
+reconfigurables, per broker or cluster-wide; they apply to connections accepted afterwards), and
+the log cleaner's settings but ``log.cleaner.enable`` (Kafka's LogCleaner.ReconfigurableConfigs;
+the cleaner reads them through ``cleaner_config`` at each pass).
 """
 
 from __future__ import annotations
@@ -27,7 +29,16 @@ from kio.schema.errors import ErrorCode
 
 from diskless.broker.connection_quotas import INT_MAX, LimitError, parse_overrides
 from diskless.config import SECRET_PROPERTIES, BrokerConfig
-from diskless.log.config import TOPIC_CONFIGS, ConfigDef, ConfigError
+from diskless.log.config import (
+    TOPIC_CONFIGS,
+    CleanerConfig,
+    ConfigDef,
+    ConfigError,
+    check_combination,
+    effective_values,
+    parse_java_double,
+    render_java_double,
+)
 
 # DescribeConfigs ConfigSource and ConfigType codes (Kafka's DescribeConfigsResponse).
 SOURCE_TOPIC = 1
@@ -35,8 +46,15 @@ SOURCE_DYNAMIC_BROKER = 2
 SOURCE_DYNAMIC_DEFAULT = 3
 SOURCE_STATIC_BROKER = 4
 SOURCE_DEFAULT = 5
-TYPE_BOOLEAN, TYPE_STRING, TYPE_INT, TYPE_LONG, TYPE_LIST, TYPE_PASSWORD = 1, 2, 3, 5, 7, 9
-KIND_TYPES = {"boolean": TYPE_BOOLEAN, "string": TYPE_STRING, "int": TYPE_INT, "long": TYPE_LONG, "list": TYPE_LIST}
+TYPE_BOOLEAN, TYPE_STRING, TYPE_INT, TYPE_LONG, TYPE_DOUBLE, TYPE_LIST, TYPE_PASSWORD = 1, 2, 3, 5, 6, 7, 9
+KIND_TYPES = {
+    "boolean": TYPE_BOOLEAN,
+    "string": TYPE_STRING,
+    "int": TYPE_INT,
+    "long": TYPE_LONG,
+    "double": TYPE_DOUBLE,
+    "list": TYPE_LIST,
+}
 
 DEFAULT_RESOURCE = "default"  # the store's name for the cluster-wide default (resource name "")
 
@@ -57,6 +75,7 @@ _LONGS = {
     "diskless.produce.buffer.max.bytes",
     "diskless.wal.max.bytes",
     "queued.max.request.bytes",  # LONG in Kafka too
+    "log.cleaner.dedupe.buffer.size",
 }
 _LISTS = {"listeners", "advertised.listeners", "log.dirs", "group.consumer.assignors", "sasl.enabled.mechanisms"}
 _SYNONYMS = {d.broker_synonym: d for d in TOPIC_CONFIGS.values() if d.broker_synonym}
@@ -71,8 +90,18 @@ DYNAMIC_BROKER_FIELDS: dict[str, str] = {
     "max.connections": "int",
     "max.connections.per.ip": "int",
     "max.connections.per.ip.overrides": "overrides",
+    # The log cleaner's (LogCleaner.ReconfigurableConfigs; not log.cleaner.enable): read by the
+    # cleaner at each pass (cleaner_config).
+    "log.cleaner.threads": "int",
+    "log.cleaner.dedupe.buffer.size": "long",
+    "log.cleaner.io.buffer.load.factor": "double",
+    "log.cleaner.io.buffer.size": "int",
+    "log.cleaner.io.max.bytes.per.second": "double",
+    "log.cleaner.backoff.ms": "long",
 }
-_DYNAMIC_TYPES = {"long": TYPE_LONG, "int": TYPE_INT, "overrides": TYPE_STRING}
+_DYNAMIC_TYPES = {"long": TYPE_LONG, "int": TYPE_INT, "double": TYPE_DOUBLE, "overrides": TYPE_STRING}
+# Lower bounds other than 0 (LogCleaner.validateReconfiguration: "at least 1").
+_DYNAMIC_MINIMUM = {"log.cleaner.threads": 1}
 
 
 def is_sensitive(name: str) -> bool:
@@ -89,6 +118,8 @@ def config_type(name: str, value: Any) -> int:
         return TYPE_LIST
     if isinstance(value, bool):
         return TYPE_BOOLEAN
+    if isinstance(value, float):
+        return TYPE_DOUBLE
     if isinstance(value, int):
         if name in _LONGS or (name.endswith(".ms") and name not in _INT_DURATIONS):
             return TYPE_LONG
@@ -125,9 +156,16 @@ def validate_dynamic(updates: Mapping[str, str | None]) -> dict[str, str | None]
             elif DYNAMIC_BROKER_FIELDS[name] == "overrides":
                 parse_overrides(raw)
                 out[name] = raw.strip()
+            elif DYNAMIC_BROKER_FIELDS[name] == "double":
+                number = parse_java_double(raw)
+                if number != number:  # NaN: refused as at startup (diskless/config.py)
+                    raise ValueError(raw)
+                out[name] = render_java_double(number)
             else:
+                if "_" in raw:  # Python's int() takes "1_000", Java's parseLong does not
+                    raise ValueError(raw)
                 value = int(raw.strip())
-                if value < 0 or (DYNAMIC_BROKER_FIELDS[name] == "int" and value > INT_MAX):
+                if value < _DYNAMIC_MINIMUM.get(name, 0) or (DYNAMIC_BROKER_FIELDS[name] == "int" and value > INT_MAX):
                     raise ValueError(raw)
                 out[name] = str(value)
         except (ConfigError, ValueError, LimitError):
@@ -140,6 +178,38 @@ class BrokerConfigError(Exception):
     def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+def check_dynamic_combination(static: BrokerConfig, dynamic: Mapping[str, Mapping[str, str]], node_id: int) -> None:
+    """The broker's topic defaults and cleaner settings once ``dynamic`` is in force, checked
+    together as at startup (Kafka's DynamicLogConfig / LogCleaner.validateReconfiguration run
+    LogConfig.validateBrokerLogConfigValues and the cleaner's checks): INVALID_REQUEST if refused."""
+    defaults = layered_topic_defaults(static, dynamic, node_id)
+    values = {name: value for name, (value, _) in effective_values({}, defaults.get).items()}
+    try:
+        check_combination(values)
+        cleaner_config(static, dynamic, node_id).validate()
+    except ConfigError as exc:
+        raise BrokerConfigError(ErrorCode.invalid_request, str(exc)) from None
+
+
+def cleaner_config(static: BrokerConfig, dynamic: Mapping[str, Mapping[str, str]], node_id: int) -> CleanerConfig:
+    """The log cleaner's settings on broker ``node_id``: dynamic values (per broker, then the
+    cluster default) over the static ones. The cleaner asks at each pass, so a change applies
+    from its next pass on, as Kafka's LogCleaner.reconfigure restarts its threads."""
+
+    def value(name: str) -> str:
+        return dynamic_field(static, dynamic, node_id, name)
+
+    return CleanerConfig(
+        enable=static.log_cleaner_enable,
+        threads=int(value("log.cleaner.threads")),
+        dedupe_buffer_size=int(value("log.cleaner.dedupe.buffer.size")),
+        dedupe_buffer_load_factor=parse_java_double(value("log.cleaner.io.buffer.load.factor")),
+        io_buffer_size=int(value("log.cleaner.io.buffer.size")),
+        io_max_bytes_per_second=parse_java_double(value("log.cleaner.io.max.bytes.per.second")),
+        backoff_ms=int(value("log.cleaner.backoff.ms")),
+    )
 
 
 def dynamic_field(static: BrokerConfig, dynamic: Mapping[str, Mapping[str, str]], node_id: int, name: str) -> str:
@@ -185,6 +255,8 @@ def _render(value: Any) -> str | None:
         return None
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, float):
+        return render_java_double(value)  # as Kafka shows a DOUBLE: "1.7976931348623157E308"
     return str(value)
 
 

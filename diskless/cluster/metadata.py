@@ -266,15 +266,17 @@ class ClusterMetadata:
         return topic
 
     def plan_configs(self, name: str, updates: Mapping[str, str | None]) -> dict[str, str]:
-        """A topic's overrides after set (value) / delete (None) updates, validated."""
-        merged = dict(self._existing(name).configs)
+        """A topic's overrides after set (value) / delete (None) updates, validated (alone, and
+        together against Kafka's defaults: the broker's own defaults are the admin APIs' to add)."""
+        current = self._existing(name).configs
+        merged = dict(current)
         for key, value in updates.items():
             if value is None:
                 merged.pop(canonical_name(key), None)
             else:
                 merged[canonical_name(key)] = value
         try:
-            return validate_overrides(merged)
+            return validate_overrides(merged, previous=current)
         except ConfigError as exc:
             raise MetadataError(ErrorCode.invalid_config, str(exc)) from None
 

@@ -80,8 +80,9 @@ def test_unknown_key_raises(tmp_path: Path, source: str) -> None:
         ("log.retention.ms", "forever"),
         ("log.segment.bytes", "1"),
         ("log.message.timestamp.type", "Now"),
-        ("log.cleanup.policy", "compact"),
+        ("log.cleanup.policy", "compacted"),
         ("diskless.s3.hedge.quantile", "often"),
+        ("diskless.s3.hedge.quantile", "nan"),
     ],
 )
 def test_bad_values_raise(name: str, value: str) -> None:

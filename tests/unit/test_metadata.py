@@ -87,7 +87,8 @@ def test_replicas_alternate_racks() -> None:
         (("t", 1, 1, {"retention.ms": "soon"}), ErrorCode.invalid_config),
         (("t", 1, 1, {"no.such.config": "1"}), ErrorCode.invalid_config),
         (("t", 1, 1, {"retention.ms": None}), ErrorCode.invalid_config),
-        (("t", 1, 1, {"cleanup.policy": "compact"}), ErrorCode.invalid_config),
+        (("t", 1, 1, {"cleanup.policy": "compacted"}), ErrorCode.invalid_config),
+        (("t", 1, 1, {"cleanup.policy": "compact", "diskless.enabled": "true"}), ErrorCode.invalid_config),
     ],
 )
 def test_create_topic_errors(args: tuple, code: ErrorCode) -> None:
@@ -182,7 +183,8 @@ def test_json_round_trip() -> None:
         ("diskless.enable", "1"),
         ("message.timestamp.type", "createtime"),
         ("compression.type", "brotli"),
-        ("cleanup.policy", "delete,compact"),
+        ("cleanup.policy", "delete,"),
+        ("cleanup.policy", "Compact"),
         ("retention.ms", None),
     ],
 )
