@@ -76,6 +76,16 @@ REPLICA_FETCH_PARTITIONS = Counter(
     "Partitions named in replica fetch requests (an incremental fetch names only those that moved)",
     ["kind"],
 )
+LOG_CLEANER_PASSES = Counter(
+    "diskless_log_cleaner_passes_total",
+    "Log cleaner passes by outcome: installed, log_changed (the log moved under the pass: truncated,"
+    " closed, a segment dropped; it is tried again), gave_up (a segment vanished before it was read,"
+    " or no batch fit the key map), failed (an error; the log is left alone for ten backoffs)",
+    ["outcome"],
+)
+LOG_CLEANER_BYTES = Counter(
+    "diskless_log_cleaner_bytes_total", "Segment bytes the log cleaner replaced (read) and wrote", ["direction"]
+)
 RETENTION_DELETED_SEGMENTS = Counter("diskless_retention_deleted_segments_total", "Segments deleted by retention")
 # Kafka's NoKeyCompactedTopicRecordsPerSec: produce refused INVALID_RECORD (log/key_check.py).
 NO_KEY_COMPACTED_RECORDS = Counter(

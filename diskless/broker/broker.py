@@ -21,6 +21,7 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.aio import cancel_and_wait
+from diskless.cluster.broker_configs import cleaner_config
 from diskless.cluster.controller import elect_on_broker_change
 from diskless.cluster.metadata import (
     BrokerInfo,
@@ -52,6 +53,7 @@ from diskless.storage.object_store import ObjectStore
 
 from .apis import KafkaApis
 from .group_shell import GroupShell
+from .log_cleaner import LogCleaner
 from .operations import Operations
 from .peers import PeerPool
 from .replica_manager import ReplicaManager
@@ -180,6 +182,7 @@ class Broker:
         self._stopping = False
         self.port = -1
         self.metrics_port = -1
+        self.log_cleaner: LogCleaner | None = None  # started with the broker when log.cleaner.enable
 
     def _source_host(self) -> str | None:
         """Bind outgoing broker connections to our listener address when it is a specific one."""
@@ -274,6 +277,14 @@ class Broker:
         )
         self._tasks.append(asyncio.create_task(self._every(offsets_check_ms / 1000, self.groups.maintain)))
         self._tasks.append(asyncio.create_task(self._sample_loop_lag()))
+        if self.config.log_cleaner_enable:
+            self.log_cleaner = LogCleaner(
+                lambda: ((key, p.log) for key, p in list(self.replicas.partitions.items())),
+                self.now_ms,
+                lambda: cleaner_config(self.config, self.metadata.broker_configs, self.node_id),
+                self.config.log_dirs,
+            )
+            self._tasks.append(asyncio.create_task(self.log_cleaner.run_forever()))
         log.info(
             "broker started",
             node_id=self.node_id,

@@ -38,7 +38,6 @@ __all__ = [
     "RawRecord",
     "delete_horizon",
     "is_aborted",
-    "max_entries_for_buffer",
     "parse_records",
 ]
 
@@ -55,11 +54,6 @@ INT64_MAX = 2**63 - 1
 # cryptographic hash, so (unlike MD5) nobody can craft colliding keys to erase another's record.
 DIGEST_SIZE = 16
 
-# Python's cost of one map entry: a 16-byte bytes object (49 bytes), an int offset (32) and a dict
-# slot (hash, key, value and index, over-allocated as the dict grows): 127 bytes a key measured over
-# a million keys on CPython 3.11, rounded up for the growth steps. Kafka's open-addressing map needs
-# 24 (digest + offset): log.cleaner.dedupe.buffer.size buys about 6 times fewer keys per pass here.
-BYTES_PER_ENTRY = 150
 
 # Kafka rebuilds a batch with ``Compression.of(type).build()``: every codec at its default level.
 _GZIP_DEFAULT_LEVEL = 6  # java.util.zip.Deflater's DEFAULT_COMPRESSION
@@ -81,12 +75,6 @@ _UNKNOWN_CONTROL = -1
 def delete_horizon(header: records.BatchHeader) -> int | None:
     """The batch's delete horizon (ms), None while no cleaning pass has set one."""
     return header.base_timestamp if header.attributes & DELETE_HORIZON_FLAG else None
-
-
-def max_entries_for_buffer(buffer_bytes: int, load_factor: float = 0.9) -> int:
-    """How many keys a ``KeyMap`` may hold to stay within ``buffer_bytes`` of memory, filled to
-    ``load_factor`` as Kafka fills its map (log.cleaner.io.buffer.load.factor)."""
-    return max(int(buffer_bytes // BYTES_PER_ENTRY * load_factor), 0)
 
 
 # --- records -------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import shutil
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from diskless.tiering.entry import (
     wrap_tier_state,
 )
 
+from . import cleaner
 from .batch_codec import in_topic_codec
 from .config import LogConfig
 from .leader_epoch import LeaderEpochCache
@@ -155,6 +157,10 @@ class PartitionLog:
         # always are (``roll`` syncs them), so only the active segment can hold unflushed entries.
         self.recovery_point = 0
         self.last_flush_ms = now_ms  # as Kafka's lastFlushedTime, the log's creation counts
+        # Bumped whenever segments may change under a cleaning pass other than by being dropped
+        # (truncation, close, delete): the cleaner installs its output only if it did not move.
+        self.layout_epoch = 0
+        self.cleaner_checkpoint = 0  # where the last cleaning pass's key map ended (cleaner.py)
         self._load(now_ms)
 
     # --- loading ------------------------------------------------------------------------------
@@ -162,6 +168,7 @@ class PartitionLog:
     def _load(self, now_ms: int) -> None:
         clean_marker = os.path.join(self.directory, CLEAN_SHUTDOWN_FILE)
         clean = os.path.exists(clean_marker)
+        cleaner.recover(self.directory)  # before listing segments: a crash may have left a swap half done
         remove_deleted_files(self.directory)
         found = sorted(
             (int(name[: -len(suffix)]), kind)
@@ -193,6 +200,7 @@ class PartitionLog:
             self._recover_epochs()
         # A stale checkpoint only under-reports; the leader role recomputes the HW from the ISR.
         self.high_watermark = min(self._read_checkpointed_hw(), self.log_end_offset)
+        self.cleaner_checkpoint = cleaner.read_checkpoint(self.directory)
         self._rebuild_producer_state()
         self._rebuild_txn_index()
         self.producer_state.expire(now_ms, self.config.producer_id_expiration_ms, self.txns.ongoing)
@@ -639,7 +647,7 @@ class PartitionLog:
         waited = max_ts - first_ts if first_ts is not None and first_ts >= 0 else now_ms - seg.created_ms
         return (
             seg.size + size > self.config.segment_bytes
-            or waited > self.config.segment_ms
+            or waited > self.config.max_segment_ms
             or not seg.can_hold(last_offset)
             or (len(seg.offset_index) + 1) * _OFFSET_INDEX_ENTRY > self.config.segment_index_bytes
         )
@@ -804,6 +812,9 @@ class PartitionLog:
         Idle producers' state goes too (producer.id.expiration.ms)."""
         self.producer_state.expire(now_ms, self.config.producer_id_expiration_ms, self.txns.ongoing)
         deleted = 0
+        if not self.config.delete:
+            # cleanup.policy=compact alone: records go only by being superseded (the cleaner).
+            return self._delete_segments_below_start()
         if self.config.retention_ms >= 0:
             expired_tier = self._expire_tiers(lambda info: now_ms - info.max_timestamp > self.config.retention_ms)
             if not expired_tier:
@@ -841,7 +852,9 @@ class PartitionLog:
         victims: list[LogSegment] = []
         for segment in self.segments:
             next_base = segment.next_offset
-            if segment.size == 0 or next_base > self.high_watermark or not expired(segment):
+            # An empty segment other than the active one is one the cleaner emptied: it expires.
+            empty_active = segment.size == 0 and segment is self.segments[-1]
+            if empty_active or next_base > self.high_watermark or not expired(segment):
                 break
             victims.append(segment)
         if not victims:
@@ -867,6 +880,10 @@ class PartitionLog:
             deleted += 1
             self.on_change()  # the log end moved up to the start
         return deleted
+
+    def retire_segment(self, segment: LogSegment) -> None:
+        """Drop a segment the caller has taken out of ``segments`` (the cleaner replacing it)."""
+        self._retire(segment)
 
     def _retire(self, segment: LogSegment) -> None:
         """Drop a segment the log no longer lists: at once with ``file.delete.delay.ms`` 0, else
@@ -1192,6 +1209,7 @@ class PartitionLog:
             self.epochs.truncate_from_end(self.log_end_offset)
             return
         self._wal_refs_stale = True
+        self.layout_epoch += 1
         if self.tiers and self.tiers[-1].entry_offset >= offset:
             self.tiers = [t for t in self.tiers if t.entry_offset < offset]
             self._write_tier_manifest()
@@ -1217,6 +1235,7 @@ class PartitionLog:
     def truncate_fully_and_start_at(self, offset: int, now_ms: int) -> None:
         """Drop the whole log and continue at ``offset`` (a follower behind the leader's log start)."""
         self._wal_refs_stale = True
+        self.layout_epoch += 1
         for segment in self.segments:
             self._retire(segment)
         self.segments = [LogSegment(self.directory, offset, self.config.index_interval_bytes, now_ms)]
@@ -1273,6 +1292,7 @@ class PartitionLog:
             self.flush(now_ms)
 
     def close(self, clean: bool = True) -> None:
+        self.layout_epoch += 1
         if clean:
             if self._hw_file:
                 self.checkpoint_high_watermark()
@@ -1289,9 +1309,8 @@ class PartitionLog:
             open(os.path.join(self.directory, CLEAN_SHUTDOWN_FILE), "w").close()
 
     def delete(self) -> None:
+        self.layout_epoch += 1
         for segment in self.segments + [r.segment for r in self.retired]:
             segment.delete()
         self.retired = []
-        for name in os.listdir(self.directory):
-            os.unlink(os.path.join(self.directory, name))
-        os.rmdir(self.directory)
+        shutil.rmtree(self.directory)

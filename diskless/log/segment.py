@@ -62,6 +62,13 @@ def _add_deleted_suffix(path: str) -> str:
     return renamed
 
 
+def _move_into(path: str, source: str, directory: str) -> str:
+    name = os.path.basename(path)
+    moved = os.path.join(directory, name)
+    os.replace(os.path.join(source, name), moved)
+    return moved
+
+
 def remove_deleted_files(directory: str) -> int:
     """Remove segment files left renamed ``.deleted`` (a restart before their delay passed, as
     Kafka's log loading does); returns how many."""
@@ -418,6 +425,14 @@ class LogSegment:
         os.close(self._fd)
         self.offset_index.close()
         self.time_index.close()
+
+    def relocate(self, source: str, directory: str) -> None:
+        """Move the segment's files from ``source`` (where its directory was renamed to) into
+        ``directory`` (same filesystem), keeping its descriptor: the cleaner builds segments
+        elsewhere and moves them in when it installs them."""
+        self.log_path = _move_into(self.log_path, source, directory)
+        for index in (self.offset_index, self.time_index):
+            index._file.path = _move_into(index._file.path, source, directory)
 
     def mark_deleted(self) -> None:
         """Rename the files with the ``.deleted`` suffix (Kafka's changeFileSuffixes): no load

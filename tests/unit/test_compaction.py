@@ -20,7 +20,6 @@ from diskless.log.compaction import (
     CleanedTransactions,
     KeyMap,
     is_aborted,
-    max_entries_for_buffer,
 )
 from diskless.log.txn_index import CONTROL_ABORT, CONTROL_COMMIT, AbortedTxn
 from diskless.protocol import records
@@ -158,15 +157,6 @@ def test_batches_other_than_v2_are_refused(magic: int) -> None:
         KeyMap(10).add_batch(batch, False)
     with pytest.raises(records.InvalidBatch, match="v2"):
         BatchCleaner(KeyMap(10), [], {}, NOW, RETENTION).clean(batch)
-
-
-def test_max_entries_for_buffer_scales_with_the_buffer() -> None:
-    assert max_entries_for_buffer(0) == 0
-    small, large = max_entries_for_buffer(1 << 20), max_entries_for_buffer(1 << 30)
-    assert 0 < small < large and large == pytest.approx(1024 * small, rel=0.01)
-
-
-# --- records kept and dropped --------------------------------------------------------------------
 
 
 def test_only_the_latest_record_of_each_key_survives_at_its_offset() -> None:

@@ -1,0 +1,317 @@
+"""Log compaction's IO side (log/cleaner.py): a pass over a real PartitionLog on disk, its install,
+the cases where the log moved under the pass, and recovery from a crash at every step of an install."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+from batches import CONTROL_FLAG, TRANSACTIONAL_FLAG, Record, decode_batch, make_batch, split
+from loghelpers import T0, open_log, read_records
+
+from diskless.log import cleaner
+from diskless.log.partition_log import PartitionLog
+from diskless.log.producer_state import delete_snapshots
+
+COMPACT: dict[str, Any] = {"cleanup_policy": "compact", "min_cleanable_dirty_ratio": 0.0, "delete_retention_ms": 0}
+
+
+def put(
+    log: PartitionLog,
+    pairs: list[tuple[bytes | None, bytes | None]],
+    *,
+    roll: bool = False,
+    now_ms: int = T0,
+    **kw: Any,
+) -> None:
+    """One batch of (key, value) records; with ``roll`` it starts a segment of its own."""
+    batch = make_batch([Record(v, key=k, timestamp=now_ms) for k, v in pairs], base_timestamp=now_ms, **kw)
+    if roll:
+        log.roll(now_ms)
+    log.append_as_leader([memoryview(batch)], 0, now_ms)
+    log.high_watermark = log.log_end_offset
+
+
+def view(log: PartitionLog) -> dict[bytes | None, tuple[int, bytes | None]]:
+    """key -> (offset, value) of the latest record of each key a reader from the start finds."""
+    out: dict[bytes | None, tuple[int, bytes | None]] = {}
+    for rec in read_records(log):
+        out[rec.key] = (rec.offset, rec.value)
+    return out
+
+
+def offsets(log: PartitionLog) -> list[int]:
+    return [rec.offset for rec in read_records(log)]
+
+
+def clean(log: PartitionLog, now_ms: int = T0, max_entries: int = 1 << 20) -> cleaner.CleanedOutput | None:
+    job = cleaner.prepare(log, now_ms)
+    if job is None:
+        return None
+    output = cleaner.run(job, max_entries)
+    assert output is not None
+    assert cleaner.install(output)
+    return output
+
+
+def versions(tmp_path: Path, **config: Any) -> PartitionLog:
+    """Three keys written five times each, one version per segment, then an active segment."""
+    log = open_log(tmp_path, **{**COMPACT, **config})
+    for v in range(5):
+        put(log, [(b"a", b"a%d" % v), (b"b", b"b%d" % v), (b"c", b"c%d" % v)], roll=v > 0)
+    put(log, [(b"z", b"active")], roll=True)
+    return log
+
+
+def test_a_pass_keeps_the_latest_record_of_each_key_at_its_offset(tmp_path: Path) -> None:
+    log = versions(tmp_path)
+    before = view(log)
+    output = clean(log)
+    assert output is not None and output.replaced == 5
+    assert view(log) == before == {b"a": (12, b"a4"), b"b": (13, b"b4"), b"c": (14, b"c4"), b"z": (15, b"active")}
+    assert offsets(log) == [12, 13, 14, 15]
+    assert log.log_end_offset == 16 and log.log_start_offset == 0
+    assert len(log.segments) == 2  # the five small segments merged into one, then the active one
+    assert log.cleaner_checkpoint == 15 == cleaner.read_checkpoint(str(tmp_path))
+    assert not os.path.exists(cleaner.scratch_path(str(tmp_path)))
+    assert clean(log) is None  # nothing dirty any more
+
+
+def test_reads_at_removed_offsets_get_the_next_record(tmp_path: Path) -> None:
+    log = versions(tmp_path)
+    clean(log)
+    for offset in (0, 5, 11, 12):
+        first = read_records(log, offset)[0]
+        assert first.offset == 12
+    assert read_records(log, 13)[0].offset == 13
+
+
+def test_the_result_survives_a_restart(tmp_path: Path) -> None:
+    log = versions(tmp_path)
+    clean(log)
+    before = view(log)
+    log.close()
+    again = open_log(tmp_path, **COMPACT)
+    assert view(again) == before
+    assert again.cleaner_checkpoint == 15
+    assert not [n for n in os.listdir(tmp_path) if n.endswith((".deleted", ".swap"))]
+
+
+def test_a_log_that_is_not_compacted_is_never_cleaned(tmp_path: Path) -> None:
+    log = versions(tmp_path, cleanup_policy="delete")
+    assert cleaner.prepare(log, T0) is None
+
+
+def test_compact_alone_deletes_nothing_by_time(tmp_path: Path) -> None:
+    log = versions(tmp_path, retention_ms=1)
+    assert log.apply_retention(T0 + 10_000_000) == 0
+    both = versions(tmp_path / "both", cleanup_policy="compact,delete", retention_ms=1)
+    assert both.apply_retention(T0 + 10_000_000) > 0
+
+
+def test_an_idempotent_producers_last_batch_stays_and_its_retry_is_a_duplicate(tmp_path: Path) -> None:
+    log = open_log(tmp_path, **COMPACT)
+    put(log, [(b"k", b"1")], producer_id=7, producer_epoch=0, base_sequence=0)
+    put(log, [(b"k", b"2")], producer_id=8, producer_epoch=0, base_sequence=0, roll=True)
+    put(log, [(b"x", b"x")], roll=True)
+    clean(log)
+    # producer 7's only batch is superseded, but it is its last: kept, emptied, sequence intact
+    assert view(log) == {b"k": (1, b"2"), b"x": (2, b"x")}
+    log.close()
+    delete_snapshots(str(tmp_path))  # the producer's state must come from the log itself
+    again = PartitionLog(str(tmp_path), log.config, T0)
+    assert again.producer_state.producers[7].last_seq == 0
+    retry = make_batch([Record(b"1", key=b"k")], producer_id=7, producer_epoch=0, base_sequence=0)
+    assert again.append_as_leader([memoryview(retry)], 0, T0).duplicate
+
+
+def test_aborted_records_never_win(tmp_path: Path) -> None:
+    log = open_log(tmp_path, **COMPACT)
+    put(log, [(b"k", b"committed")])
+    put(log, [(b"k", b"aborted")], producer_id=9, producer_epoch=0, base_sequence=0, transactional=True, roll=True)
+    log.append_marker_as_leader(9, 0, False, 0, 0, T0)  # abort
+    log.high_watermark = log.log_end_offset
+    put(log, [(b"y", b"y")], roll=True)
+    clean(log)
+    read_committed = [r for r in read_records(log) if r.key == b"k"]
+    assert [(r.offset, r.value) for r in read_committed] == [(0, b"committed")]
+
+
+def read_committed(log: PartitionLog) -> list[tuple[int, bytes | None, bytes | None]]:
+    """What a read_committed consumer gets, by the Java client's rule (Fetcher's
+    abortedProducerIds): an aborted transaction listed by the broker starts skipping its
+    producer's transactional batches at its first offset, until that producer's abort marker."""
+    data = log.read(log.log_start_offset, 1 << 30).records
+    aborted = sorted(log.txns.aborted_between(log.log_start_offset, log.high_watermark), key=lambda a: a.first_offset)
+    skipping: set[int] = set()
+    out = []
+    for raw in split(data):
+        batch = decode_batch(raw)
+        last = batch.base_offset + batch.last_offset_delta
+        while aborted and aborted[0].first_offset <= last:
+            skipping.add(aborted.pop(0).producer_id)
+        if batch.attributes & CONTROL_FLAG:
+            if batch.records and batch.records[0].key == b"\x00\x00\x00\x00":  # an ABORT marker
+                skipping.discard(batch.producer_id)
+            continue
+        if batch.attributes & TRANSACTIONAL_FLAG and batch.producer_id in skipping:
+            continue
+        out += [(r.offset, r.key, r.value) for r in batch.records]
+    return out
+
+
+def test_a_transaction_after_an_aborted_one_whose_marker_went_is_still_read(tmp_path: Path) -> None:
+    """The cleaner removes an aborted transaction's data, then (past its horizon) its marker: its
+    entry must leave the aborted index too, or read_committed consumers skip the producer's next,
+    committed, transaction up to the following abort marker (found by the end-to-end test)."""
+    log = open_log(tmp_path, **{**COMPACT, "delete_retention_ms": 1000})
+    now = T0
+    txn = {"producer_id": 5, "producer_epoch": 0, "transactional": True}
+    sequence = 0
+
+    def transaction(pairs: list[tuple[bytes, bytes]], commit: bool) -> None:
+        nonlocal sequence
+        put(log, pairs, roll=True, now_ms=now, base_sequence=sequence, **txn)
+        sequence += len(pairs)
+        log.append_marker_as_leader(5, 0, commit, 0, 0, now)
+        log.high_watermark = log.log_end_offset
+
+    def pass_() -> None:
+        nonlocal now
+        put(log, [(b"tick", b"x")], roll=True, now_ms=now)
+        job = cleaner.prepare(log, now)
+        if job is not None:
+            output = cleaner.run(job, 1 << 20)
+            assert output is not None
+            cleaner.install(output)
+        now += 2000
+
+    transaction([(b"a", b"aborted-1")], commit=False)
+    transaction([(b"c", b"committed")], commit=True)
+    transaction([(b"d", b"aborted-2")], commit=False)
+    for _ in range(4):  # the first abort's data goes, then its marker gets a horizon, then goes
+        pass_()
+    markers = [b for b in map(decode_batch, split(log.read(0, 1 << 30).records)) if b.attributes & CONTROL_FLAG]
+    assert [m.base_offset for m in markers if m.records] == [3, 5]  # the first abort's marker (1) went
+    assert (b"c", b"committed") in [(k, v) for _, k, v in read_committed(log)]
+    assert not [v for _, _, v in read_committed(log) if v is not None and v.startswith(b"aborted")]
+
+
+def test_install_is_refused_when_the_log_was_truncated(tmp_path: Path) -> None:
+    log = versions(tmp_path)
+    job = cleaner.prepare(log, T0)
+    assert job is not None
+    output = cleaner.run(job, 1 << 20)
+    assert output is not None
+    log.truncate_to(14, T0)  # a follower diverged: the segments the pass read are not all there
+    assert not cleaner.install(output)
+    assert not os.path.exists(output.scratch)
+    assert offsets(log)[:3] == [0, 1, 2]  # nothing was replaced
+
+
+def test_install_is_refused_when_retention_dropped_a_segment_meanwhile(tmp_path: Path) -> None:
+    log = versions(tmp_path)
+    job = cleaner.prepare(log, T0)
+    assert job is not None
+    output = cleaner.run(job, 1 << 20)
+    assert output is not None
+    log.delete_records_before(6)
+    assert not cleaner.install(output)
+    assert log.segments[0].base_offset == 6
+
+
+def test_a_segment_dropped_before_the_worker_opens_it_ends_the_pass(tmp_path: Path) -> None:
+    log = versions(tmp_path)
+    job = cleaner.prepare(log, T0)
+    assert job is not None
+    log.delete_records_before(3)  # renames segment 0 .deleted
+    assert cleaner.run(job, 1 << 20) is None
+
+
+def test_a_reader_holding_a_replaced_segment_keeps_reading(tmp_path: Path) -> None:
+    log = versions(tmp_path)
+    held = log.segments[0]
+    clean(log)
+    assert held not in log.segments
+    assert held.read(0, 1 << 20, 100, True)  # its descriptor is open until file.delete.delay.ms
+
+
+def test_a_cancelled_pass_leaves_no_scratch(tmp_path: Path) -> None:
+    log = versions(tmp_path)
+    job = cleaner.prepare(log, T0)
+    assert job is not None
+    job.cancelled = True
+    with pytest.raises(cleaner.CleaningCancelled):
+        cleaner.run(job, 1 << 20)
+    assert not os.path.exists(cleaner.scratch_path(str(tmp_path)))
+
+
+def test_a_small_key_map_cleans_in_several_passes(tmp_path: Path) -> None:
+    log = open_log(tmp_path, **COMPACT)
+    for v in range(5):
+        put(log, [(b"s", b"s%d" % v), (b"u%d" % v, b"x")], roll=v > 0)
+    put(log, [(b"z", b"active")], roll=True)
+    expected = view(log)
+    passes = 0
+    while clean(log, max_entries=3) is not None:
+        passes += 1
+        assert passes < 10
+    assert passes >= 2
+    assert view(log) == expected
+    assert offsets(log) == [1, 3, 5, 7, 8, 9, 10]
+
+
+# --- crash recovery ---------------------------------------------------------------------------
+
+
+def _committed_but_not_installed(tmp_path: Path) -> tuple[PartitionLog, dict[bytes | None, tuple[int, bytes | None]]]:
+    """A pass whose output reached the commit point (renamed cleaned.swap) and no further."""
+    log = versions(tmp_path)
+    expected = view(log)
+    job = cleaner.prepare(log, T0)
+    assert job is not None
+    output = cleaner.run(job, 1 << 20)
+    assert output is not None
+    for segment in output.segments:
+        segment.close()
+    os.rename(output.scratch, os.path.join(tmp_path, cleaner.SWAP_DIR))
+    log.close(clean=False)
+    return log, expected
+
+
+def test_a_crash_after_the_commit_point_is_finished_by_the_next_load(tmp_path: Path) -> None:
+    _, expected = _committed_but_not_installed(tmp_path)
+    again = open_log(tmp_path, **COMPACT)
+    assert view(again) == expected and offsets(again) == [12, 13, 14, 15]
+    assert not os.path.exists(os.path.join(tmp_path, cleaner.SWAP_DIR))
+    assert sorted(n for n in os.listdir(tmp_path) if n.endswith(".log")) == [
+        "00000000000000000000.log",
+        "00000000000000000015.log",
+    ]
+
+
+def test_a_recovery_interrupted_after_moving_some_files_is_finished_again(tmp_path: Path) -> None:
+    _, expected = _committed_but_not_installed(tmp_path)
+    swap = os.path.join(tmp_path, cleaner.SWAP_DIR)
+    moved = sorted(n for n in os.listdir(swap) if n != cleaner.MANIFEST)[0]
+    os.replace(os.path.join(swap, moved), os.path.join(tmp_path, moved))  # the first recovery's first move
+    again = open_log(tmp_path, **COMPACT)
+    assert view(again) == expected
+
+
+def test_a_crash_before_the_commit_point_keeps_the_old_segments(tmp_path: Path) -> None:
+    log = versions(tmp_path)
+    expected = offsets(log)
+    job = cleaner.prepare(log, T0)
+    assert job is not None
+    output = cleaner.run(job, 1 << 20)
+    assert output is not None
+    log.close(clean=False)
+    again = open_log(tmp_path, **COMPACT)
+    assert offsets(again) == expected  # the scratch output is not the log's
+    cleaner.remove_scratch(os.path.dirname(tmp_path))
+    assert not os.path.exists(output.scratch)
+    shutil.rmtree(tmp_path)
