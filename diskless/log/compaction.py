@@ -99,6 +99,9 @@ def _corrupt(message: str) -> records.InvalidBatch:
 
 
 def _varint(buf: bytes | memoryview, pos: int) -> tuple[int, int]:
+    byte = buf[pos]  # IndexError past the end, as read_zigzag raises it here
+    if byte < 0x80:  # most record fields fit one byte: no call into the general reader
+        return (byte >> 1) ^ -(byte & 1), pos + 1
     return read_zigzag(buf, pos, error=IndexError)
 
 
@@ -161,7 +164,8 @@ def _checked_header(batch: memoryview) -> records.BatchHeader:
 
 def _body(batch: memoryview, header: records.BatchHeader, max_decompressed: int) -> bytes | memoryview:
     if header.compression == 0:
-        return batch[records.HEADER_SIZE :]  # a view: an uncompressed body is parsed where it lies
+        # A copy: indexing bytes is ~2x faster than a memoryview, and the records are read byte by byte.
+        return bytes(batch[records.HEADER_SIZE :])
     return records.decompress_body(header.compression, bytes(batch[records.HEADER_SIZE :]), max_decompressed)
 
 
