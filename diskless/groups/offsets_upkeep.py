@@ -33,6 +33,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from .consumer_protocol import (
+    MEMBER_KINDS,
+    ConsumerGroupTombstone,
+    ConsumerRecord,
+    MemberTombstone,
+    RecordKey,
+    record_key,
+)
 from .coordinator import OffsetAndMetadata, StoredGroup, TopicPartition
 
 OffsetKey = tuple[str, TopicPartition]  # (group id, (topic, partition))
@@ -50,6 +58,9 @@ class OffsetsUpkeep:
         self.written_ms: dict[OffsetKey, int] = {}
         # Per group: its latest group record and when it was appended.
         self.groups: dict[str, tuple[StoredGroup, int]] = {}
+        # Per KIP-848 group: the latest record of each of its keys and when it was appended (a
+        # member's or group's tombstone forgets its keys).
+        self.consumer: dict[str, dict[RecordKey, tuple[ConsumerRecord, int]]] = {}
 
     def wrote(self, group_id: str, tp: TopicPartition, at_ms: int) -> None:
         self.written_ms[(group_id, tp)] = at_ms
@@ -62,9 +73,22 @@ class OffsetsUpkeep:
         for key in [key for key in self.written_ms if key[0] == group_id]:
             del self.written_ms[key]
         self.groups.pop(group_id, None)
+        self.consumer.pop(group_id, None)
 
     def group_wrote(self, group: StoredGroup, at_ms: int) -> None:
         self.groups[group.group_id] = (group, at_ms)
+
+    def consumer_wrote(self, record: ConsumerRecord, at_ms: int) -> None:
+        """A KIP-848 group's record was appended (or replayed) at ``at_ms``."""
+        if isinstance(record, ConsumerGroupTombstone):
+            self.consumer.pop(record.group_id, None)
+            return
+        if isinstance(record, MemberTombstone):
+            keys = self.consumer.get(record.group_id, {})
+            for kind in MEMBER_KINDS:
+                keys.pop((kind, record.member_id), None)
+            return
+        self.consumer.setdefault(record.group_id, {})[record_key(record)] = (record, at_ms)
 
     def group_due(self, group_id: str, now_ms: int, retention_ms: int) -> StoredGroup | None:
         """The group's latest record, if it is older than half the retention and must be appended again."""
