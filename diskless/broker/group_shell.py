@@ -6,8 +6,8 @@ group records the core asks for (``GroupStore``, ``ConsumerGroupStore``) are app
 the core's order, and reported back once replicated (SyncGroup and ConsumerGroupHeartbeat answers
 wait for that); transactional offset commits (TxnOffsetCommit) are kept pending until their
 transaction's marker is written to the same partition; and a periodic pass expires offsets
-(KIP-211), writes group tombstones for the Empty groups it forgets, and keeps live offsets and
-classic group records in the time-retained log (``offsets_upkeep``).
+(KIP-211), writes group tombstones for the Empty groups it forgets (classic or KIP-848), and keeps
+live offsets and group records in the time-retained log (``offsets_upkeep``).
 """
 
 from __future__ import annotations
@@ -294,10 +294,16 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
         # A group with a commit on its way is not without offsets (Kafka's hasOffsets counts pending
         # commits): its tombstone would follow the commit's record and drop it at the next replay.
         gone = core.prune_empty_groups(busy=lambda g: bool(self._in_flight[g] or self.pending_partitions(g)))
-        # Kafka's cleanupGroupMetadata: a group that had a generation has a group record to drop.
-        # Appended in the same step as the pruning: a group of the same name created afterwards
-        # writes its records after this tombstone.
-        tombstones = [encode_group_tombstone(g) for g in gone if generations.get(g, 0) > 0]
+        # Kafka's cleanupGroupMetadata: a group that had a generation has a group record to drop, an
+        # empty KIP-848 group its records (the group tombstone drops those too). Appended in the same
+        # step as the pruning: a group of the same name created afterwards writes its records after
+        # this tombstone.
+        known = self.upkeep.get(index)
+        tombstones = [
+            encode_group_tombstone(g)
+            for g in gone
+            if generations.get(g, 0) > 0 or (known is not None and g in known.consumer)
+        ]
         if tombstones:
             code = await self.persist(gone[0], tombstones)
             if code is not ErrorCode.none:
@@ -341,6 +347,17 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
             code = await self.persist(group_id, [encode_group(latest)])
             if code is not ErrorCode.none:
                 log.info("could not append group record again", group=group_id, error=code.name)
+        for group_id in list(upkeep.consumer):
+            if self.cores.get(index) is not core or self.upkeep.get(index) is not upkeep:
+                return
+            # Read right before the append (no await in between): the latest of each key as appended,
+            # and nothing of a member or group whose tombstone is in the log already.
+            due = upkeep.consumer_due(group_id, self.now_ms(), retention_ms)
+            if not due:
+                continue
+            code = await self.persist(group_id, [encode_consumer(r) for r in due])
+            if code is not ErrorCode.none:
+                log.info("could not append KIP-848 group records again", group=group_id, error=code.name)
 
     # --- replay --------------------------------------------------------------------------------
 
