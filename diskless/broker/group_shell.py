@@ -1,11 +1,12 @@
 """Group coordination on the broker: ``GroupCoordinatorCore`` on leaders of ``__consumer_offsets``.
 
-On top of the shared coordinator shell: committed offsets and classic group records are replayed
-from the partition's log when this broker becomes its leader; the group records the core asks for
-(``GroupStore``) are appended at once, in the core's order, and reported back once replicated
-(SyncGroup answers wait for that); transactional offset commits (TxnOffsetCommit) are kept
-pending until their transaction's marker is written to the same partition; and a periodic pass
-expires offsets (KIP-211), writes group tombstones for the Empty groups it forgets, and keeps
+On top of the shared coordinator shell: committed offsets, classic group records and KIP-848
+group records are replayed from the partition's log when this broker becomes its leader; the
+group records the core asks for (``GroupStore``, ``ConsumerGroupStore``) are appended at once, in
+the core's order, and reported back once replicated (SyncGroup and ConsumerGroupHeartbeat answers
+wait for that); transactional offset commits (TxnOffsetCommit) are kept pending until their
+transaction's marker is written to the same partition; and a periodic pass expires offsets
+(KIP-211), writes group tombstones for the Empty groups it forgets (classic or KIP-848), and keeps
 live offsets and group records in the time-retained log (``offsets_upkeep``).
 """
 
@@ -22,15 +23,24 @@ from kio.schema.errors import ErrorCode
 
 from diskless.cluster.coordinator_records import OFFSETS_TOPIC
 from diskless.groups.consumer_protocol import ConsumerGroupConfig
-from diskless.groups.coordinator import GroupConfig, GroupCoordinatorCore, GroupStore, OffsetAndMetadata, StoredGroup
-from diskless.groups.handlers import group_store_error
+from diskless.groups.coordinator import (
+    ConsumerGroupStore,
+    GroupConfig,
+    GroupCoordinatorCore,
+    GroupStore,
+    OffsetAndMetadata,
+    StoredGroup,
+)
+from diskless.groups.handlers import consumer_store_error, group_store_error
 from diskless.groups.offsets_upkeep import OffsetsUpkeep
 from diskless.groups.records import (
     DecodedRecord,
     GroupTombstone,
     OffsetCommitRecord,
+    OffsetTombstone,
     apply_record,
     decode,
+    encode_consumer,
     encode_group,
     encode_group_tombstone,
     encode_offset,
@@ -154,6 +164,9 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
         if isinstance(record, StoredGroup):
             upkeep.group_wrote(record, at_ms)
             return True
+        if not isinstance(record, (OffsetCommitRecord, OffsetTombstone)):
+            upkeep.consumer_wrote(record, at_ms)  # a KIP-848 group's: never transactional
+            return True
         tp = (record.topic, record.partition)
         if producer is not None:
             if isinstance(record, OffsetCommitRecord):
@@ -199,33 +212,46 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
 
     # --- group records ------------------------------------------------------------------------------
 
-    def _store_group(self, core: GroupCoordinatorCore, store: GroupStore) -> None:
-        """The core's ``on_store``: append the group record now, so that the log has the records
+    def _store_group(self, core: GroupCoordinatorCore, store: GroupStore | ConsumerGroupStore) -> bool:
+        """The core's ``on_store``: append the group's records now, so that the log has the records
         in the order the core made the changes (a group tombstone or a later record cannot get
-        ahead of it), and report to the core once it is replicated."""
+        ahead of them), and report to the core once they are replicated. Returns whether they are
+        in the log (if not, the core takes a KIP-848 group back to what the log has)."""
+        if isinstance(store, ConsumerGroupStore):
+            group_id, entries = store.group_id, [encode_consumer(r) for r in store.records]
+        else:
+            group_id, entries = store.group.group_id, [encode_group(store.group)]
         appended: Appended | ErrorCode
         try:
-            appended = self.append(store.group.group_id, [encode_group(store.group)])
+            appended = self.append(group_id, entries)
         except Exception:
-            # Reported all the same: members parked in SyncGroup must not wait for a record never written.
-            log.exception("could not append group record", group=store.group.group_id)
+            # Reported all the same: members waiting for the records must not wait for records never written.
+            log.exception("could not append group records", group=group_id)
             appended = ErrorCode.unknown_server_error
-        task = asyncio.get_running_loop().create_task(self._report_store(core, store, appended))
+        task = asyncio.get_running_loop().create_task(self._report_store(core, store, group_id, appended))
         self._stores.add(task)
         task.add_done_callback(self._stores.discard)
+        return isinstance(appended, Appended)
 
     async def _report_store(
-        self, core: GroupCoordinatorCore, store: GroupStore, appended: Appended | ErrorCode
+        self,
+        core: GroupCoordinatorCore,
+        store: GroupStore | ConsumerGroupStore,
+        group_id: str,
+        appended: Appended | ErrorCode,
     ) -> None:
-        group_id = store.group.group_id
         try:
             code = await self.replicated(appended)
         except Exception:
-            log.exception("could not replicate group record", group=group_id)
+            log.exception("could not replicate group records", group=group_id)
             code = ErrorCode.unknown_server_error
-        error = group_store_error(code)
+        # Kafka maps a failed write for SyncGroup (storeGroup) and for ConsumerGroupHeartbeat (the
+        # coordinator runtime's operation errors) differently: a timeout is a rebalance for one,
+        # COORDINATOR_NOT_AVAILABLE for the other.
+        consumer = isinstance(store, ConsumerGroupStore)
+        error = consumer_store_error(code) if consumer else group_store_error(code)
         if error is not ErrorCode.none:
-            log.warning("could not store group", group=group_id, generation=store.group.generation_id, error=error.name)
+            log.warning("could not store group", group=group_id, kip848=consumer, error=error.name)
         try:
             # A core unloaded meanwhile has no groups left: this changes nothing then.
             core.group_stored(group_id, store.token, error, self.now_ms())
@@ -268,10 +294,16 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
         # A group with a commit on its way is not without offsets (Kafka's hasOffsets counts pending
         # commits): its tombstone would follow the commit's record and drop it at the next replay.
         gone = core.prune_empty_groups(busy=lambda g: bool(self._in_flight[g] or self.pending_partitions(g)))
-        # Kafka's cleanupGroupMetadata: a group that had a generation has a group record to drop.
-        # Appended in the same step as the pruning: a group of the same name created afterwards
-        # writes its records after this tombstone.
-        tombstones = [encode_group_tombstone(g) for g in gone if generations.get(g, 0) > 0]
+        # Kafka's cleanupGroupMetadata: a group that had a generation has a group record to drop, an
+        # empty KIP-848 group its records (the group tombstone drops those too). Appended in the same
+        # step as the pruning: a group of the same name created afterwards writes its records after
+        # this tombstone.
+        known = self.upkeep.get(index)
+        tombstones = [
+            encode_group_tombstone(g)
+            for g in gone
+            if generations.get(g, 0) > 0 or (known is not None and g in known.consumer)
+        ]
         if tombstones:
             code = await self.persist(gone[0], tombstones)
             if code is not ErrorCode.none:
@@ -315,6 +347,17 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
             code = await self.persist(group_id, [encode_group(latest)])
             if code is not ErrorCode.none:
                 log.info("could not append group record again", group=group_id, error=code.name)
+        for group_id in list(upkeep.consumer):
+            if self.cores.get(index) is not core or self.upkeep.get(index) is not upkeep:
+                return
+            # Read right before the append (no await in between): the latest of each key as appended,
+            # and nothing of a member or group whose tombstone is in the log already.
+            due = upkeep.consumer_due(group_id, self.now_ms(), retention_ms)
+            if not due:
+                continue
+            code = await self.persist(group_id, [encode_consumer(r) for r in due])
+            if code is not ErrorCode.none:
+                log.info("could not append KIP-848 group records again", group=group_id, error=code.name)
 
     # --- replay --------------------------------------------------------------------------------
 

@@ -24,7 +24,15 @@ their generation across a failover. A rebalance in progress is not stored: after
 PreparingRebalance/CompletingRebalance the group is back at its last stored generation and the
 members that had moved on rejoin (ILLEGAL_GENERATION, UNKNOWN_MEMBER_ID), as in Kafka.
 
-KIP-848 groups (ConsumerGroupHeartbeat, ``consumer_protocol``) still keep their membership in
-memory only (their offsets are persisted): after a failover their members are fenced and join
+KIP-848 groups (ConsumerGroupHeartbeat, ``consumer_protocol``) are persisted as Kafka's
+GroupMetadataManager keeps them: keyed records of the group epoch, the subscription metadata, the
+target assignment (its epoch and each member's part), and each member's metadata and current
+assignment (epochs, state, assigned and pending-revocation partitions), each written when it
+changes (never for a heartbeat that changes nothing). A heartbeat is answered once the group's
+records are durable; a member's leave or expiry writes its tombstone, and the group's deletion
+(DeleteGroups, the cleanup of empty groups, a classic member taking an empty group over) a
+tombstone of the group. A new coordinator loads each group as last written and starts each
+member's session timer (and rebalance timer, while it revokes) at the load, as Kafka's onLoaded:
+members keep heartbeating at their epochs across a failover instead of being fenced and joining
 again with epoch 0.
 """

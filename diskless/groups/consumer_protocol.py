@@ -16,8 +16,16 @@ follows Kafka's GroupMetadataManager.consumerGroupHeartbeat (3.7+, without onlin
   its session expires or it rejoins with the same instance id). A member that misses its session
   timeout, or does not revoke within its rebalance timeout, is removed.
 
-Membership is not persisted (unlike classic groups, whose group records KIP-848 groups do not
-have here): after a coordinator failover members get UNKNOWN_MEMBER_ID and rejoin with epoch 0.
+Persistence, as Kafka's GroupMetadataManager: the group's state is kept in ``__consumer_offsets``
+as keyed records (the ``*Record`` classes below, encoded by ``records``): the group epoch, the
+subscription metadata, each member's metadata, the target assignment (its epoch and each member's
+part) and each member's current assignment (epochs, state, assigned and pending-revocation
+partitions). Each group remembers the latest record of each key as appended (``written``);
+``take_changes`` returns the records that differ from it, so a heartbeat that changes nothing
+writes nothing, a reconciliation step writes the member's current assignment, and a new target
+writes the members whose part changed. ``apply`` replays a record into a fresh instance; a loaded
+member's session timer (and rebalance timer, if it is revoking) starts at the load, as Kafka's
+onLoaded. The core decides when to take the changes and when answers may go (once durable).
 Committed offsets stay in ``GroupCoordinatorCore``.
 
 Topics are identified by name here; the handler maps topic ids to names. ``partitions_of(topic)``
@@ -42,9 +50,10 @@ ASSIGNORS = ("uniform", "range")
 
 
 class MemberState(enum.Enum):
-    STABLE = "stable"
-    UNREVOKED_PARTITIONS = "unrevoked_partitions"
-    UNRELEASED_PARTITIONS = "unreleased_partitions"
+    # Values as Kafka's MemberState bytes (its ConsumerGroupCurrentMemberAssignmentValue.State).
+    STABLE = 0
+    UNREVOKED_PARTITIONS = 1
+    UNRELEASED_PARTITIONS = 2
 
 
 class ConsumerGroupState(enum.Enum):
@@ -111,6 +120,121 @@ class ConsumerMember:
         return _flatten(self.assigned) | _flatten(self.pending_revocation)
 
 
+# --- records: what __consumer_offsets keeps of a group (``records`` encodes them) ------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GroupEpochRecord:
+    """Kafka's ConsumerGroupMetadata (key version 3): the group epoch."""
+
+    group_id: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupTombstone:
+    """The group epoch key without a value: the consumer group is gone (members, target and all;
+    its committed offsets are not: they have their own records)."""
+
+    group_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionMetadataRecord:
+    """Kafka's ConsumerGroupPartitionMetadata (4): the partition count of each subscribed topic."""
+
+    group_id: str
+    partitions: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
+class MemberMetadataRecord:
+    """Kafka's ConsumerGroupMemberMetadata (5): what the member told about itself."""
+
+    group_id: str
+    member_id: str
+    instance_id: str | None
+    rack_id: str | None
+    client_id: str
+    client_host: str
+    subscribed_topics: tuple[str, ...]
+    rebalance_timeout_ms: int
+    server_assignor: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MemberTombstone:
+    """The member metadata key without a value: the member left. One record removes all the
+    member's keys (Kafka writes three tombstones, one per key, for compaction to drop each; this
+    log is not compacted, and the upkeep appends again only the keys of live members)."""
+
+    group_id: str
+    member_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class TargetEpochRecord:
+    """Kafka's ConsumerGroupTargetAssignmentMetadata (6): the epoch of the target assignment."""
+
+    group_id: str
+    assignment_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class TargetMemberRecord:
+    """Kafka's ConsumerGroupTargetAssignmentMember (7): one member's part of the target."""
+
+    group_id: str
+    member_id: str
+    partitions: Mapping[str, frozenset[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class CurrentAssignmentRecord:
+    """Kafka's ConsumerGroupCurrentMemberAssignment (8): where the member is in its reconciliation."""
+
+    group_id: str
+    member_id: str
+    member_epoch: int
+    previous_member_epoch: int
+    state: MemberState
+    assigned: Mapping[str, frozenset[int]]
+    pending_revocation: Mapping[str, frozenset[int]]
+
+
+ConsumerRecord = (
+    GroupEpochRecord
+    | ConsumerGroupTombstone
+    | SubscriptionMetadataRecord
+    | MemberMetadataRecord
+    | MemberTombstone
+    | TargetEpochRecord
+    | TargetMemberRecord
+    | CurrentAssignmentRecord
+)
+
+# The keys of a group's records: (kind, member id), "" for the group's own.
+RecordKey = tuple[str, str]
+_EPOCH, _SUBSCRIPTIONS, _TARGET_EPOCH = ("epoch", ""), ("subscriptions", ""), ("target_epoch", "")
+MEMBER_KINDS = ("member", "target", "assignment")
+
+
+def record_key(record: ConsumerRecord) -> RecordKey:
+    """The key a record writes (a later record of the same key replaces it); a tombstone's is the
+    key it deletes: the group's epoch key, a member's metadata key."""
+    if isinstance(record, (GroupEpochRecord, ConsumerGroupTombstone)):
+        return _EPOCH
+    if isinstance(record, SubscriptionMetadataRecord):
+        return _SUBSCRIPTIONS
+    if isinstance(record, TargetEpochRecord):
+        return _TARGET_EPOCH
+    if isinstance(record, (MemberMetadataRecord, MemberTombstone)):
+        return ("member", record.member_id)
+    if isinstance(record, TargetMemberRecord):
+        return ("target", record.member_id)
+    return ("assignment", record.member_id)
+
+
 @dataclass(slots=True, eq=False)
 class ConsumerGroup:
     group_id: str
@@ -120,6 +244,16 @@ class ConsumerGroup:
     static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
     target: dict[str, Assignment] = field(default_factory=dict)
     subscription_metadata: dict[str, int] = field(default_factory=dict)  # topic -> partitions
+    # The latest record of each key as appended to __consumer_offsets: changes are written as the
+    # difference from it (``take_changes``); after a replay, what the log holds.
+    written: dict[RecordKey, ConsumerRecord] = field(default_factory=dict)
+    # What may differ from ``written``: some members, or anything.
+    dirty_members: set[str] = field(default_factory=set)
+    dirty_all: bool = False
+    # The core's: the token of the group's latest store, and whether a store failed since (the next
+    # change then writes the epoch record again, so that answers have a store to wait for).
+    store_token: int = 0
+    confirm: bool = False
 
     @property
     def state(self) -> ConsumerGroupState:
@@ -238,6 +372,10 @@ class ConsumerGroups:
         self.config = config or ConsumerGroupConfig()
         self.partitions_of: Callable[[str], int | None] = partitions_of or (lambda topic: None)
         self.groups: dict[str, ConsumerGroup] = {}
+        # Groups changed since the core last took their changes (an ordered set), and groups deleted
+        # whose records must be dropped by a tombstone.
+        self.touched: dict[str, None] = {}
+        self.tombstones: list[str] = []
 
     # --- timers -------------------------------------------------------------------------------
 
@@ -277,7 +415,15 @@ class ConsumerGroups:
         return group is None or not group.members
 
     def delete(self, group_id: str) -> None:
-        self.groups.pop(group_id, None)
+        """Drop an (empty) group; if the log has records of it, the core writes its tombstone."""
+        group = self.groups.pop(group_id, None)
+        if group is not None and group.written:
+            self.tombstones.append(group_id)
+
+    def forget(self, group_id: str) -> ConsumerGroup | None:
+        """Drop a group without a tombstone: the caller writes one that drops it (a group tombstone,
+        which drops the classic group and the offsets too), or it is a replayed one."""
+        return self.groups.pop(group_id, None)
 
     def owners(self, group_id: str) -> dict[tuple[str, int], str]:
         """Who owns which partition (assigned or pending revocation): for tests and invariants."""
@@ -424,6 +570,7 @@ class ConsumerGroups:
         before = (dict(member.assigned), member.member_epoch)
         self._reconcile(group, member, req.owned, now_ms)
         member.session_deadline_ms = now_ms + self.config.session_timeout_ms
+        self._touch(group, member.member_id)
         changed = before != (member.assigned, member.member_epoch)
         send_assignment = req.member_epoch == JOIN_EPOCH or req.owned is not None or changed
         return HeartbeatResult(
@@ -452,6 +599,7 @@ class ConsumerGroups:
             member.member_epoch = STATIC_LEAVE_EPOCH
             member.session_deadline_ms = now_ms + self.config.session_timeout_ms
             member.rebalance_deadline_ms = None
+            self._touch(group, member.member_id)
         else:
             self._remove_member(group, member)
             self._refresh_target(group)
@@ -481,14 +629,21 @@ class ConsumerGroups:
             group.target[new_id] = target
         assert old.instance_id is not None
         group.static_members[old.instance_id] = new_id
+        self._touch(group)  # the old member id goes, the new one comes
         return old
 
     def _remove_member(self, group: ConsumerGroup, member: ConsumerMember) -> None:
-        group.members.pop(member.member_id, None)
-        group.target.pop(member.member_id, None)
-        if member.instance_id is not None and group.static_members.get(member.instance_id) == member.member_id:
-            del group.static_members[member.instance_id]
+        self._drop_member(group, member.member_id)
         member.session_deadline_ms = member.rebalance_deadline_ms = None
+        self._touch(group)
+
+    @staticmethod
+    def _drop_member(group: ConsumerGroup, member_id: str) -> None:
+        member = group.members.pop(member_id, None)
+        group.target.pop(member_id, None)
+        instance_id = member.instance_id if member is not None else None
+        if instance_id is not None and group.static_members.get(instance_id) == member_id:
+            del group.static_members[instance_id]
 
     def _refresh_target(self, group: ConsumerGroup) -> None:
         """After a removal: new group epoch and target, then wake members held by released partitions."""
@@ -509,6 +664,7 @@ class ConsumerGroups:
         subscriptions = {m.member_id: m.subscribed_topics for m in group.members.values()}
         group.target = assignor(subscriptions, group.subscription_metadata, group.target)
         group.assignment_epoch = group.group_epoch
+        self._touch(group)
 
     # --- CurrentAssignmentBuilder -------------------------------------------------------------
 
@@ -563,7 +719,182 @@ class ConsumerGroups:
         member.rebalance_deadline_ms = None
         member.state = MemberState.UNRELEASED_PARTITIONS if unreleased else MemberState.STABLE
 
+    # --- records ------------------------------------------------------------------------------
+
+    def _touch(self, group: ConsumerGroup, member_id: str | None = None) -> None:
+        """Something of ``group`` may have changed: one member's records (``member_id``) or any."""
+        if member_id is None:
+            group.dirty_all = True
+        else:
+            group.dirty_members.add(member_id)
+        self.touched[group.group_id] = None
+
+    def take_touched(self) -> tuple[list[ConsumerGroup], list[str]]:
+        """(groups that may have changed, deleted groups that need a tombstone) since the last call."""
+        groups = [g for g in (self.groups.get(i) for i in self.touched) if g is not None]
+        tombstones = self.tombstones
+        self.touched, self.tombstones = {}, []
+        return groups, tombstones
+
+    def current_records(self, group: ConsumerGroup, member_ids: Iterable[str] | None = None) -> list[ConsumerRecord]:
+        """The group's state as records (of ``member_ids`` only, and the group's own): what a
+        replay must find. Order as Kafka writes them: member metadata, group epoch and
+        subscriptions, the target (members, then its epoch), current assignments."""
+        gid = group.group_id
+        live = [group.members[i] for i in (group.members if member_ids is None else member_ids) if i in group.members]
+        out: list[ConsumerRecord] = [
+            MemberMetadataRecord(
+                gid,
+                m.member_id,
+                m.instance_id,
+                m.rack_id,
+                m.client_id,
+                m.client_host,
+                m.subscribed_topics,
+                m.rebalance_timeout_ms,
+                m.server_assignor,
+            )
+            for m in live
+        ]
+        out.append(GroupEpochRecord(gid, group.group_epoch))
+        out.append(SubscriptionMetadataRecord(gid, dict(group.subscription_metadata)))
+        out.extend(TargetMemberRecord(gid, m.member_id, dict(group.target.get(m.member_id, {}))) for m in live)
+        out.append(TargetEpochRecord(gid, group.assignment_epoch))
+        out.extend(
+            CurrentAssignmentRecord(
+                gid,
+                m.member_id,
+                m.member_epoch,
+                m.previous_member_epoch,
+                m.state,
+                dict(m.assigned),
+                dict(m.pending_revocation),
+            )
+            for m in live
+        )
+        return out
+
+    def take_changes(
+        self, group: ConsumerGroup, *, force: bool = False
+    ) -> tuple[list[ConsumerRecord], dict[RecordKey, ConsumerRecord | None]]:
+        """The records that bring what is written of ``group`` to its current state, and the undo
+        of ``written`` (which is updated as if they were appended: ``revert`` if they were not).
+        ``force`` writes the group epoch record even if unchanged (something to wait for)."""
+        if group.dirty_all:
+            member_ids = set(group.members) | {mid for kind, mid in group.written if kind in MEMBER_KINDS}
+        else:
+            member_ids = set(group.dirty_members)
+        group.dirty_all, group.dirty_members = False, set()
+        undo: dict[RecordKey, ConsumerRecord | None] = {}
+        changes: list[ConsumerRecord] = []
+        # Members that left first: a member id that comes back (it rejoins) is written after.
+        for member_id in sorted(member_ids - set(group.members)):
+            keys = [(kind, member_id) for kind in MEMBER_KINDS if (kind, member_id) in group.written]
+            if keys:
+                for key in keys:
+                    undo.setdefault(key, group.written.pop(key))
+                changes.append(MemberTombstone(group.group_id, member_id))
+        ordered = [i for i in group.members if i in member_ids]
+        for record in self.current_records(group, ordered):
+            key = record_key(record)
+            old = group.written.get(key)
+            if old != record or (force and key == _EPOCH):
+                undo.setdefault(key, old)
+                group.written[key] = record
+                changes.append(record)
+        return changes, undo
+
+    def revert(self, group: ConsumerGroup, undo: Mapping[RecordKey, ConsumerRecord | None], now_ms: int) -> None:
+        """The records of ``take_changes`` (``undo``) were not appended: the group goes back to what
+        the log holds, as Kafka reverts its state to the last written offset, so that its members
+        (who get the error) go on from the epochs they know. Members keep their timers; one whose
+        removal is undone gets a fresh session from ``now_ms``."""
+        for key, old in undo.items():
+            if old is None:
+                group.written.pop(key, None)
+            else:
+                group.written[key] = old
+        scratch = ConsumerGroups(self.config, self.partitions_of)
+        for record in group.written.values():
+            scratch.apply(record, now_ms)
+        restored = scratch.groups.get(group.group_id) or ConsumerGroup(group.group_id)
+        for member_id, member in restored.members.items():
+            current = group.members.get(member_id)
+            if current is not None and current.session_deadline_ms is not None:
+                member.session_deadline_ms = current.session_deadline_ms
+                member.rebalance_deadline_ms = current.rebalance_deadline_ms
+        group.group_epoch, group.assignment_epoch = restored.group_epoch, restored.assignment_epoch
+        group.members, group.static_members = restored.members, restored.static_members
+        group.target, group.subscription_metadata = restored.target, restored.subscription_metadata
+        group.dirty_all, group.dirty_members = False, set()
+        if not group.written and self.groups.get(group.group_id) is group:
+            del self.groups[group.group_id]  # never in the log: as if never created
+
+    def apply(self, record: ConsumerRecord, now_ms: int) -> None:
+        """Replay one record, in log order. A loaded member's session timer starts at ``now_ms``,
+        and its rebalance timer too if it is revoking partitions, as in Kafka's onLoaded."""
+        gid = record.group_id
+        if isinstance(record, ConsumerGroupTombstone):
+            self.groups.pop(gid, None)
+            return
+        group = self.groups.get(gid)
+        if group is None:
+            if isinstance(record, MemberTombstone):
+                return
+            group = self.groups[gid] = ConsumerGroup(gid)
+        if isinstance(record, MemberTombstone):
+            self._drop_member(group, record.member_id)
+            for kind in MEMBER_KINDS:
+                group.written.pop((kind, record.member_id), None)
+            return
+        if isinstance(record, GroupEpochRecord):
+            group.group_epoch = record.epoch
+        elif isinstance(record, SubscriptionMetadataRecord):
+            group.subscription_metadata = dict(record.partitions)
+        elif isinstance(record, TargetEpochRecord):
+            group.assignment_epoch = record.assignment_epoch
+        elif isinstance(record, TargetMemberRecord):
+            group.target[record.member_id] = dict(record.partitions)
+        elif isinstance(record, MemberMetadataRecord):
+            member = self._loaded_member(group, record.member_id)
+            if member.instance_id is not None and group.static_members.get(member.instance_id) == member.member_id:
+                del group.static_members[member.instance_id]
+            member.instance_id = record.instance_id
+            member.rack_id = record.rack_id
+            member.client_id = record.client_id
+            member.client_host = record.client_host
+            member.subscribed_topics = tuple(record.subscribed_topics)
+            member.rebalance_timeout_ms = record.rebalance_timeout_ms
+            member.server_assignor = record.server_assignor
+            if member.instance_id is not None:
+                group.static_members[member.instance_id] = member.member_id
+            self._start_timers(member, now_ms)
+        else:
+            member = self._loaded_member(group, record.member_id)
+            member.member_epoch = record.member_epoch
+            member.previous_member_epoch = record.previous_member_epoch
+            member.state = record.state
+            member.assigned = dict(record.assigned)
+            member.pending_revocation = dict(record.pending_revocation)
+            self._start_timers(member, now_ms)
+        group.written[record_key(record)] = record
+
+    @staticmethod
+    def _loaded_member(group: ConsumerGroup, member_id: str) -> ConsumerMember:
+        # A member's records may come in any order of keys (the upkeep appends old ones again).
+        member = group.members.get(member_id)
+        if member is None:
+            member = group.members[member_id] = ConsumerMember(member_id)
+        return member
+
+    def _start_timers(self, member: ConsumerMember, now_ms: int) -> None:
+        member.session_deadline_ms = now_ms + self.config.session_timeout_ms
+        revoking = member.state is MemberState.UNREVOKED_PARTITIONS
+        member.rebalance_deadline_ms = now_ms + member.rebalance_timeout_ms if revoking else None
+
     # --- unload -------------------------------------------------------------------------------
 
     def clear(self) -> None:
         self.groups.clear()
+        self.touched.clear()
+        self.tombstones.clear()

@@ -44,6 +44,18 @@ change, in order, like replies); the shell persists it and reports with ``group_
 then the leader's assignment is held back (SyncGroup answers wait), and a static member's
 replacement is unanswered (undone if the store fails). After a failover ``load_group`` rebuilds
 each group from its latest record. Without ``on_store`` every store succeeds at once.
+
+KIP-848 groups' records (``consumer_protocol``) go to ``on_store`` as ``ConsumerGroupStore``s, at
+the end of the call that changed the group (a heartbeat, a timer, a conversion to classic), one
+per group, only when something the log keeps changed. ``on_store`` appends them at once and says
+whether they are in the log (if not, the group goes back to what the log holds, as Kafka reverts
+to its last written offset), then reports with ``group_stored`` as for classic records. A
+ConsumerGroupHeartbeat answer waits until the group's latest store is durable, as Kafka's
+coordinator answers once the records (or, for a request that wrote none, those before it) are
+committed: nobody is told an epoch or assignment a failover could lose. A failed store answers its
+error (as Kafka maps append errors); records appended but not known to be replicated stay (they
+are the log's, as in Kafka), and the group's next change writes its epoch again so that the next
+answers wait for something durable.
 """
 
 from __future__ import annotations
@@ -60,7 +72,15 @@ from typing import Any, TypeVar
 
 from kio.schema.errors import ErrorCode
 
-from .consumer_protocol import ConsumerGroupConfig, ConsumerGroups, HeartbeatRequest, HeartbeatResult
+from .consumer_protocol import (
+    ConsumerGroup,
+    ConsumerGroupConfig,
+    ConsumerGroups,
+    ConsumerGroupTombstone,
+    ConsumerRecord,
+    HeartbeatRequest,
+    HeartbeatResult,
+)
 
 TopicPartition = tuple[str, int]
 
@@ -222,9 +242,30 @@ class GroupStore:
     group: StoredGroup
 
 
+@dataclass(frozen=True, slots=True)
+class ConsumerGroupStore:
+    """A KIP-848 group's records the shell must append now, in this order (``on_store`` returns
+    whether they are in the log), then report with ``group_stored(group_id, token, ...)``."""
+
+    token: int
+    group_id: str
+    records: tuple[ConsumerRecord, ...]
+
+
+@dataclass(slots=True, eq=False)
+class _ConsumerStoreWait:
+    """A ConsumerGroupStore not yet reported, and the heartbeat answers waiting for it."""
+
+    group_id: str
+    waiting: list[tuple[Callable[[HeartbeatResult], None], HeartbeatResult]] = field(default_factory=list)
+
+
 JoinReply = Callable[[JoinResult], None]
 SyncReply = Callable[[SyncResult], None]
-StoreRequest = Callable[[GroupStore], None]
+HeartbeatReply = Callable[[HeartbeatResult], None]
+# Persists a classic group record (its return value is ignored) or a KIP-848 group's records
+# (returns False if they could not be appended; anything else: they are in the log).
+StoreRequest = Callable[[GroupStore | ConsumerGroupStore], object]
 
 
 @dataclass(slots=True, eq=False)
@@ -415,6 +456,10 @@ class GroupCoordinatorCore:
         self._groups: dict[str, _Group] = {}
         self._outbox: list[tuple[Callable[[Any], None], Any]] = []
         self._depth = 0
+        # KIP-848 stores appended but not reported yet (token -> answers waiting), and consumer groups
+        # being deleted (DeleteGroups), kept until their tombstones are stored.
+        self._consumer_stores: dict[int, _ConsumerStoreWait] = {}
+        self._deleting: dict[str, ConsumerGroup | None] = {}
 
     # --- replies ------------------------------------------------------------------------------
 
@@ -485,8 +530,13 @@ class GroupCoordinatorCore:
 
     @_delivers_replies
     def group_stored(self, group_id: str, token: int, error: ErrorCode, now_ms: int) -> None:
-        """The shell's answer to a ``GroupStore``: its record is durable (NONE) or could not be
-        written (the error the waiting members get, as Kafka maps append errors)."""
+        """The shell's answer to a ``GroupStore`` or ``ConsumerGroupStore``: its records are durable
+        (NONE) or could not be written (the error the waiting members get, as Kafka maps append
+        errors)."""
+        wait = self._consumer_stores.pop(token, None)
+        if wait is not None:
+            self._consumer_stored(wait, token, error)
+            return
         group = self._groups.get(group_id)
         if group is not None:
             self._stored(group, token, error, now_ms)
@@ -550,6 +600,82 @@ class GroupCoordinatorCore:
         group.state = _STABLE if group.members else _EMPTY
         group.subscribed_topics = self._compute_subscribed_topics(group)
 
+    # --- KIP-848 group records ------------------------------------------------------------------
+
+    def _store_consumer_changes(self, now_ms: int) -> dict[str, int]:
+        """Hand ``on_store`` the records of each KIP-848 group this call changed (one store per
+        group, none if nothing the log keeps changed) and the tombstones of groups it deleted.
+        Returns the token of each group's store."""
+        made: dict[str, int] = {}
+        groups, tombstones = self.consumer.take_touched()
+        for group_id in tombstones:
+            # If it cannot be appended the group stays in the log, Empty: a failover brings it back
+            # as such, and the cleanup of empty groups drops it again.
+            self._append_consumer(
+                ConsumerGroupStore(next(self._store_tokens), group_id, (ConsumerGroupTombstone(group_id),))
+            )
+        for group in groups:
+            records, undo = self.consumer.take_changes(group, force=group.confirm)
+            if not records:
+                continue
+            token = next(self._store_tokens)
+            group.store_token, group.confirm = token, False
+            made[group.group_id] = token
+            try:
+                appended = self._append_consumer(ConsumerGroupStore(token, group.group_id, tuple(records)))
+            except Exception:
+                self.consumer.revert(group, undo, now_ms)
+                raise
+            if not appended:
+                # Not in the log: back to what the log holds (the answers waiting get the error).
+                self.consumer.revert(group, undo, now_ms)
+        return made
+
+    def _append_consumer(self, store: ConsumerGroupStore) -> bool:
+        """Have ``store`` appended; False if it is not in the log. Its answers wait for its report."""
+        if self._on_store is None:
+            return True  # durable at once: nothing to wait for
+        self._consumer_stores[store.token] = _ConsumerStoreWait(store.group_id)
+        try:
+            appended = self._on_store(store)
+        except Exception:
+            del self._consumer_stores[store.token]
+            raise
+        return appended is not False
+
+    def _consumer_stored(self, wait: _ConsumerStoreWait, token: int, error: ErrorCode) -> None:
+        for reply, result in wait.waiting:
+            self._outbox.append((reply, result if error is ErrorCode.none else HeartbeatResult(error)))
+        group = self.consumer.group(wait.group_id)
+        if error is not ErrorCode.none and group is not None and group.store_token == token:
+            # Its records may be lost, or in the log but not durable yet: answers from now on must
+            # wait for a store of their own, which the group's next change makes (``confirm``).
+            group.confirm = True
+
+    def _answer_consumer(
+        self, group_id: str, result: HeartbeatResult, reply: HeartbeatReply | None, made: Mapping[str, int]
+    ) -> HeartbeatResult | None:
+        """Answer now, or once the group's latest store (``made`` by this call, or before) is
+        durable: what the answer tells (an epoch, an assignment) is in it or before it. Errors tell
+        nothing of the group: at once."""
+        wait = None
+        if result.error is ErrorCode.none:
+            group = self.consumer.group(group_id)
+            token = made.get(group_id, group.store_token if group is not None else 0)
+            wait = self._consumer_stores.get(token)
+        if wait is None:
+            if reply is not None:
+                self._outbox.append((reply, result))
+            return result
+        if reply is None:
+            raise ValueError(f"the answer to {group_id}'s heartbeat waits for its records: pass a reply")
+        wait.waiting.append((reply, result))
+        return None
+
+    def apply_consumer_record(self, record: ConsumerRecord, now_ms: int) -> None:
+        """A replayed KIP-848 group record (``consumer_protocol.ConsumerGroups.apply``)."""
+        self.consumer.apply(record, now_ms)
+
     # --- timers -------------------------------------------------------------------------------
 
     def next_deadline_ms(self) -> int | None:
@@ -576,6 +702,7 @@ class GroupCoordinatorCore:
     def tick(self, now_ms: int) -> None:
         """Fire every expired deadline, earliest first (session, join, sync and pending timeouts)."""
         self.consumer.tick(now_ms)
+        self._store_consumer_changes(now_ms)
         for group in list(self._groups.values()):
             # Each step removes the deadline it fires or moves it past now_ms, so this ends.
             while True:
@@ -889,6 +1016,7 @@ class GroupCoordinatorCore:
                 self._outbox.append((reply, JoinResult(ErrorCode.inconsistent_group_protocol, member_id)))
                 return
             self.consumer.delete(group_id)
+            self._store_consumer_changes(now_ms)  # its tombstone, before any record of the classic group
         group = self._groups.get(group_id)
         if group is None:
             if not is_unknown:
@@ -1355,15 +1483,25 @@ class GroupCoordinatorCore:
     # --- KIP-848 consumer groups ------------------------------------------------------------------
 
     @_delivers_replies
-    def consumer_group_heartbeat(self, request: HeartbeatRequest, now_ms: int) -> HeartbeatResult:
+    def consumer_group_heartbeat(
+        self, request: HeartbeatRequest, now_ms: int, reply: HeartbeatReply | None = None
+    ) -> HeartbeatResult | None:
         """ConsumerGroupHeartbeat. A classic group with members is not a consumer group
-        (GROUP_ID_NOT_FOUND, as Kafka without online migration); an Empty one (offsets only) becomes one."""
+        (GROUP_ID_NOT_FOUND, as Kafka without online migration); an Empty one (offsets only) becomes one.
+
+        Returns the answer if it goes at once (``reply`` gets it too), else None: ``reply`` gets it
+        once the group's records are durable, or the store's error. A core with ``on_store`` needs
+        ``reply``."""
         classic = self._groups.get(request.group_id)
+        made: dict[str, int] = {}
         if classic is not None and (classic.members or classic.pending_members or classic.state is not _EMPTY):
-            return HeartbeatResult(
+            result = HeartbeatResult(
                 ErrorCode.group_id_not_found, error_message=f"Group {request.group_id} is not a consumer group."
             )
-        return self.consumer.heartbeat(request, now_ms)
+        else:
+            result = self.consumer.heartbeat(request, now_ms)
+            made = self._store_consumer_changes(now_ms)
+        return self._answer_consumer(request.group_id, result, reply, made)
 
     def validate_fetch(self, group_id: str, member_id: str | None, member_epoch: int) -> ErrorCode:
         """OffsetFetch v9+: a consumer-protocol member must be current; classic groups ignore the fields."""
@@ -1589,7 +1727,7 @@ class GroupCoordinatorCore:
         for group_id in gone:
             del self._groups[group_id]
         for group_id in [g for g in list(self.consumer.groups) if self.consumer.is_empty(g) and g not in self._groups]:
-            self.consumer.delete(group_id)
+            self.consumer.forget(group_id)  # the shell writes a group tombstone if the log has records of it
             gone.append(group_id)
         return gone
 
@@ -1602,7 +1740,8 @@ class GroupCoordinatorCore:
         if self.consumer.is_consumer_group(group_id):
             if not self.consumer.is_empty(group_id):
                 return ErrorCode.non_empty_group
-            self.consumer.delete(group_id)
+            # The group tombstone the caller writes drops its records too; kept aside until then.
+            self._deleting[group_id] = self.consumer.forget(group_id)
             if group_id not in self._groups:
                 return ErrorCode.none
         group = self._groups.get(group_id)
@@ -1614,11 +1753,15 @@ class GroupCoordinatorCore:
         return ErrorCode.none
 
     def complete_delete_group(self, group_id: str) -> None:
+        self._deleting.pop(group_id, None)
         group = self._groups.get(group_id)
         if group is not None and group.state is _DEAD:
             del self._groups[group_id]
 
     def abort_delete_group(self, group_id: str) -> None:
+        consumer_group = self._deleting.pop(group_id, None)
+        if consumer_group is not None and not self.consumer.is_consumer_group(group_id):
+            self.consumer.groups[group_id] = consumer_group  # as the log still has it
         group = self._groups.get(group_id)
         if group is not None and group.state is _DEAD:
             # Outside Kafka's transition table on purpose: the deletion never happened.
@@ -1633,7 +1776,8 @@ class GroupCoordinatorCore:
 
     @_delivers_replies
     def remove_group(self, group_id: str) -> None:
-        """Forget a group whatever its state (a replayed group tombstone)."""
+        """Forget a group whatever its state, KIP-848 group of that id included (a replayed group tombstone)."""
+        self.consumer.forget(group_id)
         group = self._groups.pop(group_id, None)
         if group is not None:
             for member in list(group.members.values()):
@@ -1714,6 +1858,11 @@ class GroupCoordinatorCore:
                 member.heartbeat_deadline_ms = None
             group.state = _DEAD
         self._groups.clear()
+        for wait in self._consumer_stores.values():
+            for reply, _ in wait.waiting:
+                self._outbox.append((reply, HeartbeatResult(error)))
+        self._consumer_stores.clear()
+        self._deleting.clear()
         self.consumer.clear()
 
     def shutdown(self) -> None:

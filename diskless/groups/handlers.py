@@ -10,10 +10,11 @@ Every handler first asks ``facade.coordinator(group_id)`` for the core of the gr
 COORDINATOR_LOAD_IN_PROGRESS, COORDINATOR_NOT_AVAILABLE) is the answer, adjusted per API as
 Kafka does (SyncGroup turns "loading" into REBALANCE_IN_PROGRESS, Heartbeat into NONE).
 
-JoinGroup and SyncGroup may be answered later: they pass the core a reply callback that resolves
-a future, and await it (a SyncGroup also waits for the group record the shell stores for the
-core). Handlers call ``facade.wake()`` after anything that may move the core's timers, so the
-shell re-arms its tick from ``core.next_deadline_ms()``.
+JoinGroup, SyncGroup and ConsumerGroupHeartbeat may be answered later: they pass the core a
+reply callback that resolves a future, and await it (a SyncGroup also waits for the group record
+the shell stores for the core, a ConsumerGroupHeartbeat for its group's records). Handlers call
+``facade.wake()`` after anything that may move the core's timers, so the shell re-arms its tick
+from ``core.next_deadline_ms()``.
 
 Offset writes go through the log before they become visible: OffsetCommit validates, persists
 the records (``facade.persist``), and only then applies them to the core; DeleteGroups and
@@ -115,6 +116,17 @@ def group_store_error(code: ErrorCode) -> ErrorCode:
     what the members waiting for it get: a timeout sends them back to JoinGroup."""
     if code is ErrorCode.request_timed_out:
         return ErrorCode.rebalance_in_progress
+    if code in (ErrorCode.message_too_large, ErrorCode.record_list_too_large, ErrorCode.invalid_fetch_size):
+        return ErrorCode.unknown_server_error
+    return _persist_error(code)
+
+
+def consumer_store_error(code: ErrorCode) -> ErrorCode:
+    """Kafka's translation (CoordinatorOperationExceptionHelper) of a KIP-848 group's failed write
+    into the ConsumerGroupHeartbeat answer: a timeout is COORDINATOR_NOT_AVAILABLE (the member
+    looks the coordinator up again and retries with the same epoch)."""
+    if code is ErrorCode.request_timed_out:
+        return ErrorCode.coordinator_not_available
     if code in (ErrorCode.message_too_large, ErrorCode.record_list_too_large, ErrorCode.invalid_fetch_size):
         return ErrorCode.unknown_server_error
     return _persist_error(code)
@@ -299,7 +311,9 @@ async def consumer_group_heartbeat(facade: GroupFacade, header: RequestHeader, r
     member_id = request.member_id
     if not member_id and request.member_epoch == 0 and header.api_version == 0:
         member_id = str(uuid.uuid4())  # v0: the coordinator may generate the member id
-    result = core.consumer_group_heartbeat(
+    # Answered once the group's records are durable (at once if nothing is being stored).
+    future, reply = _reply_future()
+    core.consumer_group_heartbeat(
         HeartbeatRequest(
             group_id=request.group_id,
             member_id=member_id,
@@ -317,9 +331,10 @@ async def consumer_group_heartbeat(facade: GroupFacade, header: RequestHeader, r
             client_host=getattr(header, "client_host", "") or "",
         ),
         facade.now_ms(),
+        reply,
     )
     facade.wake()
-    return _heartbeat_response(facade, result)
+    return _heartbeat_response(facade, await future)
 
 
 def _described_assignment(facade: GroupFacade, assignment: dict[str, frozenset[int]]) -> dict[str, Any]:

@@ -21,6 +21,13 @@ than the retention still loads after a failover. What is appended again is the g
 record as appended (kept here), never the core's current state, which may be in the middle of a
 rebalance; it is read right before the append, so it cannot overtake a newer one.
 
+KIP-848 groups' records are keyed (the group's epoch, subscription metadata and target epoch; each
+member's metadata, target and current assignment): the latest record of each key is appended
+again, unchanged, once older than half the retention, which is what compaction would keep. A
+member's tombstone forgets all its keys and a group's (KIP-848 or classic group tombstone) all
+the group's, so nothing of a member or group that is gone is appended again (a replayed record of
+a member that left would bring it back).
+
 An appended-again offset record must not overtake a newer one: the shell skips a group while any append
 of its own is in flight (a commit appended but not yet applied to the core would be overwritten by
 the older value), and a partition with a pending transactional offset (a plain record appended
@@ -33,6 +40,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from .consumer_protocol import (
+    MEMBER_KINDS,
+    ConsumerGroupTombstone,
+    ConsumerRecord,
+    MemberTombstone,
+    RecordKey,
+    record_key,
+)
 from .coordinator import OffsetAndMetadata, StoredGroup, TopicPartition
 
 OffsetKey = tuple[str, TopicPartition]  # (group id, (topic, partition))
@@ -50,6 +65,8 @@ class OffsetsUpkeep:
         self.written_ms: dict[OffsetKey, int] = {}
         # Per group: its latest group record and when it was appended.
         self.groups: dict[str, tuple[StoredGroup, int]] = {}
+        # Per KIP-848 group: the latest record of each of its keys and when it was appended.
+        self.consumer: dict[str, dict[RecordKey, tuple[ConsumerRecord, int]]] = {}
 
     def wrote(self, group_id: str, tp: TopicPartition, at_ms: int) -> None:
         self.written_ms[(group_id, tp)] = at_ms
@@ -62,9 +79,27 @@ class OffsetsUpkeep:
         for key in [key for key in self.written_ms if key[0] == group_id]:
             del self.written_ms[key]
         self.groups.pop(group_id, None)
+        self.consumer.pop(group_id, None)
 
     def group_wrote(self, group: StoredGroup, at_ms: int) -> None:
         self.groups[group.group_id] = (group, at_ms)
+
+    def consumer_wrote(self, record: ConsumerRecord, at_ms: int) -> None:
+        """A KIP-848 group's record was appended (or replayed) at ``at_ms``."""
+        if isinstance(record, ConsumerGroupTombstone):
+            self.consumer.pop(record.group_id, None)
+            return
+        if isinstance(record, MemberTombstone):
+            keys = self.consumer.get(record.group_id, {})
+            for kind in MEMBER_KINDS:
+                keys.pop((kind, record.member_id), None)
+            return
+        self.consumer.setdefault(record.group_id, {})[record_key(record)] = (record, at_ms)
+
+    def consumer_due(self, group_id: str, now_ms: int, retention_ms: int) -> list[ConsumerRecord]:
+        """The KIP-848 group's latest records older than half the retention, to append again."""
+        keys = self.consumer.get(group_id, {})
+        return [record for record, at_ms in keys.values() if now_ms - at_ms > retention_ms // 2]
 
     def group_due(self, group_id: str, now_ms: int, retention_ms: int) -> StoredGroup | None:
         """The group's latest record, if it is older than half the retention and must be appended again."""

@@ -1,7 +1,8 @@
 """Record format of ``__consumer_offsets`` and the group -> partition mapping.
 
-Committed offsets and classic group metadata are persisted (see the package docstring). Records
-are key/value pairs, each starting with a format version byte followed by msgpack:
+Committed offsets, classic group metadata and KIP-848 groups are persisted (see the package
+docstring). Records are key/value pairs, each starting with a format version byte followed by
+msgpack:
 
 =============  =========================================  ==========================================
 record         key                                        value
@@ -14,6 +15,36 @@ group          ``0x02`` + msgpack [group]                 ``0x01`` + msgpack [pr
                                                           state_timestamp_ms, [member...]]
 group delete   same key as the group                      None (tombstone)
 =============  =========================================  ==========================================
+
+KIP-848 (consumer protocol) groups use Kafka's record types, their key version bytes as Kafka's
+(3 to 8), their values msgpack after a ``0x00`` byte (Kafka's value version); a partition set is
+[[topic, [partition...]]...], topics by name (the coordinator knows topics by name):
+
+==========================  ==========================  ==============================================
+record (Kafka's name)       key                         value
+==========================  ==========================  ==============================================
+ConsumerGroupMetadata       ``0x03`` + [group]          [group_epoch]; None: the consumer group is
+                                                        gone (its members, target and metadata)
+ConsumerGroupPartition-     ``0x04`` + [group]          [[[topic, partition_count]...]]
+Metadata
+ConsumerGroupMember-        ``0x05`` + [group, member]  [instance_id, rack_id, client_id, client_host,
+Metadata                                                [topic...], rebalance_timeout_ms,
+                                                        server_assignor]; None: the member left (all
+                                                        its keys: one tombstone, not Kafka's three)
+ConsumerGroupTarget-        ``0x06`` + [group]          [assignment_epoch]
+AssignmentMetadata
+ConsumerGroupTarget-        ``0x07`` + [group, member]  [partitions]
+AssignmentMember
+ConsumerGroupCurrent-       ``0x08`` + [group, member]  [member_epoch, previous_member_epoch, state
+MemberAssignment                                        (Kafka's MemberState byte), assigned,
+                                                        pending_revocation]
+==========================  ==========================  ==============================================
+
+The coordinator writes a key only when its value changes (a heartbeat that changes nothing
+writes nothing; a reconciliation step writes the member's current assignment; a new target
+writes its epoch and the members whose part changed), answers once they are durable, and a new
+coordinator replays them into the group as last written (``consumer_protocol``). A group
+tombstone (``0x02``) drops a KIP-848 group of that id as well.
 
 A member is [member_id, group_instance_id, client_id, client_host, rebalance_timeout_ms,
 session_timeout_ms, subscription, assignment] (the last two binary), as in Kafka's
@@ -28,24 +59,46 @@ only the latest value of each. Deleting a group writes a tombstone for each of i
 compaction drops them) plus a group tombstone, which on replay drops the group and every offset
 of it seen so far, including any the per-offset tombstones missed. Unknown versions are refused
 rather than skipped: a newer broker's records must not be half-understood by an older one (a
-broker from before group records refuses a partition holding one: upgrade every broker before
-the new ones coordinate groups). Fields appended to a version-1 value (or member) by a later
-revision are ignored, so adding one needs no new version.
+broker from before group records refuses a partition holding one, and one from before KIP-848
+group records, key versions 3 to 8, refuses a partition holding those: upgrade every broker
+before the new ones coordinate groups). Fields appended to a value (or member) by a later
+revision are ignored, so adding one needs no new version; a tombstone of a key whose deletion
+this version never writes (4, 6, 7, 8) is refused too.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from diskless.cluster.coordinator_records import Record, RecordFormatError, pack, unpack
 
+from .consumer_protocol import (
+    ConsumerGroupTombstone,
+    ConsumerRecord,
+    CurrentAssignmentRecord,
+    GroupEpochRecord,
+    MemberMetadataRecord,
+    MemberState,
+    MemberTombstone,
+    SubscriptionMetadataRecord,
+    TargetEpochRecord,
+    TargetMemberRecord,
+)
 from .coordinator import GroupCoordinatorCore, OffsetAndMetadata, StoredGroup, StoredMember
 
 OFFSET_KEY_VERSION = 1
 GROUP_KEY_VERSION = 2
 OFFSET_VALUE_VERSION = 1
 GROUP_VALUE_VERSION = 1
+# KIP-848 groups: key versions as Kafka's record types, one value version (Kafka's 0) for all.
+CONSUMER_GROUP_KEY_VERSION = 3
+CONSUMER_PARTITIONS_KEY_VERSION = 4
+CONSUMER_MEMBER_KEY_VERSION = 5
+CONSUMER_TARGET_KEY_VERSION = 6
+CONSUMER_TARGET_MEMBER_KEY_VERSION = 7
+CONSUMER_ASSIGNMENT_KEY_VERSION = 8
+CONSUMER_VALUE_VERSION = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +121,7 @@ class GroupTombstone:
     group_id: str
 
 
-DecodedRecord = OffsetCommitRecord | OffsetTombstone | GroupTombstone | StoredGroup
+DecodedRecord = OffsetCommitRecord | OffsetTombstone | GroupTombstone | StoredGroup | ConsumerRecord
 
 
 def offset_key(group_id: str, topic: str, partition: int) -> bytes:
@@ -126,9 +179,157 @@ def group_deletion_records(group_id: str, partitions: Iterable[tuple[str, int]])
     return records
 
 
+# --- KIP-848 groups ----------------------------------------------------------------------------------
+
+
+def _partitions(assignment: Mapping[str, Iterable[int]]) -> list[object]:
+    return [[topic, sorted(parts)] for topic, parts in sorted(assignment.items()) if parts]
+
+
+def encode_consumer(record: ConsumerRecord) -> Record:
+    """The key/value of a KIP-848 group's record (a tombstone's value is None)."""
+    g = record.group_id
+    if isinstance(record, ConsumerGroupTombstone):
+        return pack(CONSUMER_GROUP_KEY_VERSION, [g]), None
+    if isinstance(record, GroupEpochRecord):
+        return pack(CONSUMER_GROUP_KEY_VERSION, [g]), pack(CONSUMER_VALUE_VERSION, [record.epoch])
+    if isinstance(record, SubscriptionMetadataRecord):
+        topics = [[topic, count] for topic, count in sorted(record.partitions.items())]
+        return pack(CONSUMER_PARTITIONS_KEY_VERSION, [g]), pack(CONSUMER_VALUE_VERSION, [topics])
+    if isinstance(record, TargetEpochRecord):
+        return pack(CONSUMER_TARGET_KEY_VERSION, [g]), pack(CONSUMER_VALUE_VERSION, [record.assignment_epoch])
+    m = record.member_id
+    if isinstance(record, MemberTombstone):
+        return pack(CONSUMER_MEMBER_KEY_VERSION, [g, m]), None
+    if isinstance(record, MemberMetadataRecord):
+        value = [
+            record.instance_id,
+            record.rack_id,
+            record.client_id,
+            record.client_host,
+            list(record.subscribed_topics),
+            record.rebalance_timeout_ms,
+            record.server_assignor,
+        ]
+        return pack(CONSUMER_MEMBER_KEY_VERSION, [g, m]), pack(CONSUMER_VALUE_VERSION, value)
+    if isinstance(record, TargetMemberRecord):
+        return pack(CONSUMER_TARGET_MEMBER_KEY_VERSION, [g, m]), pack(
+            CONSUMER_VALUE_VERSION, [_partitions(record.partitions)]
+        )
+    value = [
+        record.member_epoch,
+        record.previous_member_epoch,
+        record.state.value,
+        _partitions(record.assigned),
+        _partitions(record.pending_revocation),
+    ]
+    return pack(CONSUMER_ASSIGNMENT_KEY_VERSION, [g, m]), pack(CONSUMER_VALUE_VERSION, value)
+
+
+def _consumer_value(value: bytes, count: int, what: str) -> list[object]:
+    version, fields = unpack(value, "value")
+    if version != CONSUMER_VALUE_VERSION or len(fields) < count:
+        raise RecordFormatError(f"unsupported {what} value version {version}")
+    return fields[:count]
+
+
+def _decode_partitions(items: object) -> dict[str, frozenset[int]]:
+    if not isinstance(items, list):
+        raise RecordFormatError("partitions are not a list")
+    out: dict[str, frozenset[int]] = {}
+    for entry in items:
+        if not (isinstance(entry, list) and len(entry) >= 2 and isinstance(entry[0], str)):
+            raise RecordFormatError("partitions entry needs [topic, [partition...]]")
+        parts = entry[1]
+        if not (isinstance(parts, list) and all(isinstance(p, int) for p in parts)) or entry[0] in out:
+            raise RecordFormatError("partitions of a topic are not a list of integers")
+        if parts:
+            out[entry[0]] = frozenset(parts)
+    return out
+
+
+def _int(*values: object) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
+def _decode_consumer(version: int, items: list[object], value: bytes | None) -> ConsumerRecord:
+    group_keys = (CONSUMER_GROUP_KEY_VERSION, CONSUMER_PARTITIONS_KEY_VERSION, CONSUMER_TARGET_KEY_VERSION)
+    size = 1 if version in group_keys else 2
+    if len(items) != size or not all(isinstance(i, str) for i in items):
+        raise RecordFormatError(f"key version {version} needs {size} strings")
+    g = str(items[0])
+    if version == CONSUMER_GROUP_KEY_VERSION:
+        if value is None:
+            return ConsumerGroupTombstone(g)
+        (epoch,) = _consumer_value(value, 1, "group epoch")
+        if not _int(epoch):
+            raise RecordFormatError("group epoch is not an integer")
+        return GroupEpochRecord(g, epoch)  # type: ignore[arg-type]
+    if version == CONSUMER_MEMBER_KEY_VERSION and value is None:
+        return MemberTombstone(g, str(items[1]))
+    if value is None:
+        raise RecordFormatError(f"unexpected tombstone of key version {version}")
+    if version == CONSUMER_PARTITIONS_KEY_VERSION:
+        (topics,) = _consumer_value(value, 1, "partition metadata")
+        if not isinstance(topics, list) or not all(
+            isinstance(t, list) and len(t) >= 2 and isinstance(t[0], str) and _int(t[1]) for t in topics
+        ):
+            raise RecordFormatError("partition metadata needs [[topic, count]...]")
+        return SubscriptionMetadataRecord(g, {t[0]: t[1] for t in topics})
+    if version == CONSUMER_TARGET_KEY_VERSION:
+        (epoch,) = _consumer_value(value, 1, "target assignment metadata")
+        if not _int(epoch):
+            raise RecordFormatError("assignment epoch is not an integer")
+        return TargetEpochRecord(g, epoch)  # type: ignore[arg-type]
+    m = str(items[1])
+    if version == CONSUMER_MEMBER_KEY_VERSION:
+        instance, rack, client_id, client_host, topics, rebalance_ms, assignor = _consumer_value(value, 7, "member")
+        if not (_optional_str(instance) and _optional_str(rack) and _optional_str(assignor)):
+            raise RecordFormatError("member ids have wrong types")
+        if not (isinstance(client_id, str) and isinstance(client_host, str) and _int(rebalance_ms)):
+            raise RecordFormatError("member fields have wrong types")
+        if not (isinstance(topics, list) and all(isinstance(t, str) for t in topics)):
+            raise RecordFormatError("member subscription is not a list of topics")
+        return MemberMetadataRecord(
+            g,
+            m,
+            instance,
+            rack,
+            client_id,
+            client_host,
+            tuple(topics),
+            rebalance_ms,
+            assignor,  # type: ignore[arg-type]
+        )
+    if version == CONSUMER_TARGET_MEMBER_KEY_VERSION:
+        (partitions,) = _consumer_value(value, 1, "target assignment member")
+        return TargetMemberRecord(g, m, _decode_partitions(partitions))
+    member_epoch, previous, state, assigned, pending = _consumer_value(value, 5, "current assignment")
+    if not _int(member_epoch, previous, state):
+        raise RecordFormatError("current assignment epochs/state are not integers")
+    try:
+        member_state = MemberState(state)
+    except ValueError as exc:
+        raise RecordFormatError(f"unknown member state {state}") from exc
+    return CurrentAssignmentRecord(
+        g,
+        m,
+        member_epoch,
+        previous,
+        member_state,
+        _decode_partitions(assigned),
+        _decode_partitions(pending),  # type: ignore[arg-type]
+    )
+
+
+_CONSUMER_KEY_VERSIONS = range(CONSUMER_GROUP_KEY_VERSION, CONSUMER_ASSIGNMENT_KEY_VERSION + 1)
+
+
 def decode(key: bytes, value: bytes | None) -> DecodedRecord:
     """Decode one record; raises RecordFormatError for anything this version cannot read."""
     version, items = unpack(key, "key")
+    if version in _CONSUMER_KEY_VERSIONS:
+        return _decode_consumer(version, items, value)
     if version == OFFSET_KEY_VERSION:
         if len(items) != 3:
             raise RecordFormatError("offset key needs [group, topic, partition]")
@@ -195,15 +396,17 @@ def _decode_group(group_id: str, value: bytes) -> StoredGroup:
 
 def apply_record(core: GroupCoordinatorCore, record: DecodedRecord, now_ms: int) -> None:
     """Make one record's effect visible in ``core`` (records apply in log order); a group record
-    loads the group, whose members' session timers start at ``now_ms``."""
+    (classic or KIP-848) loads the group, whose members' session timers start at ``now_ms``."""
     if isinstance(record, StoredGroup):
         core.load_group(record, now_ms)
     elif isinstance(record, OffsetCommitRecord):
         core.apply_offsets(record.group_id, {(record.topic, record.partition): record.value})
     elif isinstance(record, OffsetTombstone):
         core.remove_offsets(record.group_id, [(record.topic, record.partition)])
-    else:
+    elif isinstance(record, GroupTombstone):
         core.remove_group(record.group_id)
+    else:
+        core.apply_consumer_record(record, now_ms)
 
 
 def replay(core: GroupCoordinatorCore, records: Iterable[Record], now_ms: int) -> int:

@@ -1,6 +1,7 @@
 """KIP-848 consumer groups (group.protocol=consumer) with librdkafka on a 3-broker cluster: three
 members share the partitions through server-side assignment, consume everything exactly once,
-and a member that leaves hands its partitions to the others."""
+and a member that leaves hands its partitions to the others; the loss of the coordinator's broker
+costs the members nothing."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import threading
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from support import wait_until
 
@@ -116,3 +117,128 @@ async def test_consumer_protocol_members_share_consume_once_and_rebalance(cluste
         for m in members:
             if m not in closed:
                 m.close()
+
+
+class SteadyMember:
+    """A consumer-protocol member that records its rebalance callbacks (partitions assigned,
+    revoked or lost), its fatal errors, and counts the commits that succeeded; other errors (the
+    coordinator moving) are never raised out of its thread."""
+
+    def __init__(self, bootstrap: str, topic: str, group: str, name: str) -> None:
+        self.fatal: list[str] = []
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "group.protocol": "consumer",
+                "client.id": name,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+        self.name = name
+        self.rebalances: list[str] = []
+        self.commits = 0
+        self.assignment: set[int] = set()
+        self.consumer.subscribe(
+            [topic],
+            on_assign=lambda _, parts: self._changed("assigned", parts),
+            on_revoke=lambda _, parts: self._changed("revoked", parts),
+            on_lost=lambda _, parts: self._changed("lost", parts),
+        )
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def _changed(self, what: str, partitions: list[TopicPartition]) -> None:
+        if partitions:  # librdkafka also calls back with nothing to do
+            self.rebalances.append(f"{what} {sorted(tp.partition for tp in partitions)}")
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            message = self.consumer.poll(0.2)
+            self.assignment = {tp.partition for tp in self.consumer.assignment()}
+            if message is not None and message.error() is not None and message.error().code() == KafkaError._FATAL:
+                self.fatal.append(str(message.error()))  # the consumer consumes no more
+            if message is None or message.error() is not None:
+                continue
+            try:
+                self.consumer.commit(message=message, asynchronous=False)
+                self.commits += 1
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.consumer.close()
+
+
+async def test_a_coordinator_failover_costs_no_rebalance(cluster_factory) -> None:
+    """The group's records (epochs, members, target and current assignments) are in
+    __consumer_offsets: the broker that takes the partition over loads them and the members
+    heartbeat on at their epochs, keeping their partitions. Before, the new coordinator knew no
+    member nor the group: each member's next heartbeat got GROUP_ID_NOT_FOUND, which librdkafka
+    takes as a fatal error (its partitions lost, it consumes no more); a client that rejoined
+    instead would have revoked everything and joined again with epoch 0."""
+    overrides = {
+        **OVERRIDES,
+        # Longer than a failover takes, so that no member is expired while the partition moves.
+        "group.consumer.session.timeout.ms": "30000",
+        "offsets.topic.num.partitions": "6",  # replication factor 3 (the default), on 3 brokers
+    }
+    cluster = cluster_factory(overrides=overrides)
+    topic, group = "steady848", "steady848-group"
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 3)])[topic].result(30)
+    stop = threading.Event()
+
+    def keep_producing() -> None:
+        producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 5})
+        i = 0
+        while not stop.is_set():
+            producer.produce(topic, value=f"value-{i}".encode(), partition=i % PARTITIONS)
+            producer.poll(0.01)
+            i += 1
+        producer.flush(10)
+
+    producing = threading.Thread(target=keep_producing, daemon=True)
+    producing.start()
+    members = [SteadyMember(cluster.bootstrap, topic, group, f"m{i}") for i in range(2)]
+    try:
+
+        def stable() -> bool:
+            described = admin.describe_consumer_groups([group])[group].result(10)
+            return (
+                str(described.state).endswith("STABLE")
+                and sorted(len(m.assignment) for m in members) == [6, 6]
+                and all(m.commits > 0 for m in members)
+            )
+
+        await asyncio.to_thread(wait_until, stable, 60, 0.2)
+        rebalances = [list(m.rebalances) for m in members]
+        coordinator = admin.describe_consumer_groups([group])[group].result(30).coordinator.id
+        commits = [m.commits for m in members]
+        cluster.brokers[coordinator].kill()
+
+        def moved_on() -> bool:
+            for member, before in zip(members, rebalances, strict=True):
+                assert not member.fatal, f"{member.name}: {member.fatal[0]}"
+                assert member.rebalances == before, f"the failover rebalanced the group: {member.rebalances}"
+            try:
+                described = admin.describe_consumer_groups([group])[group].result(10)
+            except KafkaException:
+                return False  # the admin client's connection to the dead broker, or no coordinator yet
+            return described.coordinator.id != coordinator and all(
+                m.commits > c + 20 for m, c in zip(members, commits, strict=True)
+            )
+
+        # Both members commit again, at their epochs, through the new coordinator.
+        await asyncio.to_thread(wait_until, moved_on, 90, 0.5)
+        assert [m.rebalances for m in members] == rebalances
+        assert sorted(len(m.assignment) for m in members) == [6, 6]
+    finally:
+        stop.set()
+        for member in members:
+            member.close()
+        producing.join(15)

@@ -29,7 +29,7 @@ from diskless.broker.group_shell import GroupShell
 from diskless.broker.txn_apis import TxnApis
 from diskless.config import BrokerConfig
 from diskless.groups import handlers
-from diskless.groups.consumer_protocol import HeartbeatRequest
+from diskless.groups.consumer_protocol import HeartbeatRequest, HeartbeatResult
 from diskless.groups.coordinator import GroupCoordinatorCore, GroupState, JoinResult, OffsetAndMetadata
 from diskless.groups.records import encode_offset, encode_offset_tombstone
 from diskless.log.config import LogConfig
@@ -322,6 +322,15 @@ def test_txn_offset_commit_follows_kafkas_transactional_validation(tmp_path: Pat
     assert txn_offset_commit(shell, -1, "stranger") is ErrorCode.unknown_member_id
 
     joining = HeartbeatRequest("kip848", "m1", 0, rebalance_timeout_ms=10_000, subscribed_topic_names=("in",), owned={})
-    epoch = core.consumer_group_heartbeat(joining, T0).member_epoch
+
+    shell.now_ms = lambda: T0  # type: ignore[method-assign]  # the shell's timers run on the test's clock
+
+    async def join() -> int:
+        answers: list[HeartbeatResult] = []
+        core.consumer_group_heartbeat(joining, T0, answers.append)
+        await shell.settle_stores()  # answered once the group's records are replicated
+        return answers[0].member_epoch
+
+    epoch = asyncio.run(join())
     assert txn_offset_commit(shell, epoch, "m1", group="kip848") is ErrorCode.none
     assert txn_offset_commit(shell, epoch - 1, "m1", group="kip848") is ErrorCode.illegal_generation

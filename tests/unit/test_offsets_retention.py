@@ -16,6 +16,7 @@ from loghelpers import T0
 
 from diskless.broker.group_shell import GroupShell
 from diskless.config import BrokerConfig
+from diskless.groups.consumer_protocol import HeartbeatRequest, HeartbeatResult
 from diskless.groups.coordinator import GroupState, OffsetAndMetadata
 from diskless.groups.offsets_upkeep import OffsetsUpkeep, check_interval_ms
 from diskless.groups.records import encode_offset, group_deletion_records
@@ -285,5 +286,116 @@ def test_a_commit_in_flight_keeps_its_empty_group_from_being_pruned(tmp_path: Pa
         await commit
         assert cluster.served("g") == {("t", 0): 7} == cluster.after_failover("g")
         assert cluster.new_shell().load(cluster.partition).group_state("g") is GroupState.EMPTY  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+
+
+# --- KIP-848 group records -------------------------------------------------------------------------
+
+
+def consumer_member(member_id: str, epoch: int, owned: set[int]) -> HeartbeatRequest:
+    fields: dict = {"owned": {"t": frozenset(owned)} if owned else {}}
+    if epoch == 0:
+        fields.update(rebalance_timeout_ms=10_000, subscribed_topic_names=("t",), owned={})
+    return HeartbeatRequest("cg", member_id, epoch, **fields)
+
+
+async def consumer_heartbeat(cluster: Cluster, request: HeartbeatRequest) -> HeartbeatResult:
+    """ConsumerGroupHeartbeat as the handler does it: answered once the group's records are durable."""
+    answers: list[HeartbeatResult] = []
+    cluster.core.consumer_group_heartbeat(request, cluster.now, answers.append)
+    await cluster.shell.settle_stores()
+    (answer,) = answers
+    return answer
+
+
+async def stable_consumer_group(cluster: Cluster, *member_ids: str) -> dict[str, tuple[int, set[int]]]:
+    """KIP-848 members of group "cg" on topic "t" (4 partitions) heartbeat until the group is Stable."""
+    cluster.broker.metadata.topics["t"] = SimpleNamespace(partitions=[0, 1, 2, 3], internal=False)
+    state = {m: (0, set()) for m in member_ids}
+    for _ in range(4):
+        for m, (epoch, owned) in state.items():
+            answer = await consumer_heartbeat(cluster, consumer_member(m, epoch, owned))
+            assert answer.error is ErrorCode.none
+            given = set(answer.assignment["t"]) if answer.assignment and "t" in answer.assignment else set()
+            state[m] = (answer.member_epoch, given if answer.assignment is not None else owned)
+    group = cluster.core.consumer.group("cg")
+    assert group is not None and group.state.value == "Stable"
+    return state
+
+
+def test_a_kip848_group_stable_for_longer_than_the_retention_still_loads_after_failover(tmp_path: Path) -> None:
+    """A group whose members heartbeat without any change writes nothing: its records are appended
+    again like live offsets, and after a month and a failover the members go on at their epochs."""
+
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path)
+        state = await stable_consumer_group(cluster, "a", "b")
+        end = cluster.partition.log.log_end_offset
+        for _ in range(30):
+            cluster.advance(1)
+            await cluster.shell.maintain()
+            for m, (epoch, owned) in state.items():
+                answer = await consumer_heartbeat(cluster, consumer_member(m, epoch, owned))
+                assert (answer.error, answer.member_epoch) == (ErrorCode.none, epoch)
+        assert cluster.partition.log.log_start_offset > end  # the group's first records are long gone
+        core = cluster.new_shell().load(cluster.partition)  # type: ignore[arg-type]
+        loaded = core.consumer.group("cg")
+        assert loaded is not None and set(loaded.members) == {"a", "b"}
+        for m, (epoch, owned) in state.items():
+            assert loaded.members[m].member_epoch == epoch and set(loaded.members[m].assigned["t"]) == owned
+
+    asyncio.run(scenario())
+
+
+def test_records_of_a_member_that_left_are_not_appended_again(tmp_path: Path) -> None:
+    """A member's tombstone drops all its keys from the upkeep: appending its old records again
+    would bring it back at the next load. And a group pruned once empty gets a group tombstone."""
+
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path)
+        await stable_consumer_group(cluster, "a", "b")
+        assert (await consumer_heartbeat(cluster, consumer_member("a", -1, set()))).error is ErrorCode.none
+        assert set(cluster.shell.upkeep[0].consumer["cg"]) >= {("member", "b")}
+        assert not {key for key in cluster.shell.upkeep[0].consumer["cg"] if key[1] == "a"}
+        cluster.advance(4)
+        await cluster.shell.maintain()  # b's and the group's records appended again, none of a's
+        cluster.advance(4)
+        core = cluster.new_shell().load(cluster.partition)  # type: ignore[arg-type]
+        assert set(core.consumer.group("cg").members) == {"b"}  # type: ignore[union-attr]
+        # b leaves too; the empty group (no offsets) is pruned with a group tombstone.
+        assert (await consumer_heartbeat(cluster, consumer_member("b", -1, set()))).error is ErrorCode.none
+        await cluster.shell.maintain()
+        assert cluster.core.consumer.group("cg") is None and "cg" not in cluster.shell.upkeep[0].consumer
+        assert cluster.new_shell().load(cluster.partition).consumer.group("cg") is None  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+
+
+def test_a_kip848_answer_waits_for_replication_and_records_follow_the_cores_order(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path)
+        await stable_consumer_group(cluster, "a")
+        cluster.partition.gate = asyncio.Event()
+        end = cluster.partition.log.log_end_offset
+        joining = asyncio.create_task(consumer_heartbeat(cluster, consumer_member("b", 0, set())))
+        await asyncio.sleep(0.01)
+        assert cluster.partition.log.log_end_offset > end  # appended within the call
+        assert not joining.done()  # not replicated: no answer yet
+        cluster.partition.gate.set()
+        answer = await joining
+        assert answer.error is ErrorCode.none and answer.member_epoch == 2
+
+    asyncio.run(scenario())
+
+
+def test_kip848_records_that_cannot_be_appended_answer_not_coordinator(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path)
+        await stable_consumer_group(cluster, "a")
+        cluster.partition.leader_state = None  # leadership lost under the coordinator
+        answer = await consumer_heartbeat(cluster, consumer_member("b", 0, set()))
+        assert answer.error is ErrorCode.not_coordinator
+        assert set(cluster.core.consumer.group("cg").members) == {"a"}  # type: ignore[union-attr]
 
     asyncio.run(scenario())
