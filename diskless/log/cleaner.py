@@ -173,10 +173,13 @@ def prepare(log: PartitionLog, now_ms: int) -> CleaningJob | None:
     if not cleanable(log):
         return None
     config = log.config
+    # A checkpoint past the log end (data lost since it was written) says nothing of what is
+    # below it: everything is dirty again (Kafka's cleanableOffsets).
+    checkpoint = log.cleaner_checkpoint if log.cleaner_checkpoint <= log.log_end_offset else 0
     plan = plan_cleaning(
         [summary(s) for s in log.segments],
         log_start_offset=log.log_start_offset,
-        checkpoint=log.cleaner_checkpoint,
+        checkpoint=checkpoint,
         last_stable_offset=log.last_stable_offset,
         now_ms=now_ms,
         min_cleanable_dirty_ratio=config.min_cleanable_dirty_ratio,

@@ -315,3 +315,50 @@ def test_a_crash_before_the_commit_point_keeps_the_old_segments(tmp_path: Path) 
     cleaner.remove_scratch(os.path.dirname(tmp_path))
     assert not os.path.exists(output.scratch)
     shutil.rmtree(tmp_path)
+
+
+# --- review findings ---------------------------------------------------------------------------
+
+
+def _pass(log: PartitionLog, now_ms: int) -> None:
+    job = cleaner.prepare(log, now_ms)
+    if job is not None:
+        output = cleaner.run(job, 1 << 20)
+        assert output is not None
+        cleaner.install(output)
+
+
+def test_truncation_below_the_cleaner_checkpoint_does_not_resurrect_a_deleted_key(tmp_path: Path) -> None:
+    """A follower truncated below where its last pass's key map ended: the records appended there
+    since are dirty (Kafka's maybeTruncateCheckpoint). Counted clean, a tombstone there never
+    entered a key map, so the value it deletes was never superseded and outlived the tombstone."""
+    log = open_log(tmp_path, **COMPACT)
+    put(log, [(b"k", b"v1")])
+    put(log, [(b"a", b"a")], roll=True)
+    put(log, [(b"b", b"b")], roll=True)
+    put(log, [(b"z", b"z")], roll=True)
+    _pass(log, T0)
+    assert log.cleaner_checkpoint == 3
+    log.truncate_to(1, T0)  # the leader's log diverged at offset 1
+    assert log.cleaner_checkpoint <= log.log_end_offset == 1
+    put(log, [(b"k", None)])  # the leader's record at 1: k deleted
+    put(log, [(b"y", b"y")], roll=True)
+    put(log, [(b"w", b"w")], roll=True)
+    now = T0
+    for _ in range(3):  # the tombstone gets its horizon (delete.retention.ms 0), then goes
+        now += 10
+        put(log, [(b"t%d" % now, b"x")], roll=True, now_ms=now)
+        _pass(log, now)
+    assert b"k" not in view(log)
+
+
+def test_a_checkpoint_past_the_log_end_is_not_trusted(tmp_path: Path) -> None:
+    """As Kafka's cleanableOffsets: a checkpoint ahead of the log end (data lost since) restarts
+    the dirty part at the log start, or what is below it would never be mapped."""
+    log = open_log(tmp_path, **COMPACT)
+    put(log, [(b"k", b"v1")])
+    put(log, [(b"k", b"v2")], roll=True)
+    put(log, [(b"z", b"z")], roll=True)
+    log.cleaner_checkpoint = 100
+    job = cleaner.prepare(log, T0)
+    assert job is not None and job.plan.first_dirty == 0
