@@ -79,6 +79,8 @@ class CleaningJob:
     layout_epoch: int
     aborted: list[AbortedTxn]
     last_batches: dict[int, int]  # producer id -> last offset of its last data batch
+    # producer id -> epoch, for producers whose state holds no data batch (a marker bumped the epoch)
+    marker_epochs: dict[int, int]
     now_ms: int
     delete_retention_ms: int
     index_interval_bytes: int
@@ -193,11 +195,9 @@ def prepare(log: PartitionLog, now_ms: int) -> CleaningJob | None:
     segments = [
         SegmentSnapshot(s, s.log_path, s.base_offset, s.next_offset, s.size) for s in log.segments[: plan.cleanable]
     ]
-    last_batches = {
-        producer_id: entry.batches[-1].last_offset
-        for producer_id, entry in log.producer_state.producers.items()
-        if entry.batches
-    }
+    producers = log.producer_state.producers.items()
+    last_batches = {producer_id: entry.batches[-1].last_offset for producer_id, entry in producers if entry.batches}
+    marker_epochs = {producer_id: entry.epoch for producer_id, entry in producers if not entry.batches}
     return CleaningJob(
         log=log,
         plan=plan,
@@ -205,6 +205,7 @@ def prepare(log: PartitionLog, now_ms: int) -> CleaningJob | None:
         layout_epoch=log.layout_epoch,
         aborted=list(log.txns.aborted),
         last_batches=last_batches,
+        marker_epochs=marker_epochs,
         now_ms=now_ms,
         delete_retention_ms=config.delete_retention_ms,
         index_interval_bytes=config.index_interval_bytes,
@@ -277,6 +278,7 @@ def run(job: CleaningJob, max_map_entries: int) -> CleanedOutput | None:
             job.now_ms,
             job.delete_retention_ms,
             round_end_offset=key_map.end_offset,
+            marker_epochs=job.marker_epochs,
         )
         scratch = scratch_path(job.log.directory)
         shutil.rmtree(scratch, ignore_errors=True)

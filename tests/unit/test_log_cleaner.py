@@ -362,3 +362,26 @@ def test_a_checkpoint_past_the_log_end_is_not_trusted(tmp_path: Path) -> None:
     log.cleaner_checkpoint = 100
     job = cleaner.prepare(log, T0)
     assert job is not None and job.plan.first_dirty == 0
+
+
+def test_a_producers_last_marker_at_a_bumped_epoch_stays_for_fencing(tmp_path: Path) -> None:
+    """A coordinator that fences a producer (timeout, InitProducerId) ends its transaction with an
+    ABORT marker at the bumped epoch: the producer's last entry, and the only one at that epoch.
+    Kafka's cleaner keeps it (isBatchLastRecordOfProducer, case 3), emptied if need be, so that a
+    replica rebuilding producer state from the log still fences the old epoch."""
+    log = open_log(tmp_path, **COMPACT)
+    put(log, [(b"k", b"aborted")], producer_id=5, producer_epoch=0, base_sequence=0, transactional=True)
+    log.append_marker_as_leader(5, 1, False, 0, 0, T0)  # fenced: the marker carries epoch 1
+    log.high_watermark = log.log_end_offset
+    now = T0
+    for _ in range(4):  # the data goes, the marker gets its horizon, then would go
+        now += 10
+        put(log, [(b"t%d" % now, b"x")], roll=True, now_ms=now)
+        _pass(log, now)
+    log.close()
+    delete_snapshots(str(tmp_path))  # the producer's state from the log alone (a new replica's)
+    again = PartitionLog(str(tmp_path), log.config, now)
+    assert again.producer_state.producers[5].epoch == 1
+    zombie = make_batch([Record(b"z", key=b"k")], producer_id=5, producer_epoch=0, base_sequence=1, transactional=True)
+    with pytest.raises(Exception, match="epoch"):
+        again.append_as_leader([memoryview(zombie)], 0, now)
