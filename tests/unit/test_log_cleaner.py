@@ -385,3 +385,16 @@ def test_a_producers_last_marker_at_a_bumped_epoch_stays_for_fencing(tmp_path: P
     zombie = make_batch([Record(b"z", key=b"k")], producer_id=5, producer_epoch=0, base_sequence=1, transactional=True)
     with pytest.raises(Exception, match="epoch"):
         again.append_as_leader([memoryview(zombie)], 0, now)
+
+
+def test_list_offsets_on_a_log_append_time_log_names_a_record_the_cleaner_kept(tmp_path: Path) -> None:
+    """A cleaned LogAppendTime batch's records are no longer at consecutive offsets: ListOffsets
+    answers the first kept record's own offset (its offset delta), as Kafka's findOffsetByTimestamp,
+    not the batch's n-th offset."""
+    log = open_log(tmp_path, **COMPACT, message_timestamp_type="LogAppendTime")
+    put(log, [(b"a", b"1"), (b"b", b"1"), (b"a", b"2")])
+    put(log, [(b"z", b"z")], roll=True)
+    clean(log)
+    assert offsets(log) == [1, 2, 3]
+    assert log.offset_for_timestamp(0) == (1, T0)
+    assert log.offset_of_max_timestamp() == (1, T0)
