@@ -95,6 +95,11 @@ class CleaningCancelled(Exception):
     pass
 
 
+class KeyMapTooSmall(Exception):
+    """The first dirty batch has more keys than the key map holds: the log cannot be cleaned with
+    this map (Kafka fails the pass, and the log is left alone, rather than picked again at once)."""
+
+
 class _Throttle:
     """Kafka's cleaner Throttler: the worker sleeps whenever it has moved bytes faster than the
     rate since it started (a pass over a large log must not take the disk from the brokers' appends)."""
@@ -247,7 +252,7 @@ def _batches(fd: int, size: int) -> Iterator[bytes]:
 
 def run(job: CleaningJob, max_map_entries: int) -> CleanedOutput | None:
     """Build the key map and write the cleaned segments (see the module docstring); None when the
-    log changed under the pass or no batch fits the key map."""
+    log changed under the pass. Raises KeyMapTooSmall when not even the first dirty batch fits."""
     descriptors: list[int] = []
     try:
         try:
@@ -266,7 +271,11 @@ def run(job: CleaningJob, max_map_entries: int) -> CleanedOutput | None:
             if job.cancelled:
                 raise CleaningCancelled
         if key_map.end_offset < 0:
-            return None
+            # Every dirty segment holds a batch at or after first_dirty: the map took none of them.
+            raise KeyMapTooSmall(
+                f"a batch at or after offset {first_dirty} has more keys than the key map's {max_map_entries}: "
+                "increase log.cleaner.dedupe.buffer.size"
+            )
         groups = [g for g in job.plan.groups if job.segments[g[0]].base_offset < key_map.end_offset]
         # round_end_offset: the batch ending where the map ends stays (emptied if need be), as
         # Kafka keeps the cleaning round's last offset, so the next pass's dirty part starts at a

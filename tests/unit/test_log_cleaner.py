@@ -398,3 +398,31 @@ def test_list_offsets_on_a_log_append_time_log_names_a_record_the_cleaner_kept(t
     assert offsets(log) == [1, 2, 3]
     assert log.offset_for_timestamp(0) == (1, T0)
     assert log.offset_of_max_timestamp() == (1, T0)
+
+
+def test_a_log_whose_batch_outgrows_the_key_map_does_not_starve_the_others(tmp_path: Path) -> None:
+    """A dirty batch with more keys than the key map holds can never be cleaned. Kafka fails the
+    pass and marks the partition uncleanable; a pass that merely gave up left the log the filthiest
+    for good, picked first every time, and no other compacted log of the broker was cleaned again."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from diskless.broker.log_cleaner import LogCleaner
+
+    big = open_log(tmp_path / "big-0", **COMPACT)
+    put(big, [(b"k%d" % i, b"v") for i in range(5)])
+    put(big, [(b"z", b"z")], roll=True)
+    small = open_log(tmp_path / "small-0", **COMPACT)
+    put(small, [(b"a", b"1")])
+    put(small, [(b"a", b"2")], roll=True)
+    put(small, [(b"z", b"z")], roll=True)
+    settings = SimpleNamespace(max_map_entries=3, io_max_bytes_per_second=float("inf"), backoff_ms=1)
+    log_cleaner = LogCleaner(lambda: [("big", big), ("small", small)], lambda: T0, lambda: settings, str(tmp_path))
+
+    async def passes() -> None:
+        for _ in range(3):
+            await log_cleaner.clean_once()
+
+    asyncio.run(passes())
+    assert small.cleaner_checkpoint == 2
+    assert view(small) == {b"a": (1, b"2"), b"z": (2, b"z")}
