@@ -84,6 +84,9 @@ class CleaningJob:
     now_ms: int
     delete_retention_ms: int
     index_interval_bytes: int
+    # How far a batch body may decompress: as far as produce let it (key_check), whatever this
+    # topic's max.message.bytes was when it was written (Kafka's cleaner has no bound at all).
+    max_decompressed: int = records.DEFAULT_MAX_DECOMPRESSED_BYTES
     # Set by the event loop when the broker stops: the worker gives up at its next batch rather
     # than keep the process waiting for a pass nobody will install.
     cancelled: bool = False
@@ -214,6 +217,9 @@ def prepare(log: PartitionLog, now_ms: int) -> CleaningJob | None:
         now_ms=now_ms,
         delete_retention_ms=config.delete_retention_ms,
         index_interval_bytes=config.index_interval_bytes,
+        max_decompressed=max(
+            records.DEFAULT_MAX_DECOMPRESSED_BYTES, records.max_decompressed_bytes(config.max_message_bytes)
+        ),
     )
 
 
@@ -260,7 +266,7 @@ def run(job: CleaningJob, max_map_entries: int) -> CleanedOutput | None:
                 descriptors.append(os.open(snapshot.path, os.O_RDONLY))
         except FileNotFoundError:
             return None  # a segment was dropped (retention, truncation) since the snapshot
-        key_map = KeyMap(max_map_entries)
+        key_map = KeyMap(max_map_entries, max_decompressed=job.max_decompressed)
         throttle = _Throttle(job.io_max_bytes_per_second)
         first_dirty = job.plan.first_dirty
         for snapshot, fd in zip(job.segments, descriptors, strict=True):
@@ -288,6 +294,7 @@ def run(job: CleaningJob, max_map_entries: int) -> CleanedOutput | None:
             job.delete_retention_ms,
             round_end_offset=key_map.end_offset,
             marker_epochs=job.marker_epochs,
+            max_decompressed=job.max_decompressed,
         )
         scratch = scratch_path(job.log.directory)
         shutil.rmtree(scratch, ignore_errors=True)

@@ -426,3 +426,20 @@ def test_a_log_whose_batch_outgrows_the_key_map_does_not_starve_the_others(tmp_p
     asyncio.run(passes())
     assert small.cleaner_checkpoint == 2
     assert view(small) == {b"a": (1, b"2"), b"z": (2, b"z")}
+
+
+def test_a_batch_the_topic_accepted_is_not_too_large_to_clean(tmp_path: Path) -> None:
+    """Produce to a compacted topic decompresses each batch up to 64 x its max.message.bytes
+    (key_check); the cleaner bounded every batch by 64 x Kafka's default max.message.bytes, so a
+    topic with a larger max.message.bytes could hold a batch no pass could read: its every pass
+    failed and the log was never compacted again."""
+    from batches import GZIP
+
+    log = open_log(tmp_path, **COMPACT, max_message_bytes=2 * 1024 * 1024)
+    big = make_batch([Record(bytes(70 * 1024 * 1024), key=b"k")], compression=GZIP)
+    log.append_as_leader([memoryview(big)], 0, T0)
+    del big
+    put(log, [(b"k", b"small")], roll=True)
+    put(log, [(b"z", b"z")], roll=True)
+    clean(log)
+    assert view(log) == {b"k": (1, b"small"), b"z": (2, b"z")}
