@@ -107,8 +107,9 @@ class _Throttle:
     """Kafka's cleaner Throttler: the worker sleeps whenever it has moved bytes faster than the
     rate since it started (a pass over a large log must not take the disk from the brokers' appends)."""
 
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
+    def __init__(self, job: CleaningJob) -> None:
+        self.job = job
+        self.rate = job.io_max_bytes_per_second
         self.started = time.monotonic()
         self.bytes = 0
 
@@ -116,9 +117,12 @@ class _Throttle:
         if self.rate == float("inf") or self.rate <= 0:
             return
         self.bytes += size
-        ahead = self.bytes / self.rate - (time.monotonic() - self.started)
-        if ahead > 0.01:
-            time.sleep(ahead)
+        # In short naps: a stopping broker (its interpreter joins this thread) must not wait out
+        # a long one, which a low rate makes of every batch.
+        while (ahead := self.bytes / self.rate - (time.monotonic() - self.started)) > 0.01:
+            if self.job.cancelled:
+                raise CleaningCancelled
+            time.sleep(min(ahead, 0.1))
 
 
 @dataclass(slots=True)
@@ -267,7 +271,7 @@ def run(job: CleaningJob, max_map_entries: int) -> CleanedOutput | None:
         except FileNotFoundError:
             return None  # a segment was dropped (retention, truncation) since the snapshot
         key_map = KeyMap(max_map_entries, max_decompressed=job.max_decompressed)
-        throttle = _Throttle(job.io_max_bytes_per_second)
+        throttle = _Throttle(job)
         first_dirty = job.plan.first_dirty
         for snapshot, fd in zip(job.segments, descriptors, strict=True):
             if snapshot.next_offset <= first_dirty:

@@ -443,3 +443,21 @@ def test_a_batch_the_topic_accepted_is_not_too_large_to_clean(tmp_path: Path) ->
     put(log, [(b"z", b"z")], roll=True)
     clean(log)
     assert view(log) == {b"k": (1, b"small"), b"z": (2, b"z")}
+
+
+def test_a_throttled_pass_stops_soon_when_cancelled(tmp_path: Path) -> None:
+    """log.cleaner.io.max.bytes.per.second makes the worker sleep until its average rate is back
+    under the limit: at a low rate that is one long sleep per batch, which a stopping broker (the
+    interpreter joins the worker thread at exit) waited out."""
+    import threading
+    import time
+
+    log = versions(tmp_path)
+    job = cleaner.prepare(log, T0)
+    assert job is not None
+    job.io_max_bytes_per_second = 1.0  # every batch read costs minutes of sleep
+    threading.Timer(0.2, lambda: setattr(job, "cancelled", True)).start()
+    started = time.monotonic()
+    with pytest.raises(cleaner.CleaningCancelled):
+        cleaner.run(job, 1 << 20)
+    assert time.monotonic() - started < 5
