@@ -228,6 +228,10 @@ class AdminApis(ApiFamily):
                 )
                 if plog is None and leader is not None:
                     forwards.setdefault(leader, []).append((entry, topic.name, p.partition_index, p.offset))
+                elif plog is not None and not plog.config.delete:
+                    # A compacted topic keeps the latest record of every key: Kafka's deleteRecordsOnLeader
+                    # refuses (the response has no room for its message).
+                    entry["error_code"] = ErrorCode.policy_violation
                 elif plog is not None:
                     target = plog.high_watermark if p.offset == -1 else p.offset
                     try:

@@ -79,9 +79,14 @@ class CleaningJob:
     layout_epoch: int
     aborted: list[AbortedTxn]
     last_batches: dict[int, int]  # producer id -> last offset of its last data batch
+    # producer id -> epoch, for producers whose state holds no data batch (a marker bumped the epoch)
+    marker_epochs: dict[int, int]
     now_ms: int
     delete_retention_ms: int
     index_interval_bytes: int
+    # How far a batch body may decompress: as far as produce let it (key_check), whatever this
+    # topic's max.message.bytes was when it was written (Kafka's cleaner has no bound at all).
+    max_decompressed: int = records.DEFAULT_MAX_DECOMPRESSED_BYTES
     # Set by the event loop when the broker stops: the worker gives up at its next batch rather
     # than keep the process waiting for a pass nobody will install.
     cancelled: bool = False
@@ -93,12 +98,18 @@ class CleaningCancelled(Exception):
     pass
 
 
+class KeyMapTooSmall(Exception):
+    """The first dirty batch has more keys than the key map holds: the log cannot be cleaned with
+    this map (Kafka fails the pass, and the log is left alone, rather than picked again at once)."""
+
+
 class _Throttle:
     """Kafka's cleaner Throttler: the worker sleeps whenever it has moved bytes faster than the
     rate since it started (a pass over a large log must not take the disk from the brokers' appends)."""
 
-    def __init__(self, rate: float) -> None:
-        self.rate = rate
+    def __init__(self, job: CleaningJob) -> None:
+        self.job = job
+        self.rate = job.io_max_bytes_per_second
         self.started = time.monotonic()
         self.bytes = 0
 
@@ -106,9 +117,12 @@ class _Throttle:
         if self.rate == float("inf") or self.rate <= 0:
             return
         self.bytes += size
-        ahead = self.bytes / self.rate - (time.monotonic() - self.started)
-        if ahead > 0.01:
-            time.sleep(ahead)
+        # In short naps: a stopping broker (its interpreter joins this thread) must not wait out
+        # a long one, which a low rate makes of every batch.
+        while (ahead := self.bytes / self.rate - (time.monotonic() - self.started)) > 0.01:
+            if self.job.cancelled:
+                raise CleaningCancelled
+            time.sleep(min(ahead, 0.1))
 
 
 @dataclass(slots=True)
@@ -173,10 +187,13 @@ def prepare(log: PartitionLog, now_ms: int) -> CleaningJob | None:
     if not cleanable(log):
         return None
     config = log.config
+    # A checkpoint past the log end (data lost since it was written) says nothing of what is
+    # below it: everything is dirty again (Kafka's cleanableOffsets).
+    checkpoint = log.cleaner_checkpoint if log.cleaner_checkpoint <= log.log_end_offset else 0
     plan = plan_cleaning(
         [summary(s) for s in log.segments],
         log_start_offset=log.log_start_offset,
-        checkpoint=log.cleaner_checkpoint,
+        checkpoint=checkpoint,
         last_stable_offset=log.last_stable_offset,
         now_ms=now_ms,
         min_cleanable_dirty_ratio=config.min_cleanable_dirty_ratio,
@@ -190,11 +207,9 @@ def prepare(log: PartitionLog, now_ms: int) -> CleaningJob | None:
     segments = [
         SegmentSnapshot(s, s.log_path, s.base_offset, s.next_offset, s.size) for s in log.segments[: plan.cleanable]
     ]
-    last_batches = {
-        producer_id: entry.batches[-1].last_offset
-        for producer_id, entry in log.producer_state.producers.items()
-        if entry.batches
-    }
+    producers = log.producer_state.producers.items()
+    last_batches = {producer_id: entry.batches[-1].last_offset for producer_id, entry in producers if entry.batches}
+    marker_epochs = {producer_id: entry.epoch for producer_id, entry in producers if not entry.batches}
     return CleaningJob(
         log=log,
         plan=plan,
@@ -202,9 +217,13 @@ def prepare(log: PartitionLog, now_ms: int) -> CleaningJob | None:
         layout_epoch=log.layout_epoch,
         aborted=list(log.txns.aborted),
         last_batches=last_batches,
+        marker_epochs=marker_epochs,
         now_ms=now_ms,
         delete_retention_ms=config.delete_retention_ms,
         index_interval_bytes=config.index_interval_bytes,
+        max_decompressed=max(
+            records.DEFAULT_MAX_DECOMPRESSED_BYTES, records.max_decompressed_bytes(config.max_message_bytes)
+        ),
     )
 
 
@@ -243,7 +262,7 @@ def _batches(fd: int, size: int) -> Iterator[bytes]:
 
 def run(job: CleaningJob, max_map_entries: int) -> CleanedOutput | None:
     """Build the key map and write the cleaned segments (see the module docstring); None when the
-    log changed under the pass or no batch fits the key map."""
+    log changed under the pass. Raises KeyMapTooSmall when not even the first dirty batch fits."""
     descriptors: list[int] = []
     try:
         try:
@@ -251,8 +270,8 @@ def run(job: CleaningJob, max_map_entries: int) -> CleanedOutput | None:
                 descriptors.append(os.open(snapshot.path, os.O_RDONLY))
         except FileNotFoundError:
             return None  # a segment was dropped (retention, truncation) since the snapshot
-        key_map = KeyMap(max_map_entries)
-        throttle = _Throttle(job.io_max_bytes_per_second)
+        key_map = KeyMap(max_map_entries, max_decompressed=job.max_decompressed)
+        throttle = _Throttle(job)
         first_dirty = job.plan.first_dirty
         for snapshot, fd in zip(job.segments, descriptors, strict=True):
             if snapshot.next_offset <= first_dirty:
@@ -262,7 +281,11 @@ def run(job: CleaningJob, max_map_entries: int) -> CleanedOutput | None:
             if job.cancelled:
                 raise CleaningCancelled
         if key_map.end_offset < 0:
-            return None
+            # Every dirty segment holds a batch at or after first_dirty: the map took none of them.
+            raise KeyMapTooSmall(
+                f"a batch at or after offset {first_dirty} has more keys than the key map's {max_map_entries}: "
+                "increase log.cleaner.dedupe.buffer.size"
+            )
         groups = [g for g in job.plan.groups if job.segments[g[0]].base_offset < key_map.end_offset]
         # round_end_offset: the batch ending where the map ends stays (emptied if need be), as
         # Kafka keeps the cleaning round's last offset, so the next pass's dirty part starts at a
@@ -274,6 +297,8 @@ def run(job: CleaningJob, max_map_entries: int) -> CleanedOutput | None:
             job.now_ms,
             job.delete_retention_ms,
             round_end_offset=key_map.end_offset,
+            marker_epochs=job.marker_epochs,
+            max_decompressed=job.max_decompressed,
         )
         scratch = scratch_path(job.log.directory)
         shutil.rmtree(scratch, ignore_errors=True)

@@ -363,11 +363,14 @@ class CleanStats:
 class BatchCleaner:
     """One cleaning pass: batches of the cleanable range, in offset order, from the log start.
 
-    ``last_batch_of_producers`` maps each active producer to the last offset of its last batch
-    (data or marker): that batch is kept, empty if need be, so the producer's sequence and epoch
-    survive in the log (Kafka keeps every marker of the producer's epoch when its last entry is a
-    marker; the last one is the one that matters). ``round_end_offset``, the first offset past the
-    cleaned range, likewise keeps the batch ending there, so the log's end offset survives."""
+    ``last_batch_of_producers`` maps each active producer to the last offset of its last data
+    batch: that batch is kept, empty if need be, so the producer's sequence and epoch survive in
+    the log. ``marker_epochs`` maps each active producer whose state holds no data batch (a marker
+    bumped its epoch: a fenced transaction's ABORT) to that epoch: its control batches at that
+    epoch are kept, empty if need be, so that the epoch still fences older ones in a log replayed
+    without snapshots (Kafka's isBatchLastRecordOfProducer, third case). ``round_end_offset``,
+    the first offset past the cleaned range, likewise keeps the batch ending there, so the log's
+    end offset survives."""
 
     def __init__(
         self,
@@ -378,11 +381,13 @@ class BatchCleaner:
         delete_retention_ms: int,
         *,
         round_end_offset: int | None = None,
+        marker_epochs: Mapping[int, int] | None = None,
         max_decompressed: int = records.DEFAULT_MAX_DECOMPRESSED_BYTES,
     ) -> None:
         self._map = key_map
         self._txns = CleanedTransactions(aborted)
         self._last_of_producers = last_batch_of_producers
+        self._marker_epochs = marker_epochs or {}
         self._now = now_ms
         # Clamped: Kafka's long would wrap a huge delete.retention.ms into a horizon in the past.
         self._new_horizon = min(now_ms + max(delete_retention_ms, 0), INT64_MAX)
@@ -423,7 +428,11 @@ class BatchCleaner:
             discardable = self._txns.on_data_batch(header)
             drop_records = discardable
         producer_last = self._last_of_producers.get(header.producer_id) if header.producer_id >= 0 else None
-        retain_empty = producer_last == header.last_offset or header.last_offset + 1 == self._round_end
+        retain_empty = (
+            producer_last == header.last_offset
+            or header.last_offset + 1 == self._round_end
+            or (header.is_control and self._marker_epochs.get(header.producer_id, -2) == header.producer_epoch)
+        )
 
         if drop_records:
             if header.record_count:

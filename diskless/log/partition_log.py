@@ -1228,6 +1228,7 @@ class PartitionLog:
         self.epochs.truncate_from_end(self.log_end_offset)
         self.recovery_point = min(self.recovery_point, self.log_end_offset)
         self.high_watermark = min(self.high_watermark, self.log_end_offset)
+        self._truncate_cleaner_checkpoint()
         self._rebuild_producer_state()
         self._rebuild_txn_index()
         self.on_change()  # the log end moved even where the high watermark did not
@@ -1247,11 +1248,20 @@ class PartitionLog:
         self._set_log_start(offset)
         self.epochs.truncate_from_end(offset)
         self.high_watermark = offset
+        self._truncate_cleaner_checkpoint()
         # No snapshot describes the new log, not even one at ``offset`` written for the old one.
         delete_snapshots(self.directory)
         self._rebuild_producer_state()
         self._rebuild_txn_index()
         self.on_change()
+
+    def _truncate_cleaner_checkpoint(self) -> None:
+        """What is appended from the new log end on was never in a key map: the next pass's dirty
+        part starts there at the latest (Kafka's maybeTruncateCheckpoint). Left above, a tombstone
+        appended there would never supersede the older values of its key, and would outlive them."""
+        if self.cleaner_checkpoint > self.log_end_offset:
+            self.cleaner_checkpoint = self.log_end_offset
+            cleaner.write_checkpoint(self.directory, self.cleaner_checkpoint)
 
     # --- lifecycle ------------------------------------------------------------------------------
 

@@ -298,7 +298,8 @@ def iter_record_timestamps(
     """Yield (offset, timestamp) of every record in a batch (decompressing if needed, at most
     ``max_decompressed`` bytes: InvalidBatch past that)."""
     header = parse_header(batch)
-    if header.is_log_append_time:
+    if header.is_log_append_time and header.record_count == header.last_offset_delta + 1:
+        # Every record at its own offset (a batch the log cleaner left whole): nothing to decode.
         for delta in range(header.record_count):
             yield header.base_offset + delta, header.max_timestamp
         return
@@ -313,7 +314,9 @@ def iter_record_timestamps(
             off_delta, pos = read_varint(body, pos)
         except IndexError:
             raise InvalidBatch("corrupt_message", "record runs past the end of the batch body") from None
-        yield header.base_offset + off_delta, header.base_timestamp + ts_delta
+        # A LogAppendTime batch's records all carry the append time, whatever their own fields say.
+        timestamp = header.max_timestamp if header.is_log_append_time else header.base_timestamp + ts_delta
+        yield header.base_offset + off_delta, timestamp
         pos = end
 
 

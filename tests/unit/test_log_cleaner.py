@@ -315,3 +315,149 @@ def test_a_crash_before_the_commit_point_keeps_the_old_segments(tmp_path: Path) 
     cleaner.remove_scratch(os.path.dirname(tmp_path))
     assert not os.path.exists(output.scratch)
     shutil.rmtree(tmp_path)
+
+
+# --- review findings ---------------------------------------------------------------------------
+
+
+def _pass(log: PartitionLog, now_ms: int) -> None:
+    job = cleaner.prepare(log, now_ms)
+    if job is not None:
+        output = cleaner.run(job, 1 << 20)
+        assert output is not None
+        cleaner.install(output)
+
+
+def test_truncation_below_the_cleaner_checkpoint_does_not_resurrect_a_deleted_key(tmp_path: Path) -> None:
+    """A follower truncated below where its last pass's key map ended: the records appended there
+    since are dirty (Kafka's maybeTruncateCheckpoint). Counted clean, a tombstone there never
+    entered a key map, so the value it deletes was never superseded and outlived the tombstone."""
+    log = open_log(tmp_path, **COMPACT)
+    put(log, [(b"k", b"v1")])
+    put(log, [(b"a", b"a")], roll=True)
+    put(log, [(b"b", b"b")], roll=True)
+    put(log, [(b"z", b"z")], roll=True)
+    _pass(log, T0)
+    assert log.cleaner_checkpoint == 3
+    log.truncate_to(1, T0)  # the leader's log diverged at offset 1
+    assert log.cleaner_checkpoint <= log.log_end_offset == 1
+    put(log, [(b"k", None)])  # the leader's record at 1: k deleted
+    put(log, [(b"y", b"y")], roll=True)
+    put(log, [(b"w", b"w")], roll=True)
+    now = T0
+    for _ in range(3):  # the tombstone gets its horizon (delete.retention.ms 0), then goes
+        now += 10
+        put(log, [(b"t%d" % now, b"x")], roll=True, now_ms=now)
+        _pass(log, now)
+    assert b"k" not in view(log)
+
+
+def test_a_checkpoint_past_the_log_end_is_not_trusted(tmp_path: Path) -> None:
+    """As Kafka's cleanableOffsets: a checkpoint ahead of the log end (data lost since) restarts
+    the dirty part at the log start, or what is below it would never be mapped."""
+    log = open_log(tmp_path, **COMPACT)
+    put(log, [(b"k", b"v1")])
+    put(log, [(b"k", b"v2")], roll=True)
+    put(log, [(b"z", b"z")], roll=True)
+    log.cleaner_checkpoint = 100
+    job = cleaner.prepare(log, T0)
+    assert job is not None and job.plan.first_dirty == 0
+
+
+def test_a_producers_last_marker_at_a_bumped_epoch_stays_for_fencing(tmp_path: Path) -> None:
+    """A coordinator that fences a producer (timeout, InitProducerId) ends its transaction with an
+    ABORT marker at the bumped epoch: the producer's last entry, and the only one at that epoch.
+    Kafka's cleaner keeps it (isBatchLastRecordOfProducer, case 3), emptied if need be, so that a
+    replica rebuilding producer state from the log still fences the old epoch."""
+    log = open_log(tmp_path, **COMPACT)
+    put(log, [(b"k", b"aborted")], producer_id=5, producer_epoch=0, base_sequence=0, transactional=True)
+    log.append_marker_as_leader(5, 1, False, 0, 0, T0)  # fenced: the marker carries epoch 1
+    log.high_watermark = log.log_end_offset
+    now = T0
+    for _ in range(4):  # the data goes, the marker gets its horizon, then would go
+        now += 10
+        put(log, [(b"t%d" % now, b"x")], roll=True, now_ms=now)
+        _pass(log, now)
+    log.close()
+    delete_snapshots(str(tmp_path))  # the producer's state from the log alone (a new replica's)
+    again = PartitionLog(str(tmp_path), log.config, now)
+    assert again.producer_state.producers[5].epoch == 1
+    zombie = make_batch([Record(b"z", key=b"k")], producer_id=5, producer_epoch=0, base_sequence=1, transactional=True)
+    with pytest.raises(Exception, match="epoch"):
+        again.append_as_leader([memoryview(zombie)], 0, now)
+
+
+def test_list_offsets_on_a_log_append_time_log_names_a_record_the_cleaner_kept(tmp_path: Path) -> None:
+    """A cleaned LogAppendTime batch's records are no longer at consecutive offsets: ListOffsets
+    answers the first kept record's own offset (its offset delta), as Kafka's findOffsetByTimestamp,
+    not the batch's n-th offset."""
+    log = open_log(tmp_path, **COMPACT, message_timestamp_type="LogAppendTime")
+    put(log, [(b"a", b"1"), (b"b", b"1"), (b"a", b"2")])
+    put(log, [(b"z", b"z")], roll=True)
+    clean(log)
+    assert offsets(log) == [1, 2, 3]
+    assert log.offset_for_timestamp(0) == (1, T0)
+    assert log.offset_of_max_timestamp() == (1, T0)
+
+
+def test_a_log_whose_batch_outgrows_the_key_map_does_not_starve_the_others(tmp_path: Path) -> None:
+    """A dirty batch with more keys than the key map holds can never be cleaned. Kafka fails the
+    pass and marks the partition uncleanable; a pass that merely gave up left the log the filthiest
+    for good, picked first every time, and no other compacted log of the broker was cleaned again."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from diskless.broker.log_cleaner import LogCleaner
+
+    big = open_log(tmp_path / "big-0", **COMPACT)
+    put(big, [(b"k%d" % i, b"v") for i in range(5)])
+    put(big, [(b"z", b"z")], roll=True)
+    small = open_log(tmp_path / "small-0", **COMPACT)
+    put(small, [(b"a", b"1")])
+    put(small, [(b"a", b"2")], roll=True)
+    put(small, [(b"z", b"z")], roll=True)
+    settings = SimpleNamespace(max_map_entries=3, io_max_bytes_per_second=float("inf"), backoff_ms=1)
+    log_cleaner = LogCleaner(lambda: [("big", big), ("small", small)], lambda: T0, lambda: settings, str(tmp_path))
+
+    async def passes() -> None:
+        for _ in range(3):
+            await log_cleaner.clean_once()
+
+    asyncio.run(passes())
+    assert small.cleaner_checkpoint == 2
+    assert view(small) == {b"a": (1, b"2"), b"z": (2, b"z")}
+
+
+def test_a_batch_the_topic_accepted_is_not_too_large_to_clean(tmp_path: Path) -> None:
+    """Produce to a compacted topic decompresses each batch up to 64 x its max.message.bytes
+    (key_check); the cleaner bounded every batch by 64 x Kafka's default max.message.bytes, so a
+    topic with a larger max.message.bytes could hold a batch no pass could read: its every pass
+    failed and the log was never compacted again."""
+    from batches import GZIP
+
+    log = open_log(tmp_path, **COMPACT, max_message_bytes=2 * 1024 * 1024)
+    big = make_batch([Record(bytes(70 * 1024 * 1024), key=b"k")], compression=GZIP)
+    log.append_as_leader([memoryview(big)], 0, T0)
+    del big
+    put(log, [(b"k", b"small")], roll=True)
+    put(log, [(b"z", b"z")], roll=True)
+    clean(log)
+    assert view(log) == {b"k": (1, b"small"), b"z": (2, b"z")}
+
+
+def test_a_throttled_pass_stops_soon_when_cancelled(tmp_path: Path) -> None:
+    """log.cleaner.io.max.bytes.per.second makes the worker sleep until its average rate is back
+    under the limit: at a low rate that is one long sleep per batch, which a stopping broker (the
+    interpreter joins the worker thread at exit) waited out."""
+    import threading
+    import time
+
+    log = versions(tmp_path)
+    job = cleaner.prepare(log, T0)
+    assert job is not None
+    job.io_max_bytes_per_second = 1.0  # every batch read costs minutes of sleep
+    threading.Timer(0.2, lambda: setattr(job, "cancelled", True)).start()
+    started = time.monotonic()
+    with pytest.raises(cleaner.CleaningCancelled):
+        cleaner.run(job, 1 << 20)
+    assert time.monotonic() - started < 5
