@@ -84,12 +84,14 @@ def test_a_failing_log_is_left_alone_for_ten_backoffs(tmp_path: Path, monkeypatc
 
 def test_settings_are_read_at_every_pass(tmp_path: Path) -> None:
     """A dynamic log.cleaner.dedupe.buffer.size applies from the next pass: a map too small for one
-    batch's two keys gives up, the larger one cleans."""
+    batch's two keys fails the pass (the log backs off), the larger one cleans it."""
     log = compacted_log(tmp_path / "t-0", 4)
-    settings = [CleanerConfig(dedupe_buffer_size=128)]  # one key: no batch fits
-    task = LogCleaner(lambda: {"t": log}.items(), lambda: T0, lambda: settings[0], str(tmp_path))
+    now = [T0]
+    settings = [CleanerConfig(dedupe_buffer_size=128, backoff_ms=100)]  # one key: no batch fits
+    task = LogCleaner(lambda: {"t": log}.items(), lambda: now[0], lambda: settings[0], str(tmp_path))
     assert not asyncio.run(task.clean_once())
     assert task.passes == 0 and len(log.segments) == 5
     settings[0] = CleanerConfig()
+    now[0] += 10 * 100  # the failed log's backoff
     assert asyncio.run(task.clean_once())
     assert task.passes == 1 and len(log.segments) == 2
