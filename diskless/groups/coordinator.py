@@ -1716,17 +1716,18 @@ class GroupCoordinatorCore:
         return expired
 
     def prune_empty_groups(self, busy: Callable[[str], bool] | None = None) -> list[str]:
-        """Forget Empty groups without offsets (Kafka's cleanup task marks them Dead). A classic
-        group for which ``busy(group_id)`` is true is kept: it has offsets on their way (a commit
-        being persisted, a transaction's), which Kafka's ``hasOffsets`` counts too."""
-        gone = [
-            g.group_id
-            for g in self._groups.values()
-            if g.state is _EMPTY and not g.offsets and (busy is None or not busy(g.group_id))
-        ]
+        """Forget Empty groups without offsets (Kafka's cleanup task marks them Dead). A group for
+        which ``busy(group_id)`` is true is kept: it has offsets on their way (a commit being
+        persisted, a transaction's), which Kafka's ``hasOffsets`` counts too."""
+
+        def idle(group_id: str) -> bool:
+            return busy is None or not busy(group_id)
+
+        gone = [g.group_id for g in self._groups.values() if g.state is _EMPTY and not g.offsets and idle(g.group_id)]
         for group_id in gone:
             del self._groups[group_id]
-        for group_id in [g for g in list(self.consumer.groups) if self.consumer.is_empty(g) and g not in self._groups]:
+        empty = [g for g in list(self.consumer.groups) if self.consumer.is_empty(g) and g not in self._groups]
+        for group_id in [g for g in empty if idle(g)]:
             self.consumer.forget(group_id)  # the shell writes a group tombstone if the log has records of it
             gone.append(group_id)
         return gone

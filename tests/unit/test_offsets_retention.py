@@ -399,3 +399,24 @@ def test_kip848_records_that_cannot_be_appended_answer_not_coordinator(tmp_path:
         assert set(cluster.core.consumer.group("cg").members) == {"a"}  # type: ignore[union-attr]
 
     asyncio.run(scenario())
+
+
+def test_a_commit_in_flight_keeps_its_empty_kip848_group_from_being_pruned(tmp_path: Path) -> None:
+    """As for classic groups: an empty KIP-848 group with a commit on its way (an admin's offset
+    reset, epoch -1) is not pruned, or its group tombstone would follow the commit's record and a
+    replay would drop the offset the live coordinator serves."""
+
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path)
+        await stable_consumer_group(cluster, "a")
+        assert (await consumer_heartbeat(cluster, consumer_member("a", -1, set()))).error is ErrorCode.none
+        gate = cluster.partition.gate = asyncio.Event()
+        commit = asyncio.create_task(cluster.commit("cg", ("t", 0), 7))
+        await asyncio.sleep(0)  # appended, replicating
+        cluster.partition.gate = None  # what the pass appends is replicated at once
+        await cluster.shell.maintain()
+        gate.set()
+        await commit
+        assert cluster.served("cg") == {("t", 0): 7} == cluster.after_failover("cg")
+
+    asyncio.run(scenario())
