@@ -1718,12 +1718,18 @@ class GroupCoordinatorCore:
     def prune_empty_groups(self, busy: Callable[[str], bool] | None = None) -> list[str]:
         """Forget Empty groups without offsets (Kafka's cleanup task marks them Dead). A group for
         which ``busy(group_id)`` is true is kept: it has offsets on their way (a commit being
-        persisted, a transaction's), which Kafka's ``hasOffsets`` counts too."""
+        persisted, a transaction's), which Kafka's ``hasOffsets`` counts too. An Empty classic group
+        whose id a KIP-848 group with members took over is kept as well: the group tombstone the
+        shell writes for it would drop the KIP-848 group too (both go once that one is empty)."""
 
         def idle(group_id: str) -> bool:
             return busy is None or not busy(group_id)
 
-        gone = [g.group_id for g in self._groups.values() if g.state is _EMPTY and not g.offsets and idle(g.group_id)]
+        gone = [
+            g.group_id
+            for g in self._groups.values()
+            if g.state is _EMPTY and not g.offsets and idle(g.group_id) and self.consumer.is_empty(g.group_id)
+        ]
         for group_id in gone:
             del self._groups[group_id]
         empty = [g for g in list(self.consumer.groups) if self.consumer.is_empty(g) and g not in self._groups]

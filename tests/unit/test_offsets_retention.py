@@ -420,3 +420,35 @@ def test_a_commit_in_flight_keeps_its_empty_kip848_group_from_being_pruned(tmp_p
         assert cluster.served("cg") == {("t", 0): 7} == cluster.after_failover("cg")
 
     asyncio.run(scenario())
+
+
+def test_an_empty_classic_record_does_not_prune_the_kip848_group_that_took_its_id_over(tmp_path: Path) -> None:
+    """A classic group left Empty (its record has a generation) and without offsets, then taken over
+    by KIP-848 members (an upgrade to group.protocol=consumer): the cleanup of empty groups must not
+    write the group tombstone while the KIP-848 group has members, for the tombstone drops that
+    group too at the next load (and the upkeep stops appending its records again): its members
+    would be told the group does not exist, which librdkafka takes as fatal."""
+
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path)
+        await cluster.stable_group("g")
+        (member,) = cluster.core.describe_group("g").members
+        cluster.core.leave_group("g", [(member.member_id, None)], cluster.now)  # Empty at generation 2
+        await cluster.shell.settle_stores()
+        cluster.broker.metadata.topics["t"] = SimpleNamespace(partitions=[0, 1, 2, 3], internal=False)
+        join = HeartbeatRequest("g", "a", 0, rebalance_timeout_ms=10_000, subscribed_topic_names=("t",), owned={})
+        answer = await consumer_heartbeat(cluster, join)
+        assert answer.error is ErrorCode.none and answer.member_epoch == 1
+        await cluster.shell.maintain()
+        assert set(cluster.core.consumer.group("g").members) == {"a"}  # type: ignore[union-attr]
+        loaded = cluster.new_shell().load(cluster.partition).consumer.group("g")  # type: ignore[arg-type]
+        assert loaded is not None and loaded.members["a"].member_epoch == 1
+        # Once the KIP-848 group is empty too, both go with the one tombstone.
+        leave = HeartbeatRequest("g", "a", -1)
+        assert (await consumer_heartbeat(cluster, leave)).error is ErrorCode.none
+        await cluster.shell.maintain()
+        assert cluster.core.consumer.group("g") is None and cluster.core.group_state("g") is None
+        core = cluster.new_shell().load(cluster.partition)  # type: ignore[arg-type]
+        assert core.consumer.group("g") is None and core.group_state("g") is None
+
+    asyncio.run(scenario())
