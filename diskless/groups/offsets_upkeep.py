@@ -62,22 +62,27 @@ class OffsetsUpkeep:
     """When the latest record of each live offset of one ``__consumer_offsets`` partition was appended."""
 
     def __init__(self) -> None:
-        self.written_ms: dict[OffsetKey, int] = {}
+        # Per group: when the latest record of each of its offsets was appended (by group, so that
+        # a group tombstone forgets its own offsets without looking at every other group's).
+        self.written_ms: dict[str, dict[TopicPartition, int]] = {}
         # Per group: its latest group record and when it was appended.
         self.groups: dict[str, tuple[StoredGroup, int]] = {}
         # Per KIP-848 group: the latest record of each of its keys and when it was appended.
         self.consumer: dict[str, dict[RecordKey, tuple[ConsumerRecord, int]]] = {}
 
     def wrote(self, group_id: str, tp: TopicPartition, at_ms: int) -> None:
-        self.written_ms[(group_id, tp)] = at_ms
+        self.written_ms.setdefault(group_id, {})[tp] = at_ms
 
     def removed(self, group_id: str, tp: TopicPartition) -> None:
-        self.written_ms.pop((group_id, tp), None)
+        offsets = self.written_ms.get(group_id)
+        if offsets is not None:
+            offsets.pop(tp, None)
+            if not offsets:
+                del self.written_ms[group_id]
 
     def group_removed(self, group_id: str) -> None:
         """A group tombstone: the group's offsets and its group record are gone."""
-        for key in [key for key in self.written_ms if key[0] == group_id]:
-            del self.written_ms[key]
+        self.written_ms.pop(group_id, None)
         self.groups.pop(group_id, None)
         self.consumer.pop(group_id, None)
 
@@ -119,8 +124,9 @@ class OffsetsUpkeep:
         the retention and must be appended again. Offsets never seen appended count as old."""
         due: dict[str, dict[TopicPartition, OffsetAndMetadata]] = {}
         for group_id, group_offsets in offsets.items():
+            written = self.written_ms.get(group_id, {})
             for tp, value in group_offsets.items():
-                old = now_ms - self.written_ms.get((group_id, tp), -(2**62)) > retention_ms // 2
+                old = now_ms - written.get(tp, -(2**62)) > retention_ms // 2
                 if old and not skip(group_id, tp):
                     due.setdefault(group_id, {})[tp] = value
         return due

@@ -8,6 +8,7 @@ the same log. Time is the test's.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -181,6 +182,25 @@ def test_only_offsets_older_than_half_the_retention_are_due() -> None:
     assert upkeep.due(offsets, T0 + 4 * DAY, RETENTION_MS, skip=lambda g, tp: True) == {}
     assert check_interval_ms(600_000, RETENTION_MS) == 600_000
     assert check_interval_ms(600_000, 60_000) == 15_000
+
+
+def test_a_group_tombstone_costs_its_own_offsets_not_the_partitions() -> None:
+    """A replay (or the cleanup) meets a group tombstone for every pruned group: each KIP-848 group
+    without offsets gets one (console consumers, one group each). Forgetting the group's offsets
+    must not scan every offset of the partition, or a replay of 1000 tombstones next to 100k offsets
+    of other groups blocks the broker's event loop for seconds (the load is synchronous)."""
+    upkeep = OffsetsUpkeep()
+    for i in range(100_000):
+        upkeep.wrote(f"busy-{i % 100}", ("t", i), T0)
+    started = time.perf_counter()
+    for i in range(1_000):
+        upkeep.wrote(f"gone-{i}", ("t", 0), T0)
+        upkeep.group_removed(f"gone-{i}")
+    assert time.perf_counter() - started < 1.0
+    offsets = {"busy-0": {("t", 0): OffsetAndMetadata(1)}, "gone-0": {("t", 0): OffsetAndMetadata(1)}}
+    due = upkeep.due(offsets, T0 + 4 * DAY, RETENTION_MS, skip=lambda g, tp: False)
+    assert due == {"busy-0": {("t", 0): OffsetAndMetadata(1)}, "gone-0": {("t", 0): OffsetAndMetadata(1)}}
+    assert upkeep.due(offsets, T0 + DAY, RETENTION_MS, skip=lambda g, tp: False) == {"gone-0": offsets["gone-0"]}
 
 
 # --- group records -------------------------------------------------------------------------------
