@@ -1488,13 +1488,19 @@ class GroupCoordinatorCore:
     ) -> HeartbeatResult | None:
         """ConsumerGroupHeartbeat. A classic group with members is not a consumer group
         (GROUP_ID_NOT_FOUND, as Kafka without online migration); an Empty one (offsets only) becomes one.
+        One being deleted (Dead until its tombstones are stored) is COORDINATOR_NOT_AVAILABLE, as for a
+        JoinGroup: the member retries, where GROUP_ID_NOT_FOUND would be fatal to it.
 
         Returns the answer if it goes at once (``reply`` gets it too), else None: ``reply`` gets it
         once the group's records are durable, or the store's error. A core with ``on_store`` needs
         ``reply``."""
         classic = self._groups.get(request.group_id)
         made: dict[str, int] = {}
-        if classic is not None and (classic.members or classic.pending_members or classic.state is not _EMPTY):
+        if classic is not None and classic.state is _DEAD:
+            result = HeartbeatResult(
+                ErrorCode.coordinator_not_available, error_message=f"Group {request.group_id} is being deleted."
+            )
+        elif classic is not None and (classic.members or classic.pending_members or classic.state is not _EMPTY):
             result = HeartbeatResult(
                 ErrorCode.group_id_not_found, error_message=f"Group {request.group_id} is not a consumer group."
             )

@@ -37,7 +37,13 @@ from diskless.groups.consumer_protocol import (
     TargetMemberRecord,
     record_key,
 )
-from diskless.groups.coordinator import ConsumerGroupStore, GroupCoordinatorCore, GroupStore, JoinResult
+from diskless.groups.coordinator import (
+    ConsumerGroupStore,
+    GroupCoordinatorCore,
+    GroupStore,
+    JoinResult,
+    OffsetAndMetadata,
+)
 from diskless.groups.handlers import consumer_store_error
 
 E = ErrorCode
@@ -515,6 +521,22 @@ def test_an_empty_group_taken_over_by_a_classic_member_is_tombstoned() -> None:
     log.complete(core)
     new = log.failover(core, 3_000)
     assert new.consumer.group(GROUP) is None
+
+
+def test_a_join_while_an_empty_classic_group_of_that_id_is_being_deleted_is_retried() -> None:
+    """DeleteGroups turns an Empty classic group Dead while its tombstones replicate. A KIP-848
+    member joining under that id meanwhile (consumers restarted with group.protocol=consumer right
+    after ``kafka-consumer-groups --delete``) must get a retriable error, as a classic JoinGroup
+    does, not GROUP_ID_NOT_FOUND, which librdkafka takes as fatal."""
+    log = Log()
+    core = make_core(log)
+    core.apply_offsets(GROUP, {(TOPIC, 0): OffsetAndMetadata(5)})  # an Empty classic group: offsets only
+    assert core.prepare_delete_group(GROUP) is E.none
+    a = Client("a")
+    got = a.send(core, 1_000)
+    assert got[0].error is E.coordinator_not_available
+    core.complete_delete_group(GROUP)
+    assert heartbeat(core, log, Client("a"), 2_000).error is E.none
 
 
 def test_a_static_member_keeps_its_assignment_across_a_failover() -> None:
