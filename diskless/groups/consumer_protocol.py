@@ -372,10 +372,8 @@ class ConsumerGroups:
         self.config = config or ConsumerGroupConfig()
         self.partitions_of: Callable[[str], int | None] = partitions_of or (lambda topic: None)
         self.groups: dict[str, ConsumerGroup] = {}
-        # Groups changed since the core last took their changes (an ordered set), and groups deleted
-        # whose records must be dropped by a tombstone.
+        # Groups changed since the core last took their changes (an ordered set).
         self.touched: dict[str, None] = {}
-        self.tombstones: list[str] = []
 
     # --- timers -------------------------------------------------------------------------------
 
@@ -414,15 +412,9 @@ class ConsumerGroups:
         group = self.groups.get(group_id)
         return group is None or not group.members
 
-    def delete(self, group_id: str) -> None:
-        """Drop an (empty) group; if the log has records of it, the core writes its tombstone."""
-        group = self.groups.pop(group_id, None)
-        if group is not None and group.written:
-            self.tombstones.append(group_id)
-
     def forget(self, group_id: str) -> ConsumerGroup | None:
-        """Drop a group without a tombstone: the caller writes one that drops it (a group tombstone,
-        which drops the classic group and the offsets too), or it is a replayed one."""
+        """Drop a group without a tombstone: the caller writes one that drops it (the KIP-848 group's,
+        or a group tombstone, which drops the classic group and the offsets too), or it is a replayed one."""
         return self.groups.pop(group_id, None)
 
     def owners(self, group_id: str) -> dict[tuple[str, int], str]:
@@ -729,12 +721,11 @@ class ConsumerGroups:
             group.dirty_members.add(member_id)
         self.touched[group.group_id] = None
 
-    def take_touched(self) -> tuple[list[ConsumerGroup], list[str]]:
-        """(groups that may have changed, deleted groups that need a tombstone) since the last call."""
+    def take_touched(self) -> list[ConsumerGroup]:
+        """The groups that may have changed since the last call."""
         groups = [g for g in (self.groups.get(i) for i in self.touched) if g is not None]
-        tombstones = self.tombstones
-        self.touched, self.tombstones = {}, []
-        return groups, tombstones
+        self.touched = {}
+        return groups
 
     def current_records(self, group: ConsumerGroup, member_ids: Iterable[str] | None = None) -> list[ConsumerRecord]:
         """The group's state as records (of ``member_ids`` only, and the group's own): what a
@@ -897,4 +888,3 @@ class ConsumerGroups:
     def clear(self) -> None:
         self.groups.clear()
         self.touched.clear()
-        self.tombstones.clear()

@@ -604,17 +604,9 @@ class GroupCoordinatorCore:
 
     def _store_consumer_changes(self, now_ms: int) -> dict[str, int]:
         """Hand ``on_store`` the records of each KIP-848 group this call changed (one store per
-        group, none if nothing the log keeps changed) and the tombstones of groups it deleted.
-        Returns the token of each group's store."""
+        group, none if nothing the log keeps changed). Returns the token of each group's store."""
         made: dict[str, int] = {}
-        groups, tombstones = self.consumer.take_touched()
-        for group_id in tombstones:
-            # If it cannot be appended the group stays in the log, Empty: a failover brings it back
-            # as such, and the cleanup of empty groups drops it again.
-            self._append_consumer(
-                ConsumerGroupStore(next(self._store_tokens), group_id, (ConsumerGroupTombstone(group_id),))
-            )
-        for group in groups:
+        for group in self.consumer.take_touched():
             records, undo = self.consumer.take_changes(group, force=group.confirm)
             if not records:
                 continue
@@ -1015,8 +1007,16 @@ class GroupCoordinatorCore:
                 # No online migration: a consumer-protocol group with members refuses classic members.
                 self._outbox.append((reply, JoinResult(ErrorCode.inconsistent_group_protocol, member_id)))
                 return
-            self.consumer.delete(group_id)
-            self._store_consumer_changes(now_ms)  # its tombstone, before any record of the classic group
+            # Its tombstone goes before any record of the classic group. If it cannot be appended the
+            # group stays, as the log has it (a classic group beside it would load next to it after a
+            # failover, and the upkeep would keep its records): the member retries.
+            dropped = self.consumer.forget(group_id)
+            if dropped is not None and dropped.written:
+                tombstone = ConsumerGroupStore(next(self._store_tokens), group_id, (ConsumerGroupTombstone(group_id),))
+                if not self._append_consumer(tombstone):
+                    self.consumer.groups[group_id] = dropped
+                    self._outbox.append((reply, JoinResult(ErrorCode.coordinator_not_available, member_id)))
+                    return
         group = self._groups.get(group_id)
         if group is None:
             if not is_unknown:

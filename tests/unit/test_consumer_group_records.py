@@ -523,6 +523,29 @@ def test_an_empty_group_taken_over_by_a_classic_member_is_tombstoned() -> None:
     assert new.consumer.group(GROUP) is None
 
 
+def test_a_classic_takeover_whose_tombstone_cannot_be_appended_is_refused() -> None:
+    """The KIP-848 group's tombstone could not be appended: the group is still in the log. Dropping
+    it from memory anyway and letting the classic member in would load both groups under one id
+    after a failover (the classic members' commits then validated against the KIP-848 group:
+    UNKNOWN_MEMBER_ID), and the upkeep would keep appending the dropped group's records."""
+    log = Log()
+    core = make_core(log)
+    a = Client("a")
+    converge(core, log, [a])
+    heartbeat(core, log, a, member_epoch=-1)
+    log.refuse = True
+    joined: list[JoinResult] = []
+    core.join_group(GROUP, "", None, "consumer", [("range", b"")], 10_000, 10_000, 2_000, joined.append)
+    assert joined[0].error is E.coordinator_not_available
+    assert core.consumer.group(GROUP) is not None and core.group_state(GROUP) is None
+    log.complete(core)
+    log.refuse = False
+    core.join_group(GROUP, "", None, "consumer", [("range", b"")], 10_000, 10_000, 3_000, joined.append)
+    assert joined[-1].error is E.member_id_required and core.consumer.group(GROUP) is None
+    log.complete(core)
+    assert log.failover(core, 4_000).consumer.group(GROUP) is None
+
+
 def test_a_join_while_an_empty_classic_group_of_that_id_is_being_deleted_is_retried() -> None:
     """DeleteGroups turns an Empty classic group Dead while its tombstones replicate. A KIP-848
     member joining under that id meanwhile (consumers restarted with group.protocol=consumer right
