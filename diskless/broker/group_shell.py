@@ -22,7 +22,7 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.cluster.coordinator_records import OFFSETS_TOPIC
-from diskless.groups.consumer_protocol import ConsumerGroupConfig
+from diskless.groups.consumer_protocol import ConsumerGroupConfig, deletion_records
 from diskless.groups.coordinator import (
     ConsumerGroupStore,
     GroupConfig,
@@ -295,15 +295,17 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
         # commits): its tombstone would follow the commit's record and drop it at the next replay.
         gone = core.prune_empty_groups(busy=lambda g: bool(self._in_flight[g] or self.pending_partitions(g)))
         # Kafka's cleanupGroupMetadata: a group that had a generation has a group record to drop, an
-        # empty KIP-848 group its records (the group tombstone drops those too). Appended in the same
+        # empty KIP-848 group its records (a tombstone for each of its keys, as Kafka: the group
+        # tombstone would drop them at a replay, but not from a compacted log). Appended in the same
         # step as the pruning: a group of the same name created afterwards writes its records after
-        # this tombstone.
+        # these tombstones.
         known = self.upkeep.get(index)
-        tombstones = [
-            encode_group_tombstone(g)
-            for g in gone
-            if generations.get(g, 0) > 0 or (known is not None and g in known.consumer)
-        ]
+        tombstones = []
+        for g in gone:
+            if known is not None and g in known.consumer:
+                tombstones.extend(encode_consumer(r) for r in deletion_records(g, known.consumer[g]))
+            if generations.get(g, 0) > 0:
+                tombstones.append(encode_group_tombstone(g))
         if tombstones:
             code = await self.persist(gone[0], tombstones)
             if code is not ErrorCode.none:

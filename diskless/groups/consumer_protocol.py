@@ -133,10 +133,14 @@ class GroupEpochRecord:
 
 @dataclass(frozen=True, slots=True)
 class ConsumerGroupTombstone:
-    """The group epoch key without a value: the consumer group is gone (members, target and all;
-    its committed offsets are not: they have their own records)."""
+    """A group key without a value: the consumer group is gone (members, target and all; its
+    committed offsets are not: they have their own records). As Kafka, a deleted group gets one
+    per key, ``kind`` (its group epoch key, "epoch", last, after those of its subscription
+    metadata and target epoch), so that a compacted ``__consumer_offsets`` drops every key's
+    records; any of them drops the whole group at a replay."""
 
     group_id: str
+    kind: str = "epoch"
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,12 +168,15 @@ class MemberMetadataRecord:
 
 @dataclass(frozen=True, slots=True)
 class MemberTombstone:
-    """The member metadata key without a value: the member left. One record removes all the
-    member's keys (Kafka writes three tombstones, one per key, for compaction to drop each; this
-    log is not compacted, and the upkeep appends again only the keys of live members)."""
+    """A member key without a value: the member left. As Kafka, one per key the member has,
+    ``kind`` (current assignment, target, then its metadata, "member"), so that a compacted
+    ``__consumer_offsets`` drops every key's records (one left behind would bring the member back
+    with its old partitions once the tombstones are cleaned away); any of them drops the whole
+    member at a replay, and the upkeep appends again only the keys of live members."""
 
     group_id: str
     member_id: str
+    kind: str = "member"
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,22 +224,45 @@ ConsumerRecord = (
 RecordKey = tuple[str, str]
 _EPOCH, _SUBSCRIPTIONS, _TARGET_EPOCH = ("epoch", ""), ("subscriptions", ""), ("target_epoch", "")
 MEMBER_KINDS = ("member", "target", "assignment")
+# The order of a deletion's tombstones, as Kafka's: a member's current assignment, target, metadata;
+# the group's target epoch, subscription metadata, epoch.
+MEMBER_TOMBSTONE_KINDS = ("assignment", "target", "member")
+GROUP_TOMBSTONE_KINDS = ("target_epoch", "subscriptions", "epoch")
 
 
 def record_key(record: ConsumerRecord) -> RecordKey:
     """The key a record writes (a later record of the same key replaces it); a tombstone's is the
-    key it deletes: the group's epoch key, a member's metadata key."""
-    if isinstance(record, (GroupEpochRecord, ConsumerGroupTombstone)):
+    key it deletes."""
+    if isinstance(record, ConsumerGroupTombstone):
+        return (record.kind, "")
+    if isinstance(record, MemberTombstone):
+        return (record.kind, record.member_id)
+    if isinstance(record, GroupEpochRecord):
         return _EPOCH
     if isinstance(record, SubscriptionMetadataRecord):
         return _SUBSCRIPTIONS
     if isinstance(record, TargetEpochRecord):
         return _TARGET_EPOCH
-    if isinstance(record, (MemberMetadataRecord, MemberTombstone)):
+    if isinstance(record, MemberMetadataRecord):
         return ("member", record.member_id)
     if isinstance(record, TargetMemberRecord):
         return ("target", record.member_id)
     return ("assignment", record.member_id)
+
+
+def deletion_records(group_id: str, keys: Iterable[RecordKey]) -> list[ConsumerRecord]:
+    """The tombstones that delete a group whose records have ``keys``: one per member key, then
+    the group's three (whether written or not), in Kafka's order."""
+    keys = set(keys)
+    members = sorted({member_id for kind, member_id in keys if kind in MEMBER_KINDS})
+    out: list[ConsumerRecord] = [
+        MemberTombstone(group_id, member_id, kind)
+        for member_id in members
+        for kind in MEMBER_TOMBSTONE_KINDS
+        if (kind, member_id) in keys
+    ]
+    out.extend(ConsumerGroupTombstone(group_id, kind) for kind in GROUP_TOMBSTONE_KINDS)
+    return out
 
 
 @dataclass(slots=True, eq=False)
@@ -778,13 +808,14 @@ class ConsumerGroups:
         group.dirty_all, group.dirty_members = False, set()
         undo: dict[RecordKey, ConsumerRecord | None] = {}
         changes: list[ConsumerRecord] = []
-        # Members that left first: a member id that comes back (it rejoins) is written after.
+        # Members that left first, a tombstone per key: a member id that comes back (it rejoins) is
+        # written after.
         for member_id in sorted(member_ids - set(group.members)):
-            keys = [(kind, member_id) for kind in MEMBER_KINDS if (kind, member_id) in group.written]
-            if keys:
-                for key in keys:
+            for kind in MEMBER_TOMBSTONE_KINDS:
+                key = (kind, member_id)
+                if key in group.written:
                     undo.setdefault(key, group.written.pop(key))
-                changes.append(MemberTombstone(group.group_id, member_id))
+                    changes.append(MemberTombstone(group.group_id, member_id, kind))
         ordered = [i for i in group.members if i in member_ids]
         for record in self.current_records(group, ordered):
             key = record_key(record)

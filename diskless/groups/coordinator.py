@@ -76,10 +76,10 @@ from .consumer_protocol import (
     ConsumerGroup,
     ConsumerGroupConfig,
     ConsumerGroups,
-    ConsumerGroupTombstone,
     ConsumerRecord,
     HeartbeatRequest,
     HeartbeatResult,
+    deletion_records,
 )
 
 TopicPartition = tuple[str, int]
@@ -1012,8 +1012,8 @@ class GroupCoordinatorCore:
             # failover, and the upkeep would keep its records): the member retries.
             dropped = self.consumer.forget(group_id)
             if dropped is not None and dropped.written:
-                tombstone = ConsumerGroupStore(next(self._store_tokens), group_id, (ConsumerGroupTombstone(group_id),))
-                if not self._append_consumer(tombstone):
+                tombstones = tuple(deletion_records(group_id, dropped.written))
+                if not self._append_consumer(ConsumerGroupStore(next(self._store_tokens), group_id, tombstones)):
                     self.consumer.groups[group_id] = dropped
                     self._outbox.append((reply, JoinResult(ErrorCode.coordinator_not_available, member_id)))
                     return
@@ -1764,6 +1764,13 @@ class GroupCoordinatorCore:
             return ErrorCode.non_empty_group
         self._transition(group, _DEAD, group.state_timestamp_ms)
         return ErrorCode.none
+
+    def consumer_deletion_records(self, group_id: str) -> list[ConsumerRecord]:
+        """The tombstones of the KIP-848 group ``prepare_delete_group`` is deleting (none if it is
+        not one): one per key it has in the log, which the caller writes before the group
+        tombstone, so that a compacted log drops them all."""
+        group = self._deleting.get(group_id)
+        return deletion_records(group_id, group.written) if group is not None and group.written else []
 
     def complete_delete_group(self, group_id: str) -> None:
         self._deleting.pop(group_id, None)

@@ -655,7 +655,10 @@ async def delete_groups(facade: GroupFacade, header: RequestHeader, request: Any
             continue
         error = core.prepare_delete_group(group_id)
         if error is ErrorCode.none:
-            tombstones = records.group_deletion_records(group_id, sorted(core.fetch_offsets(group_id)))
+            # A KIP-848 group's keys first (each its tombstone, for a compacted log), then the offsets'
+            # and the group tombstone.
+            tombstones = [records.encode_consumer(r) for r in core.consumer_deletion_records(group_id)]
+            tombstones += records.group_deletion_records(group_id, sorted(core.fetch_offsets(group_id)))
             error = _persist_error(await facade.persist(group_id, tombstones))
             if error is ErrorCode.none:
                 core.complete_delete_group(group_id)

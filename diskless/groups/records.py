@@ -23,14 +23,12 @@ KIP-848 (consumer protocol) groups use Kafka's record types, their key version b
 ==========================  ==========================  ==============================================
 record (Kafka's name)       key                         value
 ==========================  ==========================  ==============================================
-ConsumerGroupMetadata       ``0x03`` + [group]          [group_epoch]; None: the consumer group is
-                                                        gone (its members, target and metadata)
+ConsumerGroupMetadata       ``0x03`` + [group]          [group_epoch]
 ConsumerGroupPartition-     ``0x04`` + [group]          [[[topic, partition_count]...]]
 Metadata
 ConsumerGroupMember-        ``0x05`` + [group, member]  [instance_id, rack_id, client_id, client_host,
 Metadata                                                [topic...], rebalance_timeout_ms,
-                                                        server_assignor]; None: the member left (all
-                                                        its keys: one tombstone, not Kafka's three)
+                                                        server_assignor]
 ConsumerGroupTarget-        ``0x06`` + [group]          [assignment_epoch]
 AssignmentMetadata
 ConsumerGroupTarget-        ``0x07`` + [group, member]  [partitions]
@@ -43,8 +41,12 @@ MemberAssignment                                        (Kafka's MemberState byt
 The coordinator writes a key only when its value changes (a heartbeat that changes nothing
 writes nothing; a reconciliation step writes the member's current assignment; a new target
 writes its epoch and the members whose part changed), answers once they are durable, and a new
-coordinator replays them into the group as last written (``consumer_protocol``). A group
-tombstone (``0x02``) drops a KIP-848 group of that id as well.
+coordinator replays them into the group as last written (``consumer_protocol``). As in Kafka,
+every key a deletion drops gets its own tombstone (a key without a value), so that a compacted
+``__consumer_offsets`` drops each: a member that leaves, its current assignment, target and
+metadata keys; a deleted group, each member key left and its target epoch, subscription metadata
+and group epoch keys. At a replay any tombstone of a member drops the whole member, any of the
+group's the whole group; a group tombstone (``0x02``) drops a KIP-848 group of that id as well.
 
 A member is [member_id, group_instance_id, client_id, client_host, rebalance_timeout_ms,
 session_timeout_ms, subscription, assignment] (the last two binary), as in Kafka's
@@ -62,8 +64,7 @@ rather than skipped: a newer broker's records must not be half-understood by an 
 broker from before group records refuses a partition holding one, and one from before KIP-848
 group records, key versions 3 to 8, refuses a partition holding those: upgrade every broker
 before the new ones coordinate groups). Fields appended to a value (or member) by a later
-revision are ignored, so adding one needs no new version; a tombstone of a key whose deletion
-this version never writes (4, 6, 7, 8) is refused too.
+revision are ignored, so adding one needs no new version.
 """
 
 from __future__ import annotations
@@ -99,6 +100,16 @@ CONSUMER_TARGET_KEY_VERSION = 6
 CONSUMER_TARGET_MEMBER_KEY_VERSION = 7
 CONSUMER_ASSIGNMENT_KEY_VERSION = 8
 CONSUMER_VALUE_VERSION = 0
+# The key version of each kind of a KIP-848 group's keys (``consumer_protocol.record_key``), for tombstones.
+_CONSUMER_KEY_OF_KIND = {
+    "epoch": CONSUMER_GROUP_KEY_VERSION,
+    "subscriptions": CONSUMER_PARTITIONS_KEY_VERSION,
+    "target_epoch": CONSUMER_TARGET_KEY_VERSION,
+    "member": CONSUMER_MEMBER_KEY_VERSION,
+    "target": CONSUMER_TARGET_MEMBER_KEY_VERSION,
+    "assignment": CONSUMER_ASSIGNMENT_KEY_VERSION,
+}
+_CONSUMER_KIND_OF_KEY = {version: kind for kind, version in _CONSUMER_KEY_OF_KIND.items()}
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,7 +201,7 @@ def encode_consumer(record: ConsumerRecord) -> Record:
     """The key/value of a KIP-848 group's record (a tombstone's value is None)."""
     g = record.group_id
     if isinstance(record, ConsumerGroupTombstone):
-        return pack(CONSUMER_GROUP_KEY_VERSION, [g]), None
+        return pack(_CONSUMER_KEY_OF_KIND[record.kind], [g]), None
     if isinstance(record, GroupEpochRecord):
         return pack(CONSUMER_GROUP_KEY_VERSION, [g]), pack(CONSUMER_VALUE_VERSION, [record.epoch])
     if isinstance(record, SubscriptionMetadataRecord):
@@ -200,7 +211,7 @@ def encode_consumer(record: ConsumerRecord) -> Record:
         return pack(CONSUMER_TARGET_KEY_VERSION, [g]), pack(CONSUMER_VALUE_VERSION, [record.assignment_epoch])
     m = record.member_id
     if isinstance(record, MemberTombstone):
-        return pack(CONSUMER_MEMBER_KEY_VERSION, [g, m]), None
+        return pack(_CONSUMER_KEY_OF_KIND[record.kind], [g, m]), None
     if isinstance(record, MemberMetadataRecord):
         value = [
             record.instance_id,
@@ -258,17 +269,14 @@ def _decode_consumer(version: int, items: list[object], value: bytes | None) -> 
     if len(items) != size or not all(isinstance(i, str) for i in items):
         raise RecordFormatError(f"key version {version} needs {size} strings")
     g = str(items[0])
+    if value is None:
+        kind = _CONSUMER_KIND_OF_KEY[version]
+        return ConsumerGroupTombstone(g, kind) if size == 1 else MemberTombstone(g, str(items[1]), kind)
     if version == CONSUMER_GROUP_KEY_VERSION:
-        if value is None:
-            return ConsumerGroupTombstone(g)
         (epoch,) = _consumer_value(value, 1, "group epoch")
         if not _int(epoch):
             raise RecordFormatError("group epoch is not an integer")
         return GroupEpochRecord(g, epoch)  # type: ignore[arg-type]
-    if version == CONSUMER_MEMBER_KEY_VERSION and value is None:
-        return MemberTombstone(g, str(items[1]))
-    if value is None:
-        raise RecordFormatError(f"unexpected tombstone of key version {version}")
     if version == CONSUMER_PARTITIONS_KEY_VERSION:
         (topics,) = _consumer_value(value, 1, "partition metadata")
         if not isinstance(topics, list) or not all(

@@ -517,7 +517,10 @@ def test_an_empty_group_taken_over_by_a_classic_member_is_tombstoned() -> None:
     joined: list[JoinResult] = []
     core.join_group(GROUP, "", None, "consumer", [("range", b"")], 10_000, 10_000, 2_000, joined.append)
     assert joined[0].error is E.member_id_required
-    assert log.stores[-1].records == (ConsumerGroupTombstone(GROUP),)
+    # A tombstone per key, as Kafka, the group epoch's last.
+    assert log.stores[-1].records == tuple(
+        ConsumerGroupTombstone(GROUP, kind) for kind in ("target_epoch", "subscriptions", "epoch")
+    )
     log.complete(core)
     new = log.failover(core, 3_000)
     assert new.consumer.group(GROUP) is None
@@ -589,7 +592,13 @@ def test_an_expired_member_is_removed_in_the_log_too() -> None:
     converge(core, log, [a, b])
     heartbeat(core, log, b, 40_000)
     core.tick(1_000 + SESSION)  # a's session ran out
-    assert [type(r) for r in log.stores[-1].records][:2] == [MemberTombstone, GroupEpochRecord]
+    # A tombstone per key of the member, as Kafka, then the new group epoch.
+    assert log.stores[-1].records[:4] == (
+        MemberTombstone(GROUP, "a", "assignment"),
+        MemberTombstone(GROUP, "a", "target"),
+        MemberTombstone(GROUP, "a", "member"),
+        GroupEpochRecord(GROUP, 3),
+    )
     log.complete(core)
     assert set(log.failover(core, 50_000).consumer.group(GROUP).members) == {"b"}  # type: ignore[union-attr]
 
@@ -599,11 +608,15 @@ def test_an_expired_member_is_removed_in_the_log_too() -> None:
 EXAMPLES: list[ConsumerRecord] = [
     GroupEpochRecord("ж", 7),
     ConsumerGroupTombstone("ж"),
+    ConsumerGroupTombstone("ж", "subscriptions"),
+    ConsumerGroupTombstone("ж", "target_epoch"),
     SubscriptionMetadataRecord("ж", {"t": 6, "u": 1}),
     SubscriptionMetadataRecord("ж", {}),
     MemberMetadataRecord("ж", "m", "inst", "rack-1", "client", "/10.0.0.1", ("t", "u"), 30_000, "uniform"),
     MemberMetadataRecord("ж", "m", None, None, "", "", (), -1, None),
     MemberTombstone("ж", "m"),
+    MemberTombstone("ж", "m", "target"),
+    MemberTombstone("ж", "m", "assignment"),
     TargetEpochRecord("ж", 7),
     TargetMemberRecord("ж", "m", {"t": frozenset({0, 5}), "u": frozenset({0})}),
     TargetMemberRecord("ж", "m", {}),
@@ -622,16 +635,20 @@ def test_records_round_trip(record: ConsumerRecord) -> None:
 
 
 def test_record_keys_are_kafkas_key_versions_and_values_ignore_appended_fields() -> None:
-    versions = {type(r).__name__: records.encode_consumer(r)[0][0] for r in EXAMPLES}
+    versions = {(type(r).__name__, getattr(r, "kind", "")): records.encode_consumer(r)[0][0] for r in EXAMPLES}
     assert versions == {
-        "GroupEpochRecord": 3,
-        "ConsumerGroupTombstone": 3,
-        "SubscriptionMetadataRecord": 4,
-        "MemberMetadataRecord": 5,
-        "MemberTombstone": 5,
-        "TargetEpochRecord": 6,
-        "TargetMemberRecord": 7,
-        "CurrentAssignmentRecord": 8,
+        ("GroupEpochRecord", ""): 3,
+        ("ConsumerGroupTombstone", "epoch"): 3,
+        ("SubscriptionMetadataRecord", ""): 4,
+        ("ConsumerGroupTombstone", "subscriptions"): 4,
+        ("MemberMetadataRecord", ""): 5,
+        ("MemberTombstone", "member"): 5,
+        ("TargetEpochRecord", ""): 6,
+        ("ConsumerGroupTombstone", "target_epoch"): 6,
+        ("TargetMemberRecord", ""): 7,
+        ("MemberTombstone", "target"): 7,
+        ("CurrentAssignmentRecord", ""): 8,
+        ("MemberTombstone", "assignment"): 8,
     }
     key = pack(8, [GROUP, "m"])
     later = pack(0, [3, 2, 0, [["t", [1, 2]]], [], "a later field"])
@@ -647,10 +664,8 @@ def test_record_keys_are_kafkas_key_versions_and_values_ignore_appended_fields()
         (pack(3, [GROUP]), pack(0, [])),  # too short
         (pack(3, [GROUP]), pack(0, ["3"])),
         (pack(3, [GROUP, "m"]), pack(0, [3])),  # a member key for a group record
-        (pack(4, [GROUP]), None),  # tombstones this version never writes
-        (pack(6, [GROUP]), None),
-        (pack(7, [GROUP, "m"]), None),
-        (pack(8, [GROUP, "m"]), None),
+        (pack(4, [GROUP, "m"]), None),  # a tombstone of a member key for a group key
+        (pack(7, [GROUP]), None),
         (pack(5, [GROUP]), pack(0, [None, None, "c", "h", [], 1, None])),
         (pack(5, [GROUP, "m"]), pack(0, [None, None, "c", "h", ["t", 1], 1, None])),
         (pack(5, [GROUP, "m"]), pack(0, [None, None, "c", "h", [], True, None])),

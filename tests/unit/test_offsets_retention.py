@@ -21,6 +21,7 @@ from diskless.groups.consumer_protocol import HeartbeatRequest, HeartbeatResult
 from diskless.groups.coordinator import GroupState, OffsetAndMetadata
 from diskless.groups.offsets_upkeep import OffsetsUpkeep, check_interval_ms
 from diskless.groups.records import encode_offset, group_deletion_records
+from diskless.log import cleaner
 from diskless.log.config import LogConfig
 from diskless.log.partition_log import PartitionLog
 
@@ -32,9 +33,9 @@ SUBSCRIPTION = b"\x00\x00" + b"\x00\x00\x00\x01" + b"\x00\x01t" + b"\x00\x00\x00
 class OffsetsPartition:
     """The one ``__consumer_offsets`` partition, led by this broker; ``gate`` holds replication."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, config: LogConfig | None = None) -> None:
         self.index = 0
-        self.log = PartitionLog(str(directory), LogConfig(retention_ms=RETENTION_MS), T0)
+        self.log = PartitionLog(str(directory), config or LogConfig(retention_ms=RETENTION_MS), T0)
         self.leader_epoch = 0
         self.leader_state: object | None = object()
         self.gate: asyncio.Event | None = None
@@ -50,9 +51,9 @@ class OffsetsPartition:
 
 
 class Cluster:
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, config: LogConfig | None = None) -> None:
         self.now = T0
-        self.partition = OffsetsPartition(tmp_path / "co-0")
+        self.partition = OffsetsPartition(tmp_path / "co-0", config)
         leader = SimpleNamespace(leader=1)
         self.broker = SimpleNamespace(
             node_id=1,
@@ -470,5 +471,62 @@ def test_an_empty_classic_record_does_not_prune_the_kip848_group_that_took_its_i
         assert cluster.core.consumer.group("g") is None and cluster.core.group_state("g") is None
         core = cluster.new_shell().load(cluster.partition)  # type: ignore[arg-type]
         assert core.consumer.group("g") is None and core.group_state("g") is None
+
+    asyncio.run(scenario())
+
+
+# --- a compacted __consumer_offsets ------------------------------------------------------------------
+# Nothing stops an operator from compacting the topic (Kafka's own default for it is compact, and it
+# takes the broker's log.cleanup.policy): every key a deletion must drop needs its own tombstone.
+
+COMPACTED = LogConfig(
+    retention_ms=RETENTION_MS, cleanup_policy="compact,delete", min_cleanable_dirty_ratio=0.0, delete_retention_ms=DAY
+)
+
+
+async def compact(cluster: Cluster) -> None:
+    """Two cleaning passes a delete.retention.ms apart (another group's commit in between, for the
+    second to have something dirty): the second drops the tombstones too."""
+    for _ in range(2):
+        await cluster.commit("other", ("t", 0), cluster.now)
+        cluster.partition.log.roll(cluster.now)
+        job = cleaner.prepare(cluster.partition.log, cluster.now)
+        assert job is not None
+        output = cleaner.run(job, 100_000)
+        assert output is not None and cleaner.install(output)
+        cluster.now += 2 * DAY
+
+
+def test_a_compacted_log_does_not_bring_back_a_member_that_left(tmp_path: Path) -> None:
+    """One tombstone of a member's metadata key left its target and current assignment records to
+    compaction: once the tombstone itself was cleaned away, a load brought the member back with
+    its old partitions, which the member that stayed owns now."""
+
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path, COMPACTED)
+        state = await stable_consumer_group(cluster, "a", "b")
+        assert (await consumer_heartbeat(cluster, consumer_member("b", -1, set()))).error is ErrorCode.none
+        epoch, owned = state["a"]
+        for _ in range(3):
+            answer = await consumer_heartbeat(cluster, consumer_member("a", epoch, owned))
+            epoch = answer.member_epoch
+            owned = set(answer.assignment["t"]) if answer.assignment is not None else owned
+        assert owned == {0, 1, 2, 3}
+        await compact(cluster)
+        loaded = cluster.new_shell().load(cluster.partition).consumer.group("cg")  # type: ignore[arg-type]
+        assert loaded is not None and set(loaded.members) == {"a"}
+
+    asyncio.run(scenario())
+
+
+def test_a_compacted_log_does_not_bring_back_a_pruned_kip848_group(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path, COMPACTED)
+        await stable_consumer_group(cluster, "a")
+        assert (await consumer_heartbeat(cluster, consumer_member("a", -1, set()))).error is ErrorCode.none
+        await cluster.shell.maintain()
+        assert cluster.core.consumer.group("cg") is None
+        await compact(cluster)
+        assert cluster.new_shell().load(cluster.partition).consumer.group("cg") is None  # type: ignore[arg-type]
 
     asyncio.run(scenario())
