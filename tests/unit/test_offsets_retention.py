@@ -8,19 +8,22 @@ the same log. Time is the test's.
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
 from loghelpers import T0
 
 from diskless.broker.group_shell import GroupShell
 from diskless.config import BrokerConfig
-from diskless.groups.consumer_protocol import HeartbeatRequest, HeartbeatResult
+from diskless.groups.consumer_protocol import ConsumerGroup, HeartbeatRequest, HeartbeatResult
 from diskless.groups.coordinator import GroupState, OffsetAndMetadata
 from diskless.groups.offsets_upkeep import OffsetsUpkeep, check_interval_ms
-from diskless.groups.records import encode_offset, group_deletion_records
+from diskless.groups.records import encode_consumer, encode_offset, group_deletion_records
 from diskless.log import cleaner
 from diskless.log.config import LogConfig
 from diskless.log.partition_log import PartitionLog
@@ -530,3 +533,196 @@ def test_a_compacted_log_does_not_bring_back_a_pruned_kip848_group(tmp_path: Pat
         assert cluster.new_shell().load(cluster.partition).consumer.group("cg") is None  # type: ignore[arg-type]
 
     asyncio.run(scenario())
+
+
+# --- random histories ----------------------------------------------------------------------------------
+
+
+def persisted_state(group: ConsumerGroup) -> object:
+    """What the log keeps of a KIP-848 group (no timers)."""
+    members = {
+        m.member_id: (
+            m.instance_id,
+            m.subscribed_topics,
+            m.rebalance_timeout_ms,
+            m.member_epoch,
+            m.previous_member_epoch,
+            m.state,
+            {t: set(p) for t, p in m.assigned.items()},
+            {t: set(p) for t, p in m.pending_revocation.items()},
+        )
+        for m in group.members.values()
+    }
+    target = {mid: {t: set(p) for t, p in a.items()} for mid, a in group.target.items()}
+    epochs = (group.group_epoch, group.assignment_epoch)
+    return (epochs, group.subscription_metadata, group.static_members, target, members)
+
+
+class History:
+    """Three KIP-848 clients of group "cg" (the first one static), commits, days passing with the
+    upkeep and retention, cleaner passes, failovers, DeleteGroups, and classic members taking the
+    emptied group over; after each step a replay of the log equals the live coordinator."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.joined: list[tuple[int, set[int]] | None] = [None] * 3  # (epoch, owned), None: not a member
+        self.incarnation = [0] * 3
+
+    def member_id(self, i: int) -> str:
+        return f"m{i}-{self.incarnation[i]}"
+
+    async def heartbeat(self, i: int, unchanged: bool = False) -> None:
+        joined, instance = self.joined[i], "i0" if i == 0 else None
+        if joined is None:
+            request = HeartbeatRequest(
+                "cg", self.member_id(i), 0, instance, None, 10**9, ("t",), owned={}
+            )  # fmt: skip
+        else:
+            owned: dict | None = None if unchanged else ({"t": frozenset(joined[1])} if joined[1] else {})
+            request = HeartbeatRequest("cg", self.member_id(i), joined[0], instance, owned=owned)
+        answer = await consumer_heartbeat(self.cluster, request)
+        # Sessions outlast the test: nobody that did not leave is ever unknown or fenced.
+        assert answer.error is ErrorCode.none, (i, answer)
+        owned_now = joined[1] if joined is not None else set()
+        if answer.assignment is not None:
+            owned_now = set(answer.assignment.get("t", ()))
+        self.joined[i] = (answer.member_epoch, owned_now)
+
+    async def leave(self, i: int, epoch: int) -> None:
+        request = HeartbeatRequest("cg", self.member_id(i), epoch, "i0" if i == 0 else None)
+        answer = await consumer_heartbeat(self.cluster, request)
+        assert answer.error is ErrorCode.none
+        self.joined[i] = None
+        self.incarnation[i] += 1
+
+    async def classic_cycle(self) -> None:
+        """A classic member joins the emptied group, syncs and leaves: Empty at a generation."""
+        core, cluster, replies = self.cluster.core, self.cluster, []  # type: ignore[var-annotated]
+        core.join_group(
+            "cg", "", None, "consumer", [("range", SUBSCRIPTION)], 10_000, 10_000, cluster.now, replies.append,
+            require_known_member_id=False,
+        )  # fmt: skip
+        core.tick(cluster.now + 3_000)
+        joined = replies[-1]
+        assert joined.error is ErrorCode.none
+        members = {joined.member_id: b""}
+        core.sync_group(
+            "cg", joined.generation_id, joined.member_id, None, None, None, members, cluster.now, replies.append
+        )
+        await cluster.shell.settle_stores()
+        assert replies[-1].error is ErrorCode.none
+        core.leave_group("cg", [(joined.member_id, None)], cluster.now)
+        await cluster.shell.settle_stores()
+
+    async def delete(self) -> None:
+        """DeleteGroups as the handler writes it."""
+        core = self.cluster.core
+        if core.prepare_delete_group("cg") is ErrorCode.none:
+            tombstones = [encode_consumer(r) for r in core.consumer_deletion_records("cg")]
+            tombstones += group_deletion_records("cg", sorted(core.fetch_offsets("cg")))
+            assert await self.cluster.shell.persist("cg", tombstones) is ErrorCode.none
+            core.complete_delete_group("cg")
+
+    async def clean(self, hours: int) -> None:
+        cluster = self.cluster
+        for _ in range(2):
+            await cluster.commit("other", ("t", 0), cluster.now)  # something dirty for the pass
+            cluster.partition.log.roll(cluster.now)
+            job = cleaner.prepare(cluster.partition.log, cluster.now)
+            if job is not None:
+                output = cleaner.run(job, 100_000)
+                assert output is not None and cleaner.install(output)
+            cluster.now += hours * 3_600_000
+            await cluster.shell.maintain()
+
+    async def step(self, kind: str, arg: int) -> None:
+        cluster, i = self.cluster, arg % 3
+        joined = self.joined[i]
+        if kind == "heartbeat":
+            await self.heartbeat(i)
+        elif kind == "unchanged" and joined is not None:
+            await self.heartbeat(i, unchanged=True)
+        elif kind == "leave" and joined is not None:
+            await self.leave(i, -1)
+        elif kind == "static-leave" and self.joined[0] is not None:
+            await self.leave(0, -2)
+        elif kind == "expire" and joined is not None:
+            group = cluster.core.consumer.group("cg")
+            assert group is not None
+            group.members[self.member_id(i)].session_deadline_ms = cluster.now
+            cluster.core.tick(cluster.now)
+            await cluster.shell.settle_stores()
+            self.joined[i] = None
+            self.incarnation[i] += arg % 2  # the same member id joins again, or a new one
+        elif kind == "commit":
+            await cluster.commit("cg", ("t", i), arg)
+        elif kind == "days":
+            cluster.advance((arg + 1) / 2)
+            await cluster.shell.maintain()
+            for j in range(3):
+                if self.joined[j] is not None:
+                    await self.heartbeat(j)
+        elif kind == "clean":
+            await self.clean(6 * (arg + 1))
+        elif kind == "maintain":
+            await cluster.shell.maintain()
+        elif kind == "failover":
+            cluster.shell.on_partition(0, None)
+            cluster.shell = cluster.new_shell()
+            cluster.shell.on_partition(0, cluster.partition)  # type: ignore[arg-type]
+        elif kind == "delete":
+            await self.delete()
+        elif kind == "classic" and self.emptied():
+            await self.classic_cycle()
+        self.check()
+
+    def emptied(self) -> bool:
+        core = self.cluster.core
+        return core.consumer.is_empty("cg") and core.group_state("cg") in (None, GroupState.EMPTY)
+
+    def check(self) -> None:
+        live = self.cluster.core.consumer.group("cg")
+        loaded_core = self.cluster.new_shell().load(self.cluster.partition)  # type: ignore[arg-type]
+        loaded = loaded_core.consumer.group("cg")
+        if live is None:
+            assert loaded is None or not loaded.members, "a group that is gone came back"
+        else:
+            assert loaded is not None, "a live group was lost"
+            assert persisted_state(loaded) == persisted_state(live)
+        assert self.cluster.served("cg") == {tp: om.offset for tp, om in loaded_core.fetch_offsets("cg").items()}
+
+
+HISTORY = st.lists(
+    st.tuples(
+        st.sampled_from(
+            ["heartbeat"] * 3
+            + ["unchanged", "leave", "static-leave", "expire", "commit", "days", "clean", "maintain", "failover"]
+            + ["delete", "classic"]
+        ),
+        st.integers(0, 9),
+    ),
+    min_size=5,
+    max_size=80,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(HISTORY, st.booleans())
+def test_random_histories_replay_into_the_live_groups(steps: list[tuple[str, int]], compacted: bool) -> None:
+    """Whatever the upkeep appended again and retention or compaction deleted, a replay of the log
+    is the live state: no member or group lost, none brought back, every offset as served."""
+    with tempfile.TemporaryDirectory() as directory:
+
+        async def scenario() -> None:
+            cluster = Cluster(Path(directory), COMPACTED if compacted else None)
+            cluster.broker.config = BrokerConfig(
+                offsets_topic_num_partitions=1, group_consumer_session_timeout_ms=10**13
+            )
+            cluster.shell = cluster.new_shell()
+            cluster.shell.on_partition(0, cluster.partition)  # type: ignore[arg-type]
+            cluster.broker.metadata.topics["t"] = SimpleNamespace(partitions=[0, 1, 2, 3], internal=False)
+            history = History(cluster)
+            for kind, arg in steps:
+                await history.step(kind, arg)
+
+        asyncio.run(scenario())
