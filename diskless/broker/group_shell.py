@@ -298,18 +298,21 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
         # empty KIP-848 group its records (a tombstone for each of its keys, as Kafka: the group
         # tombstone would drop them at a replay, but not from a compacted log). Appended in the same
         # step as the pruning: a group of the same name created afterwards writes its records after
-        # these tombstones.
+        # these tombstones. A batch per group: all in one could pass the topic's max.message.bytes
+        # (many short-lived groups), and fail at every pass.
         known = self.upkeep.get(index)
-        tombstones = []
+        appends: list[Appended | ErrorCode] = []
         for g in gone:
+            tombstones = []
             if known is not None and g in known.consumer:
                 tombstones.extend(encode_consumer(r) for r in deletion_records(g, known.consumer[g]))
             if generations.get(g, 0) > 0:
                 tombstones.append(encode_group_tombstone(g))
-        if tombstones:
-            code = await self.persist(gone[0], tombstones)
-            if code is not ErrorCode.none:
-                log.info("could not write group tombstones", groups=len(tombstones), error=code.name)
+            if tombstones:
+                appends.append(self.append(g, tombstones))
+        failed = [code for code in [await self.replicated(a) for a in appends] if code is not ErrorCode.none]
+        if failed:
+            log.info("could not write group tombstones", groups=len(failed), error=failed[0].name)
         upkeep = self.upkeep.get(index)
         if upkeep is None or self.cores.get(index) is not core:
             return

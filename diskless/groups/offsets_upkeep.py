@@ -25,8 +25,8 @@ KIP-848 groups' records are keyed (the group's epoch, subscription metadata and 
 member's metadata, target and current assignment): the latest record of each key is appended
 again, unchanged, once older than half the retention, which is what compaction would keep. Any
 of a member's tombstones (one per key, as Kafka's, for a compacted topic) forgets all its keys and
-any of a group's (KIP-848 or classic group tombstone) all the group's, so nothing of a member or group that is gone is appended again (a replayed record of
-a member that left would bring it back).
+any of a group's (KIP-848 or classic group tombstone) all the group's, so nothing of a member or
+group that is gone is appended again (a replayed record of a member that left would bring it back).
 
 An appended-again offset record must not overtake a newer one: the shell skips a group while any append
 of its own is in flight (a commit appended but not yet applied to the core would be overwritten by

@@ -478,6 +478,28 @@ def test_an_empty_classic_record_does_not_prune_the_kip848_group_that_took_its_i
     asyncio.run(scenario())
 
 
+def test_the_tombstones_of_many_pruned_groups_fit_the_topics_batch_limit(tmp_path: Path) -> None:
+    """The cleanup wrote the tombstones of every group it pruned in one batch: past the topic's
+    max.message.bytes (many short-lived KIP-848 groups, each with its keys' tombstones) the append
+    failed, every time: the groups were forgotten here but stayed in the log, their records
+    appended again forever, and each failover brought them all back."""
+
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path, LogConfig(retention_ms=RETENTION_MS, max_message_bytes=4_096))
+        cluster.broker.metadata.topics["t"] = SimpleNamespace(partitions=[0, 1, 2, 3], internal=False)
+        groups = [f"console-consumer-{i:05}" for i in range(60)]
+        for group in groups:
+            join = HeartbeatRequest(group, "m", 0, rebalance_timeout_ms=10_000, subscribed_topic_names=("t",), owned={})
+            assert (await consumer_heartbeat(cluster, join)).error is ErrorCode.none
+            assert (await consumer_heartbeat(cluster, HeartbeatRequest(group, "m", -1))).error is ErrorCode.none
+        await cluster.shell.maintain()
+        assert not cluster.core.consumer.groups and not cluster.shell.upkeep[0].consumer
+        loaded = cluster.new_shell().load(cluster.partition)  # type: ignore[arg-type]
+        assert not loaded.consumer.groups
+
+    asyncio.run(scenario())
+
+
 # --- a compacted __consumer_offsets ------------------------------------------------------------------
 # Nothing stops an operator from compacting the topic (Kafka's own default for it is compact, and it
 # takes the broker's log.cleanup.policy): every key a deletion must drop needs its own tombstone.
