@@ -56,6 +56,9 @@ from .coordinator_shell import Appended, CoordinatorShell
 
 log = structlog.get_logger(__name__)
 
+# A record's bytes in a batch beyond its key and value (length, attributes, deltas, headers count).
+_RECORD_OVERHEAD = 32
+
 
 OffsetKey = tuple[str, tuple[str, int]]  # (group id, (topic, partition))
 # Values are the offset and when its record was appended.
@@ -287,7 +290,11 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
                 continue
             tombstones = [encode_offset_tombstone(group_id, t, p) for t, p in tps]
             # Removed at the append: a commit appended after the tombstones must stay.
-            await self.persist(group_id, tombstones, on_append=functools.partial(core.remove_offsets, group_id, tps))
+            batches = [
+                (tombstones[s], functools.partial(core.remove_offsets, group_id, tps[s]))
+                for s in self._split(group_id, tombstones)
+            ]
+            await self._persist_batches(group_id, batches)
         if self.cores.get(index) is not core:
             return
         generations = {g: core.generation(g) for g in core.group_ids()}
@@ -335,7 +342,7 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
             again = [encode_offset(group_id, t, p, value) for (t, p), value in current.items()]
             if not again:
                 continue
-            code = await self.persist(group_id, again)
+            code = await self._persist_batches(group_id, [(again[s], None) for s in self._split(group_id, again)])
             if code is not ErrorCode.none:
                 log.info("could not append offsets again", group=group_id, error=code.name)
 
@@ -360,9 +367,43 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
             due = upkeep.consumer_due(group_id, self.now_ms(), retention_ms)
             if not due:
                 continue
-            code = await self.persist(group_id, [encode_consumer(r) for r in due])
+            again = [encode_consumer(r) for r in due]
+            code = await self._persist_batches(group_id, [(again[s], None) for s in self._split(group_id, again)])
             if code is not ErrorCode.none:
                 log.info("could not append KIP-848 group records again", group=group_id, error=code.name)
+
+    def _split(self, key: str, entries: list[tuple[bytes, bytes | None]]) -> list[slice]:
+        """Consecutive slices of ``entries``, each well within one batch of ``key``'s partition: what
+        grows old together (a large group's offsets or records) may not fit its max.message.bytes at
+        once, and an append refused would be refused again at every pass while the records age out."""
+        replica = self.broker.replicas.partitions.get((self.topic, self.partition_of(key)))
+        budget = replica.log.config.max_message_bytes // 2 if replica is not None else 2**62
+        slices, start, size = [], 0, 0
+        for i, (key, value) in enumerate(entries):
+            cost = len(key) + len(value or b"") + _RECORD_OVERHEAD
+            if i > start and size + cost > budget:
+                slices.append(slice(start, i))
+                start, size = i, 0
+            size += cost
+        if start < len(entries):
+            slices.append(slice(start, len(entries)))
+        return slices
+
+    async def _persist_batches(
+        self, key: str, batches: list[tuple[list[tuple[bytes, bytes | None]], Callable[[], None] | None]]
+    ) -> ErrorCode:
+        """``persist`` several batches (each with its ``on_append``): all appended in this step, in
+        order, before anything else can append (as one batch would be), then awaited. The first
+        error, or NONE."""
+        self._in_flight[key] += 1
+        try:
+            appended = [self.append(key, entries, None, on_append) for entries, on_append in batches]
+            codes = [await self.replicated(a) for a in appended]
+        finally:
+            self._in_flight[key] -= 1
+            if not self._in_flight[key]:
+                del self._in_flight[key]
+        return next((code for code in codes if code is not ErrorCode.none), ErrorCode.none)
 
     # --- replay --------------------------------------------------------------------------------
 

@@ -500,6 +500,44 @@ def test_the_tombstones_of_many_pruned_groups_fit_the_topics_batch_limit(tmp_pat
     asyncio.run(scenario())
 
 
+def long_sessions(cluster: Cluster) -> None:
+    """KIP-848 sessions outlast the test (days pass without heartbeats): a fresh coordinator."""
+    cluster.shell.on_partition(0, None)  # type: ignore[arg-type]
+    cluster.broker.config = BrokerConfig(offsets_topic_num_partitions=1, group_consumer_session_timeout_ms=10**13)
+    cluster.shell = cluster.new_shell()
+    cluster.shell.on_partition(0, cluster.partition)  # type: ignore[arg-type]
+
+
+def test_a_large_groups_records_and_offsets_are_appended_again_within_the_batch_limit(tmp_path: Path) -> None:
+    """A large group's records (and offsets) grow old together, and were appended again in one batch
+    per group: past the topic's max.message.bytes that append failed at every pass, and the records
+    aged out of the log. After a failover the KIP-848 group was gone (GROUP_ID_NOT_FOUND, fatal to
+    librdkafka) and the offsets with it."""
+
+    async def scenario() -> None:
+        cluster = Cluster(tmp_path, LogConfig(retention_ms=RETENTION_MS, max_message_bytes=4_096))
+        long_sessions(cluster)
+        cluster.broker.metadata.topics["t"] = SimpleNamespace(partitions=list(range(8)), internal=False)
+        topics = ("t", *(f"topic-{i:03}" for i in range(40)))  # those offsets do not expire (KIP-211)
+        for i in range(40):
+            join = HeartbeatRequest("big", f"member-{i:03}", 0, None, None, 10**9, topics, owned={})
+            assert (await consumer_heartbeat(cluster, join)).error is ErrorCode.none
+        for p in range(8):
+            for i in range(40):
+                await cluster.commit("big", (f"topic-{i:03}", p), i)  # 320 offsets, one batch each
+        live = persisted_state(cluster.core.consumer.group("big"))  # type: ignore[arg-type]
+        for _ in range(4):
+            cluster.advance(2.5)
+            await cluster.shell.maintain()
+        assert cluster.partition.log.log_start_offset > 0
+        assert persisted_state(cluster.core.consumer.group("big")) == live  # type: ignore[arg-type]
+        loaded = cluster.new_shell().load(cluster.partition)  # type: ignore[arg-type]
+        assert persisted_state(loaded.consumer.group("big")) == live  # type: ignore[arg-type]
+        assert len(loaded.fetch_offsets("big")) == 320
+
+    asyncio.run(scenario())
+
+
 # --- a compacted __consumer_offsets ------------------------------------------------------------------
 # Nothing stops an operator from compacting the topic (Kafka's own default for it is compact, and it
 # takes the broker's log.cleanup.policy): every key a deletion must drop needs its own tombstone.
@@ -737,11 +775,7 @@ def test_random_histories_replay_into_the_live_groups(steps: list[tuple[str, int
 
         async def scenario() -> None:
             cluster = Cluster(Path(directory), COMPACTED if compacted else None)
-            cluster.broker.config = BrokerConfig(
-                offsets_topic_num_partitions=1, group_consumer_session_timeout_ms=10**13
-            )
-            cluster.shell = cluster.new_shell()
-            cluster.shell.on_partition(0, cluster.partition)  # type: ignore[arg-type]
+            long_sessions(cluster)
             cluster.broker.metadata.topics["t"] = SimpleNamespace(partitions=[0, 1, 2, 3], internal=False)
             history = History(cluster)
             for kind, arg in steps:
