@@ -20,7 +20,7 @@ from kio.serial import entity_reader, entity_writer
 
 from diskless.groups import handlers as h
 from diskless.groups import records
-from diskless.groups.consumer_protocol import HeartbeatRequest
+from diskless.groups.consumer_protocol import ConsumerGroupTombstone, HeartbeatRequest
 from diskless.groups.coordinator import GroupConfig, GroupCoordinatorCore, GroupState, OffsetAndMetadata
 from diskless.protocol import messages as m
 
@@ -459,6 +459,30 @@ async def test_delete_groups(version: int) -> None:
     decoded = [records.decode(k, v) for k, v in facade.log]
     assert decoded[-1] == records.GroupTombstone("old")
     assert {(d.topic, d.partition) for d in decoded[:-1]} == {("t", 0), ("t", 1), ("u", 0)}
+
+
+async def test_delete_groups_of_a_kip848_group_tombstones_each_of_its_keys() -> None:
+    """As Kafka: the group epoch, subscription metadata and target epoch keys each get their
+    tombstone before the offsets' and the group tombstone, so that a compacted log drops them."""
+    facade = FakeFacade()
+    facade.core.consumer.partitions_of = lambda topic: 2 if topic == "t" else None
+    join = HeartbeatRequest("kip848", "m1", 0, rebalance_timeout_ms=10_000, subscribed_topic_names=("t",), owned={})
+    assert facade.core.consumer_group_heartbeat(join, facade.clock).error is E.none
+    assert facade.core.consumer_group_heartbeat(HeartbeatRequest("kip848", "m1", -1), facade.clock).error is E.none
+    await call(
+        facade, h.API_OFFSET_COMMIT, 8, commit_body() | {"group_id": "kip848", "generation_id_or_member_epoch": -1}
+    )
+    facade.log.clear()
+    deleted = await call(facade, h.API_DELETE_GROUPS, 2, {"groups_names": ["kip848"]})
+    assert [(r.group_id, r.error_code) for r in deleted.results] == [("kip848", E.none)]
+    decoded = [records.decode(k, v) for k, v in facade.log]
+    assert decoded[:3] == [
+        ConsumerGroupTombstone("kip848", "target_epoch"),
+        ConsumerGroupTombstone("kip848", "subscriptions"),
+        ConsumerGroupTombstone("kip848", "epoch"),
+    ]
+    assert decoded[-1] == records.GroupTombstone("kip848") and len(decoded) == 3 + 3 + 1
+    assert facade.core.consumer.group("kip848") is None
 
 
 async def test_delete_groups_answers_a_group_named_twice_once() -> None:
