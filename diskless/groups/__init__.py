@@ -29,10 +29,10 @@ GroupMetadataManager keeps them: keyed records of the group epoch, the subscript
 target assignment (its epoch and each member's part), and each member's metadata and current
 assignment (epochs, state, assigned and pending-revocation partitions), each written when it
 changes (never for a heartbeat that changes nothing). A heartbeat is answered once the group's
-records are durable; a member's leave or expiry writes its tombstone, and the group's deletion
-(DeleteGroups, the cleanup of empty groups, a classic member taking an empty group over) a
-tombstone of the group. A new coordinator loads each group as last written and starts each
-member's session timer (and rebalance timer, while it revokes) at the load, as Kafka's onLoaded:
-members keep heartbeating at their epochs across a failover instead of being fenced and joining
-again with epoch 0.
+records are durable; a member's leave or expiry writes a tombstone of each of its keys, and the
+group's deletion (DeleteGroups, the cleanup of empty groups, a classic member taking an empty group
+over) one of each of the group's, as Kafka, so that a compacted topic drops them all too. A new
+coordinator loads each group as last written and starts each member's session timer (and
+rebalance timer, while it revokes) at the load, as Kafka's onLoaded: members keep heartbeating at
+their epochs across a failover instead of being fenced and joining again with epoch 0.
 """
