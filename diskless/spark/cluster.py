@@ -17,13 +17,16 @@ Metadata answers show a diskless partition's leader as a broker in the client's 
 alignment), which may be a follower or hold no replica; FetchPointers must reach the true
 leader, so it is tried on the shown leader, then on each replica, and the one that answers is
 remembered. Every network step is bounded by ``timeout.ms``; failures raise ``DisklessSourceError``
-naming the topic, partition, offsets, broker or object concerned.
+naming the topic, partition, offsets, broker or object concerned. Records of a range that are gone
+when it is read (below the log start offset now, or of a topic id the leader no longer has) are
+data loss, which ``DataLossPolicy`` (the ``failOnDataLoss`` option) fails on or skips.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from collections import deque
@@ -57,12 +60,61 @@ EARLIEST = -2
 LATEST = -1
 READ_COMMITTED = 1
 
+# ListOffsets errors of a partition in transition (its topic being deleted or created, its leader
+# moving or catching up): a streaming query asks again at its next trigger.
+RETRIABLE_LIST_OFFSETS = frozenset(
+    {
+        ErrorCode.unknown_topic_or_partition,
+        ErrorCode.not_leader_or_follower,
+        ErrorCode.leader_not_available,
+        ErrorCode.replica_not_available,
+        ErrorCode.fenced_leader_epoch,
+        ErrorCode.unknown_leader_epoch,
+        ErrorCode.offset_not_available,
+    }
+)
+# FetchPointers errors saying the incarnation read is not (or not yet) the one the leader has: the
+# topic was deleted or re-created, or the broker has not applied the metadata change yet.
+_INCARNATION_ERRORS = frozenset({ErrorCode.unknown_topic_id, ErrorCode.unknown_topic_or_partition})
+
 _CONFIG_PREFIX = "diskless."  # options that are broker-style config properties
 _CONFIG_NAMES = ("metadata.etcd.endpoints", "cluster.id")  # and these (the cluster secret's place)
 
 
 class DisklessSourceError(Exception):
     """Bad input or an unreachable broker/object store, worded for the Spark user."""
+
+
+class DataLossError(DisklessSourceError):
+    """Records a query was to read are gone, and ``failOnDataLoss`` is true (the default)."""
+
+
+class DataLossPolicy:
+    """Spark's Kafka source's ``failOnDataLoss``: records the query was to read are gone (deleted by
+    retention or DeleteRecords, or their topic deleted or re-created); fail, or warn and go on.
+
+    A warning is logged once per event (``event``), although a micro-batch's planning meets it
+    several times (latestOffset, then partitions) and a stalled partition at every trigger.
+    """
+
+    def __init__(self, fail: bool, log: logging.Logger | None = None) -> None:
+        self.fail = fail
+        self.log = log or logging.getLogger("diskless.spark")
+        self._warned: set[tuple[Any, ...]] = set()
+
+    def report(self, event: tuple[Any, ...], message: str, action: str) -> None:
+        """Raise DataLossError if failing on data loss, else warn (once) that the query does ``action``."""
+        if self.fail:
+            raise DataLossError(
+                f"{message}. Some data may have been lost: records were deleted (retention, DeleteRecords) or "
+                "their topic was deleted or re-created before the query read them. For the query to go on in such "
+                'cases, reading what is still there, set the source option "failOnDataLoss" to "false"'
+            )
+        if event not in self._warned:
+            self._warned.add(event)
+            self.log.warning(
+                '%s. Some data may have been lost; the query goes on ("failOnDataLoss" is "false"): %s', message, action
+            )
 
 
 @dataclass(frozen=True)
@@ -269,9 +321,10 @@ class ClusterClient:
                 errors.append(f"{address[0]}:{address[1]}: {exc or type(exc).__name__}")
         raise DisklessSourceError(f"no broker answered (bootstrap.servers): {'; '.join(errors)}")
 
-    async def metadata(self, topics: list[str] | None) -> ClusterView:
+    async def metadata(self, topics: list[str] | None, strict: bool = True) -> ClusterView:
         """Brokers and the partitions of ``topics`` (every topic when None). A named topic in error
-        (unknown, ...) raises; of every topic, those in error are kept in ``errors`` instead."""
+        (unknown, ...) raises, unless not ``strict``; of every topic (or not ``strict``), those in
+        error are kept in ``errors`` instead."""
         body = {
             "topics": None if topics is None else [{"name": t} for t in topics],
             "allow_auto_topic_creation": False,
@@ -280,10 +333,11 @@ class ClusterClient:
         self.view.brokers = {b.node_id: (b.host, b.port) for b in answer.brokers}
         for t in answer.topics:
             if t.error_code != ErrorCode.none:
-                if topics is not None:
+                if topics is not None and strict:
                     raise DisklessSourceError(f"topic {t.name!r}: {_error_name(t.error_code)} (does it exist?)")
                 # Every topic: one in error (a leader being elected, ...) that the pattern does not
-                # pick must not fail the read.
+                # pick must not fail the read. Not strict (a streaming query between micro-batches):
+                # a topic deleted, or being created, is for the caller to judge.
                 self.view.errors[t.name] = t.error_code
                 self.view.topics.pop(t.name, None)
                 continue
@@ -299,10 +353,31 @@ class ClusterClient:
     async def list_offsets(self, queries: list[tuple[PartitionInfo, int]]) -> list[int]:
         """ListOffsets of (partition, timestamp) pairs (EARLIEST, LATEST or a time in ms), at our
         isolation level; -1 where no record is at or after a timestamp."""
+        answers = await self._list_offsets(queries, tolerant=False)
+        out = []
+        for (part, _), (offset, problem) in zip(queries, answers, strict=True):
+            if problem is not None:
+                raise DisklessSourceError(f"ListOffsets for {part.topic}-{part.index} failed: {problem}")
+            out.append(offset)
+        return out
+
+    async def try_list_offsets(self, queries: list[tuple[PartitionInfo, int]]) -> list[int | None]:
+        """``list_offsets``, with None for a partition that cannot answer now: no leader, or one
+        that answers with a retriable error (a topic being deleted or created, a leader moving)."""
+        answers = await self._list_offsets(queries, tolerant=True)
+        return [offset if problem is None else None for offset, problem in answers]
+
+    async def _list_offsets(
+        self, queries: list[tuple[PartitionInfo, int]], tolerant: bool
+    ) -> list[tuple[int, str | None]]:
+        """(offset, problem) per query; a problem that is not retriable raises even if ``tolerant``."""
         by_broker: dict[int, list[int]] = {}
+        out: list[tuple[int, str | None]] = [(-1, None)] * len(queries)
         for i, (part, _) in enumerate(queries):
+            if tolerant and part.leader not in self.view.brokers:
+                out[i] = (-1, "no leader")  # being elected, or its broker just left
+                continue
             by_broker.setdefault(part.leader, []).append(i)
-        out = [-1] * len(queries)
         for broker, indexes in by_broker.items():
             topics: dict[str, list[dict[str, Any]]] = {}
             for i in indexes:
@@ -320,8 +395,11 @@ class ClusterClient:
                 entry = found.get((part.topic, part.index))
                 if entry is None or entry.error_code != ErrorCode.none:
                     code = "missing from the answer" if entry is None else _error_name(entry.error_code)
-                    raise DisklessSourceError(f"ListOffsets for {part.topic}-{part.index} failed: {code}")
-                out[i] = entry.offset
+                    if not tolerant or (entry is not None and entry.error_code not in RETRIABLE_LIST_OFFSETS):
+                        raise DisklessSourceError(f"ListOffsets for {part.topic}-{part.index} failed: {code}")
+                    out[i] = (-1, code)
+                    continue
+                out[i] = (entry.offset, None)
         return out
 
     async def _broker_request(self, broker: int, api_key: int, version: int, body: dict[str, Any]) -> Any:
@@ -392,8 +470,17 @@ class PartitionReader:
     (read_committed: aborted transactions; always: control batches), and returned as one batch.
     """
 
-    def __init__(self, client: ClusterClient, part: PartitionInfo, start: int, end: int, schema: pa.Schema) -> None:
+    def __init__(
+        self,
+        client: ClusterClient,
+        part: PartitionInfo,
+        start: int,
+        end: int,
+        schema: pa.Schema,
+        data_loss: DataLossPolicy | None = None,
+    ) -> None:
         self.client = client
+        self.data_loss = data_loss or DataLossPolicy(fail=True)
         self.settings = client.settings
         self.part = part
         self.offset = start
@@ -414,16 +501,33 @@ class PartitionReader:
     def _where(self) -> str:
         return f"{self.part.topic}-{self.part.index}"
 
-    async def _refill(self) -> None:
+    async def _refill(self) -> bool:
+        """Units from ``offset`` on; False when the rest of the range is gone (the data loss was
+        reported, and tolerated: failOnDataLoss=false), which ends the read."""
         deadline = time.monotonic() + self.settings.timeout_s
         while True:
             answer = await self.client.fetch_pointers(self.part, self.offset, self.settings.fetch_max_bytes)
             code = answer.get("error_code", 0)
             if code == ErrorCode.offset_out_of_range:
-                raise DisklessSourceError(
-                    f"{self._where()}: offset {self.offset} is outside the log "
-                    f"[{answer.get('log_start_offset')}, {answer.get('high_watermark')}) (deleted by retention?)"
+                if not self._out_of_range(answer):
+                    return False
+                continue  # from the log start offset
+            if code in _INCARNATION_ERRORS:
+                # The leader has another incarnation of the topic, or none: ours was deleted or
+                # re-created since the batch was planned, or the leader has not applied its creation
+                # yet (a topic re-created just before). Only time tells which.
+                if time.monotonic() <= deadline:
+                    await asyncio.sleep(0.2)
+                    continue
+                self.data_loss.report(
+                    ("gone", self.part.topic, self.part.index, self.part.topic_id),
+                    f"{self._where()}: topic {self.part.topic!r} with topic id {self.part.topic_id} is gone "
+                    f"({_error_name(code)} from its leader for {self.settings.timeout_s:g} s: deleted, or deleted "
+                    f"and re-created, after this batch was planned), so its offsets [{self.offset}, {self.end}) "
+                    "cannot be read",
+                    f"offsets [{self.offset}, {self.end}) are skipped",
                 )
+                return False
             if code != 0:
                 raise DisklessSourceError(
                     f"{self._where()}: FetchPointers at offset {self.offset}: {_error_name(code)}"
@@ -442,6 +546,31 @@ class PartitionReader:
         self._units.extend(units)
         aborted = answer.get("aborted_transactions") or []
         self._filter = AbortedFilter.of(aborted) if self.settings.read_committed else None
+        return True
+
+    def _out_of_range(self, answer: dict[str, Any]) -> bool:
+        """OFFSET_OUT_OF_RANGE at ``offset``: report the data loss; True to read on from the log
+        start offset (records below it were deleted), False when nothing of the range is left."""
+        log_start, log_end = answer.get("log_start_offset"), answer.get("high_watermark")
+        if isinstance(log_start, int) and self.offset < log_start:
+            resume = min(log_start, self.end)
+            self.data_loss.report(
+                ("deleted", self.part.topic, self.part.index, self.offset, log_start),
+                f"{self._where()}: offsets [{self.offset}, {resume}) were deleted before they were read "
+                f"(retention or DeleteRecords): the log starts at offset {log_start} now",
+                f"offsets [{self.offset}, {resume}) are skipped",
+            )
+            self.offset = resume
+            return self.offset < self.end
+        # Past the end of the log: it was truncated (or re-created) under the range planned.
+        self.data_loss.report(
+            ("truncated", self.part.topic, self.part.index, self.offset, log_end),
+            f"{self._where()}: offset {self.offset} is outside the log [{log_start}, {log_end}), so offsets "
+            f"[{self.offset}, {self.end}) planned for this batch are gone (the log was truncated or re-created)",
+            f"offsets [{self.offset}, {self.end}) are skipped",
+        )
+        self.offset = self.end
+        return False
 
     async def _units_of(self, answer: dict[str, Any]) -> list[Any]:
         """Pointer entries, or batches: classic ones as read, tiered ones from their segment object."""
@@ -524,8 +653,9 @@ class PartitionReader:
     async def next_batch(self) -> pa.RecordBatch | None:
         """The next non-empty Arrow batch of the range, or None once it is read entirely."""
         while self.offset < self.end:
-            if not self._units:
-                await self._refill()
+            if not self._units and not await self._refill():
+                self.offset = self.end  # the rest of the range is gone: reported, and tolerated
+                break
             units = []
             size = 0
             past_end = False

@@ -9,29 +9,34 @@ matches), ``startingOffsets`` and ``endingOffsets`` (``earliest``, ``latest`` or
 (ms; the first offset whose record is at or after it, the end of the log when there is none),
 ``isolation.level`` (``read_committed`` by default), ``maxRecordsPerPartition`` (splits a
 partition's range over several Spark partitions), ``maxOffsetsPerTrigger`` (streaming),
-``timeout.ms`` (every network step), and broker-style ``diskless.*`` properties
-(``diskless.s3.endpoint``...) or ``diskless.config`` (a broker properties file) for object
-storage.
+``failOnDataLoss`` (``true`` by default: records to read that are gone fail the query; ``false``
+logs a warning and reads what is still there, see ``offsets``), ``timeout.ms`` (every network
+step), and broker-style ``diskless.*`` properties (``diskless.s3.endpoint``...) or
+``diskless.config`` (a broker properties file) for object storage.
 
 Planning runs on the driver and asks brokers for metadata only; each Spark partition then reads
 its offset range on an executor (``cluster.PartitionReader``): diskless data straight from S3,
 classic data through the leader. Rows reach Spark as Arrow batches.
 
-Streaming offsets are ``{"topic": {"partition": next offset}}``; a micro-batch reads exactly
-[start, end) of each partition, ends are at most the last stable offset (read_committed), so a
-query restarted from its checkpoint re-reads nothing and skips nothing.
+Streaming offsets are ``{"topic": {"partition": next offset}}`` plus the topics' ids (``offsets``:
+a topic deleted and re-created under the same name is told by its id, not by offsets that may
+have grown past the old ones); a micro-batch reads exactly [start, end) of each partition, ends
+are at most the last stable offset (read_committed), so a query restarted from its checkpoint
+re-reads nothing and skips nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
+from kio.schema.errors import ErrorCode
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
@@ -56,12 +61,14 @@ from .cluster import (
     EARLIEST,
     LATEST,
     ClusterClient,
+    DataLossPolicy,
     DisklessSourceError,
     PartitionInfo,
     PartitionReader,
     Settings,
     settings_from_options,
 )
+from .offsets import Bounds, StreamOffset, batch_ranges, next_batch, parse_fail_on_data_loss
 
 # Spark's Kafka source schema (built here, not parsed from DDL: executors have no SparkContext).
 SCHEMA = StructType(
@@ -81,6 +88,15 @@ SCHEMA = StructType(
 
 __all__ = ["SCHEMA", "DisklessDataSource", "DisklessSourceError"]
 
+log = logging.getLogger("diskless.spark")
+
+# A latest offset below the query's position under the same topic id is asked again this many
+# times, this far apart, before it counts as data loss: a new leader's high watermark (and so its
+# last stable offset) may lag the old leader's for a moment, as in Kafka (Spark's Kafka source
+# retries likewise, fetchOffset.numRetries).
+BACKWARDS_RETRIES = 3
+BACKWARDS_RETRY_S = 0.5
+
 
 def arrow_schema() -> pa.Schema:
     """The Arrow schema Spark checks read batches against (timestamps in UTC)."""
@@ -98,6 +114,7 @@ class RangePartition(InputPartition):
     start: int
     end: int
     settings: Settings = field(repr=False)  # with the cluster secret the driver resolved
+    fail_on_data_loss: bool = True  # records of the range gone when it is read: fail, or skip them
 
 
 def _topics_option(options: dict[str, str]) -> tuple[list[str] | None, re.Pattern[str] | None]:
@@ -174,6 +191,7 @@ class _Plan:
         self.max_per_trigger = _int_option(self.options, "maxOffsetsPerTrigger")
         if self.max_records == 0 or self.max_per_trigger == 0:
             raise DisklessSourceError("maxRecordsPerPartition and maxOffsetsPerTrigger must be positive")
+        self.fail_on_data_loss = parse_fail_on_data_loss(self.options)
 
     async def partitions(self, client: ClusterClient) -> list[PartitionInfo]:
         view = await client.metadata(self.topics)
@@ -184,6 +202,25 @@ class _Plan:
         if not names:
             raise DisklessSourceError(f"subscribePattern {self.pattern.pattern!r} matches no topic")  # type: ignore[union-attr]
         return [p for name in names for p in view.partitions(name)]
+
+    async def listing(self, client: ClusterClient) -> tuple[list[PartitionInfo], set[str]]:
+        """For a streaming query between micro-batches: the partitions of the topics read that exist
+        now, and the topics the cluster answered for with an error other than unknown (a leader
+        being elected...). A topic deleted is simply absent (the caller judges what that means)."""
+        view = await client.metadata(self.topics, strict=False)
+        if self.topics is not None:
+            names = list(self.topics)
+        else:
+            names = sorted(t for t in {*view.topics, *view.errors} if self.pattern.fullmatch(t))  # type: ignore[union-attr]
+        parts: list[PartitionInfo] = []
+        unready: set[str] = set()
+        for name in names:
+            code = view.errors.get(name)
+            if code is None and name in view.topics:
+                parts.extend(view.topics[name])
+            elif code is not None and code not in (ErrorCode.unknown_topic_or_partition, ErrorCode.unknown_topic_id):
+                unready.add(name)
+        return parts, unready
 
     def _resolve_spec(
         self, name: str, spec: str | dict[str, dict[str, int]], parts: list[PartitionInfo], default: int
@@ -225,16 +262,26 @@ class _Plan:
         return wanted, earliest, latest
 
 
-def _check_range(part: PartitionInfo, start: int, end: int, earliest: int, latest: int) -> None:
+def _check_range(
+    part: PartitionInfo, start: int, end: int, earliest: int, latest: int, loss: DataLossPolicy | None = None
+) -> int:
+    """The range's start, once checked: a start below the log start offset is data loss (records
+    deleted by retention or DeleteRecords), read from the log start offset if ``loss`` tolerates it."""
     where = f"{part.topic}-{part.index}"
     if start < earliest:
-        raise DisklessSourceError(
-            f"{where}: starting offset {start} is before the log start offset {earliest} (deleted by retention?)"
+        (loss or DataLossPolicy(fail=True)).report(
+            ("deleted", part.topic, part.index, start, earliest),
+            f"{where}: starting offset {start} is before the log start offset {earliest} (records deleted by "
+            "retention or DeleteRecords)",
+            f"the partition is read from offset {earliest} on",
         )
+        start = earliest
+        end = max(end, start)
     if end > latest:
         raise DisklessSourceError(f"{where}: ending offset {end} is past the latest readable offset {latest}")
     if start > end:
         raise DisklessSourceError(f"{where}: starting offset {start} is after ending offset {end}")
+    return start
 
 
 def _split(
@@ -242,13 +289,16 @@ def _split(
     brokers: tuple[tuple[int, str, int], ...],
     start: int,
     end: int,
-    max_records: int | None,
+    plan: _Plan,
     settings: Settings,
 ) -> list[RangePartition]:
     if start >= end:
         return []
-    step = max_records or (end - start)
-    return [RangePartition(part, brokers, s, min(s + step, end), settings) for s in range(start, end, step)]
+    step = plan.max_records or (end - start)
+    return [
+        RangePartition(part, brokers, s, min(s + step, end), settings, plan.fail_on_data_loss)
+        for s in range(start, end, step)
+    ]
 
 
 def _brokers(client: ClusterClient) -> tuple[tuple[int, str, int], ...]:
@@ -261,7 +311,8 @@ def _read(partition: RangePartition) -> Iterator[pa.RecordBatch]:
     loop = asyncio.new_event_loop()
     client = ClusterClient(partition.settings)
     client.view.brokers = {node: (host, port) for node, host, port in partition.brokers}
-    reader = PartitionReader(client, partition.part, partition.start, partition.end, schema)
+    loss = DataLossPolicy(partition.fail_on_data_loss, log)
+    reader = PartitionReader(client, partition.part, partition.start, partition.end, schema, loss)
     try:
         while True:
             batch = loop.run_until_complete(reader.next_batch())
@@ -293,9 +344,10 @@ class DisklessReader(DataSourceReader):
                 out: list[RangePartition] = []
                 brokers = _brokers(client)
                 settings = await client.with_secret()
+                loss = DataLossPolicy(plan.fail_on_data_loss, log)
                 for part, s, e, first, last in zip(parts, starts, ends, earliest, latest, strict=True):
-                    _check_range(part, s, e, first, last)
-                    out.extend(_split(part, brokers, s, e, plan.max_records, settings))
+                    s = _check_range(part, s, e, first, last, loss)
+                    out.extend(_split(part, brokers, s, e, plan, settings))
                 return out
             finally:
                 await client.close()
@@ -312,10 +364,13 @@ class DisklessReader(DataSourceReader):
 
 
 class DisklessStreamReader(DataSourceStreamReader):
+    """Micro-batches of the topics read; offsets and data loss as ``offsets`` describes them."""
+
     def __init__(self, options: dict[str, str]) -> None:
         self.options = dict(options)
         self.plan = _Plan(self.options, streaming=True)
         self.settings = self.plan.settings
+        self.loss = DataLossPolicy(self.plan.fail_on_data_loss, log)
         self._parts: dict[tuple[str, int], PartitionInfo] = {}
         self._brokers: tuple[tuple[int, str, int], ...] = ()
 
@@ -324,22 +379,24 @@ class DisklessStreamReader(DataSourceStreamReader):
 
     async def _snapshot(self, client: ClusterClient) -> list[PartitionInfo]:
         parts = await self.plan.partitions(client)
-        self._parts = {(p.topic, p.index): p for p in parts}
-        self._brokers = _brokers(client)
+        self._remember(client, parts)
         self.settings = await client.with_secret()
         return parts
 
-    def initialOffset(self) -> dict[str, dict[str, int]]:
-        async def run() -> dict[str, dict[str, int]]:
+    def _remember(self, client: ClusterClient, parts: list[PartitionInfo]) -> None:
+        self._parts = {(p.topic, p.index): p for p in parts}
+        self._brokers = _brokers(client)
+
+    def initialOffset(self) -> dict[str, Any]:
+        async def run() -> dict[str, Any]:
             client = ClusterClient(self.settings)
             try:
                 parts = await self._snapshot(client)
                 starts, earliest, latest = await self.plan.offsets(client, parts, "start")
-                out: dict[str, dict[str, int]] = {}
+                positions: dict[tuple[str, int], int] = {}
                 for part, s, first, last in zip(parts, starts, earliest, latest, strict=True):
-                    _check_range(part, s, last, first, last)
-                    out.setdefault(part.topic, {})[str(part.index)] = s
-                return out
+                    positions[(part.topic, part.index)] = _check_range(part, s, last, first, last, self.loss)
+                return StreamOffset(positions, {p.topic: p.topic_id for p in parts}).to_json()
             finally:
                 await client.close()
 
@@ -350,72 +407,104 @@ class DisklessStreamReader(DataSourceStreamReader):
             return ReadMaxRows(self.plan.max_per_trigger)
         return ReadAllAvailable()
 
-    def latestOffset(self, start: dict[str, dict[str, int]], limit: ReadLimit) -> dict[str, dict[str, int]]:
-        async def run() -> dict[str, dict[str, int]]:
+    async def _bounds(self, client: ClusterClient, start: StreamOffset) -> tuple[list[Bounds], set[str]]:
+        """The partitions of the topics read as the cluster shows them now (offsets None where
+        they cannot answer yet), and the topics it answered for with an error."""
+        parts, unready = await self.plan.listing(client)
+        self._remember(client, parts)
+        self.settings = await client.with_secret()
+        earliest = await client.try_list_offsets([(p, EARLIEST) for p in parts])
+        latest = await client.try_list_offsets([(p, LATEST) for p in parts])
+        for _ in range(BACKWARDS_RETRIES):
+            behind = [
+                i
+                for i, p in enumerate(parts)
+                if latest[i] is not None
+                and start.ids.get(p.topic, p.topic_id) == p.topic_id
+                and start.positions.get((p.topic, p.index), -1) > latest[i]  # type: ignore[operator]
+            ]
+            if not behind:
+                break
+            await asyncio.sleep(BACKWARDS_RETRY_S)
+            again = await client.try_list_offsets([(parts[i], LATEST) for i in behind])
+            for i, offset in zip(behind, again, strict=True):
+                latest[i] = offset
+        bounds = [Bounds(p.topic, p.index, p.topic_id, e, x) for p, e, x in zip(parts, earliest, latest, strict=True)]
+        return bounds, unready
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        begun = StreamOffset.parse(start)
+
+        async def run() -> tuple[list[Bounds], set[str]]:
             client = ClusterClient(self.settings)
             try:
-                parts = await self._snapshot(client)
-                latest = await client.list_offsets([(p, LATEST) for p in parts])
-                earliest = await client.list_offsets([(p, EARLIEST) for p in parts])
+                return await self._bounds(client, begun)
             finally:
                 await client.close()
-            end: dict[str, dict[str, int]] = {}
-            lags: list[tuple[PartitionInfo, int, int]] = []
-            for part, first, last in zip(parts, earliest, latest, strict=True):
-                begun = start.get(part.topic, {}).get(str(part.index))
-                if begun is None:
-                    # A partition new since the last batch: this batch only records where it starts,
-                    # so the start of its first real batch is in the checkpoint, never re-derived.
-                    end.setdefault(part.topic, {})[str(part.index)] = first
-                    continue
-                lags.append((part, begun, max(begun, last)))
-            budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-            total = sum(last - begun for _, begun, last in lags)
-            for part, begun, last in lags:
-                take = last - begun
-                if budget is not None and total > budget:
-                    # Proportionally to each partition's lag, as Spark's Kafka source rate-limits.
-                    take = min(take, (take * budget) // total)
-                end.setdefault(part.topic, {})[str(part.index)] = begun + take
-            if (
-                budget is not None
-                and total > budget
-                and all(end[p.topic][str(p.index)] == b for p, b, last in lags if last > b)
-            ):
-                # Rounding gave nobody anything: let the most lagging partition advance.
-                part, begun, last = max(lags, key=lambda x: x[2] - x[1])
-                end[part.topic][str(part.index)] = begun + min(last - begun, budget)
-            return end
+
+        now, unready = self._run(run())
+        plans, ids = next_batch(begun, now, unready, self.loss)
+        end: dict[tuple[str, int], int] = {}
+        lags = []
+        for n in plans:
+            end[(n.topic, n.index)] = n.begin
+            if not n.first_seen and n.latest > n.begin:
+                lags.append(n)
+        budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        total = sum(n.latest - n.begin for n in lags)
+        for n in lags:
+            take = n.latest - n.begin
+            if budget is not None and total > budget:
+                # Proportionally to each partition's lag, as Spark's Kafka source rate-limits.
+                take = min(take, (take * budget) // total)
+            end[(n.topic, n.index)] = n.begin + take
+        if budget is not None and total > budget and all(end[(n.topic, n.index)] == n.begin for n in lags):
+            # Rounding gave nobody anything: let the most lagging partition advance.
+            n = max(lags, key=lambda n: n.latest - n.begin)
+            end[(n.topic, n.index)] = n.begin + min(n.latest - n.begin, budget)
+        return StreamOffset(end, ids).to_json()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        begun, planned = StreamOffset.parse(start), StreamOffset.parse(end)
+
+        def stale() -> bool:
+            # Partitions the batch names that this snapshot lacks, or has under another topic id
+            # (a query restarted, a topic re-created since the last listing): list again.
+            return not self._parts or any(
+                (p := self._parts.get(key)) is None or p.topic_id != planned.ids.get(key[0], p.topic_id)
+                for key in planned.positions
+            )
+
+        async def run() -> list[RangePartition]:
+            client = ClusterClient(self.settings)
+            client.view.brokers = {node: (host, port) for node, host, port in self._brokers}
+            try:
+                if stale():
+                    parts, _ = await self.plan.listing(client)
+                    self._remember(client, parts)
+                    self.settings = await client.with_secret()
+                current = {key: p.topic_id for key, p in self._parts.items()}
+                ranges = batch_ranges(begun, planned, current, self.loss)
+                # A topic re-created within the batch is read from where the new topic starts now.
+                restart = [r for r in ranges if r.begin is None]
+                earliest = await client.list_offsets([(self._parts[(r.topic, r.index)], EARLIEST) for r in restart])
+            finally:
+                await client.close()
+            first = {(r.topic, r.index): e for r, e in zip(restart, earliest, strict=True)}
+            out: list[RangePartition] = []
+            for r in ranges:
+                part = self._parts[(r.topic, r.index)]
+                begin = first[(r.topic, r.index)] if r.begin is None else r.begin
+                out.extend(_split(part, self._brokers, begin, r.stop, self.plan, self.settings))
+            return out
 
         return self._run(run())
-
-    def partitions(self, start: dict[str, dict[str, int]], end: dict[str, dict[str, int]]) -> Sequence[InputPartition]:
-        missing = [(t, int(p)) for t, parts in end.items() for p in parts if (t, int(p)) not in self._parts]
-        if missing or not self._parts:
-
-            async def run() -> None:
-                client = ClusterClient(self.settings)
-                try:
-                    await self._snapshot(client)
-                finally:
-                    await client.close()
-
-            self._run(run())
-        out: list[RangePartition] = []
-        for topic, parts in end.items():
-            for index, stop in parts.items():
-                begun = start.get(topic, {}).get(index, stop)
-                part = self._parts.get((topic, int(index)))
-                if part is None:
-                    raise DisklessSourceError(f"{topic}-{index} is in the checkpoint but no longer exists")
-                out.extend(_split(part, self._brokers, begun, stop, self.plan.max_records, self.settings))
-        return out
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, RangePartition)
         return _read(partition)
 
-    def commit(self, end: dict[str, dict[str, int]]) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         """Nothing to do: offsets live in Spark's checkpoint, not in the cluster."""
 
 

@@ -18,6 +18,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
+from kio.schema.metadata.v12.request import MetadataRequest, MetadataRequestTopic
+from pyspark.errors import StreamingQueryException
+from rawclient import Session
 from support import wait_until
 
 from diskless.spark import DisklessDataSource, DisklessSourceError, tier_job
@@ -343,6 +346,170 @@ def test_streaming_query_sees_every_record_once_across_a_restart(cluster_factory
     expected = {(p, o, v) for p, o, _, v, _ in first + more + later}
     assert len(got) == len(expected), "a record was read twice or skipped"
     assert set(got) == expected
+
+
+def topic_shown(bootstrap: str, topic: str) -> str | None:
+    """The topic id one broker's metadata shows with a leader for every partition, else None."""
+    request = MetadataRequest(  # v12: with topic ids
+        topics=(MetadataRequestTopic(topic_id=None, name=topic),),
+        allow_auto_topic_creation=False,
+        include_topic_authorized_operations=False,
+    )
+    with Session(bootstrap, timeout=10) as session:
+        (answer,) = session.request(request).topics
+    ready = answer.error_code == 0 and answer.partitions and all(p.leader_id >= 0 for p in answer.partitions)
+    return str(answer.topic_id) if ready else None
+
+
+def recreate(cluster: Any, topic: str, partitions: int) -> tuple[str, str]:
+    """Delete ``topic`` and create it again; returns (old id, new id) once every broker shows the new one."""
+    brokers = [b.bootstrap for b in cluster.brokers]
+    old_id = topic_shown(brokers[0], topic)
+    assert old_id is not None
+    admin = AdminClient({"bootstrap.servers": cluster.bootstrap})  # kept: its futures die with it
+    admin.delete_topics([topic])[topic].result(30)
+    wait_until(lambda: all(topic_shown(b, topic) is None for b in brokers), 30, 0.05, f"{topic} still shown")
+    create_topic(cluster.bootstrap, topic, partitions, {"diskless.enabled": "true"})
+
+    def new_everywhere() -> str | None:
+        ids = {topic_shown(b, topic) for b in brokers}
+        return ids.pop() if len(ids) == 1 and None not in ids and old_id not in ids else None
+
+    return old_id, wait_until(new_everywhere, 30, 0.05, f"{topic} not shown re-created by every broker")
+
+
+class StreamToParquet:
+    """A streaming query of one topic into parquet files, restartable from its checkpoint."""
+
+    # Spark waits a fixed 10 s for the Python process of a streaming source to connect back; on a
+    # loaded machine it can miss that, failing the query at its start: such a start is retried.
+    UNBORN = "Python worker failed to connect back"
+
+    def __init__(self, spark: Any, cluster: Any, topic: str, root: Any) -> None:
+        self.spark, self.cluster, self.topic = spark, cluster, topic
+        self.path, self.checkpoint = str(root / f"{topic}-out"), str(root / f"{topic}-checkpoint")
+
+    def start(self, fail_on_data_loss: bool, available_now: bool) -> Any:
+        spark = self.spark
+        spark.dataSource.register(DisklessDataSource)
+        stream = (
+            spark.readStream.format("diskless")
+            .option("bootstrap.servers", self.cluster.bootstrap)
+            .option("topic", self.topic)
+            .option("diskless.s3.endpoint", self.cluster.s3.endpoint)
+            .option("metadata.etcd.endpoints", self.cluster.etcd.endpoint)
+            .option("startingOffsets", "earliest")
+            .option("timeout.ms", "15000")
+            .option("failOnDataLoss", str(fail_on_data_loss).lower())
+            .load()
+        )
+        writer = (
+            stream.selectExpr("partition", "offset", "value")
+            .writeStream.format("parquet")
+            .option("path", self.path)
+            .option("checkpointLocation", self.checkpoint)
+        )
+        if available_now:
+            return writer.trigger(availableNow=True).start()
+        return writer.trigger(processingTime="200 milliseconds").start()
+
+    def run_available_now(self, fail_on_data_loss: bool) -> None:
+        """One Trigger.AvailableNow run (the source plans it as one micro-batch, from the checkpoint)."""
+        for attempt in range(3):
+            query = self.start(fail_on_data_loss, available_now=True)
+            try:
+                assert query.awaitTermination(120), "the AvailableNow run did not end"
+                return
+            except StreamingQueryException as exc:
+                if self.UNBORN not in str(exc) or attempt == 2:
+                    raise
+
+    def started(self, fail_on_data_loss: bool) -> Any:
+        """A running query, once it has processed what is available."""
+        for attempt in range(3):
+            query = self.start(fail_on_data_loss, available_now=False)
+            try:
+                query.processAllAvailable()
+                return query
+            except StreamingQueryException as exc:
+                query.stop()
+                if self.UNBORN not in str(exc) or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    def written(self) -> list[tuple[int, int, bytes]]:
+        try:
+            df = self.spark.read.parquet(self.path)
+        except Exception:
+            return []
+        return [(r["partition"], r["offset"], bytes(r["value"])) for r in df.collect()]
+
+
+def as_written(rows: list[Row]) -> list[tuple[int, int, bytes]]:
+    return sorted((p, o, v) for p, o, _, v, _ in rows if v is not None)
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False], ids=["failOnDataLoss=true", "failOnDataLoss=false"])
+def test_streaming_query_and_a_topic_recreated_between_micro_batches(
+    cluster_factory, spark, tmp_path, fail_on_data_loss: bool
+) -> None:
+    """The topic is deleted and re-created under the same name between two micro-batches, and
+    the new topic grows past the offsets the query had reached (5 per partition). Spark's Kafka
+    source rule: fail naming failOnDataLoss (the default), or go on, here from the new topic's
+    earliest offsets; never, silently, read the new topic from the old offsets on (its first
+    records skipped) nor wait for it to reach them."""
+    cluster = cluster_factory(s3=True, overrides=OVERRIDES)
+
+    # A query restarted from its checkpoint (Trigger.AvailableNow: one micro-batch per run).
+    create_topic(cluster.bootstrap, "reborn", PARTITIONS, {"diskless.enabled": "true"})
+    old = produce_confluent(cluster.bootstrap, "reborn", "lz4", 10, "old")
+    query = StreamToParquet(spark, cluster, "reborn", tmp_path)
+    query.run_available_now(fail_on_data_loss)
+    assert sorted(query.written()) == as_written(old)
+    old_id, new_id = recreate(cluster, "reborn", PARTITIONS)
+    new = produce_confluent(cluster.bootstrap, "reborn", "zstd", 30, "new")
+    if fail_on_data_loss:
+        with pytest.raises(StreamingQueryException) as caught:
+            query.run_available_now(True)
+        message = str(caught.value)
+        assert f"topic 'reborn' was deleted and re-created (topic id {old_id} is now {new_id})" in message
+        assert "read up to offsets {0: 5, 1: 5}" in message and "start again ({0: 0, 1: 0})" in message
+        assert 'set the source option "failOnDataLoss" to "false"' in message
+        assert sorted(query.written()) == as_written(old)  # nothing of the new topic, read or skipped
+    # Going on (failOnDataLoss=false, also the way past the failure: same checkpoint, option set).
+    query.run_available_now(False)
+    assert sorted(query.written()) == as_written(old + new), "a record was skipped or read twice"
+    later = produce_confluent(cluster.bootstrap, "reborn", "none", 6, "later")
+    query.run_available_now(False)
+    assert sorted(query.written()) == as_written(old + new + later)
+
+    # A running query: the topic re-created under it, whatever state its triggers see meanwhile
+    # (the topic still listed, absent, without leaders, re-created).
+    create_topic(cluster.bootstrap, "live", PARTITIONS, {"diskless.enabled": "true"})
+    old = produce_confluent(cluster.bootstrap, "live", "lz4", 10, "old")
+    live = StreamToParquet(spark, cluster, "live", tmp_path)
+    running = live.started(fail_on_data_loss)
+    try:
+        assert sorted(live.written()) == as_written(old)
+        recreate(cluster, "live", PARTITIONS)
+        new = produce_confluent(cluster.bootstrap, "live", "zstd", 30, "new")
+        if fail_on_data_loss:
+            wait_until(lambda: running.exception() is not None, 60, 0.2, "the query did not fail")
+            message = str(running.exception())
+            assert "DataLossError" in message and "topic 'live'" in message, message
+            assert 'set the source option "failOnDataLoss" to "false"' in message
+            assert sorted(live.written()) == as_written(old)
+        else:
+
+            def streamed() -> bool:
+                assert running.exception() is None, running.exception()
+                return len(live.written()) >= len(old + new)
+
+            wait_until(streamed, 60, 0.5, "the re-created topic's records were not all streamed")
+            running.processAllAvailable()
+            assert sorted(live.written()) == as_written(old + new), "a record was skipped or read twice"
+    finally:
+        running.stop()
 
 
 def test_writer_rows_read_back_by_a_consumer(cluster_factory, spark) -> None:
