@@ -503,7 +503,8 @@ class PartitionReader:
 
     async def _refill(self) -> bool:
         """Units from ``offset`` on; False when the rest of the range is gone (the data loss was
-        reported, and tolerated: failOnDataLoss=false), which ends the read."""
+        reported, and tolerated: failOnDataLoss=false) or holds no batch (compacted away), which
+        ends the read."""
         deadline = time.monotonic() + self.settings.timeout_s
         while True:
             answer = await self.client.fetch_pointers(self.part, self.offset, self.settings.fetch_max_bytes)
@@ -537,6 +538,10 @@ class PartitionReader:
                 break
             readable = answer["last_stable_offset"] if self.settings.read_committed else answer["high_watermark"]
             bound = "last stable offset" if self.settings.read_committed else "high watermark"
+            if isinstance(readable, int) and readable >= self.end:
+                # The leader reads at least one batch below its bound when there is one: none from
+                # ``offset`` up to the range's end is left (compaction removed them).
+                return False
             if time.monotonic() > deadline:
                 raise DisklessSourceError(
                     f"{self._where()}: offsets [{self.offset}, {self.end}) requested but the log is readable "
@@ -654,7 +659,7 @@ class PartitionReader:
         """The next non-empty Arrow batch of the range, or None once it is read entirely."""
         while self.offset < self.end:
             if not self._units and not await self._refill():
-                self.offset = self.end  # the rest of the range is gone: reported, and tolerated
+                self.offset = self.end  # the rest of the range is gone (reported, and tolerated) or empty
                 break
             units = []
             size = 0

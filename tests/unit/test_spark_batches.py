@@ -252,3 +252,29 @@ async def test_a_range_starting_between_an_aborted_transaction_and_its_marker_ke
     assert out is not None and out.column("value").to_pylist() == [b"committed"]
     assert out.column("offset").to_pylist() == [2]
     assert await reader.next_batch() is None
+
+
+async def test_a_range_ending_in_offsets_compaction_removed_ends_without_waiting() -> None:
+    """A compacted classic log: records 1..2 are an emptied batch (an idempotent producer's last,
+    kept without records) and 3..4 were removed, up to the last stable offset 5 (an open
+    transaction's first batch, or the first record after the gap, sits at 5). FetchPointers at 3
+    answers no data while the log is readable up to 5: nothing is left in [3, 5). The reader took
+    that for a leader whose high watermark lags and asked again until timeout.ms, then failed
+    ("requested but the log is readable only up to 5"), as Spark's batch and streaming reads of
+    such a topic with read_committed (or a range ending at such a gap) did."""
+    from diskless.log.compaction import _empty_batch
+    from diskless.spark.cluster import PartitionInfo, PartitionReader
+
+    emptied = _empty_batch(parse_header(make_batch([b"x", b"y"], base_offset=1, producer_id=7)))
+    common = {"error_code": 0, "high_watermark": 6, "last_stable_offset": 5, "log_start_offset": 0}
+    client = _FakeClient(
+        [
+            {**common, "kind": "records", "data": make_batch([b"a"], base_offset=0) + emptied},
+        ]
+        + [{**common, "kind": "records", "data": b"", "aborted_transactions": []}] * 20
+    )
+    reader = PartitionReader(client, PartitionInfo("t", "id", 0, 1, (1,)), 0, 5, SCHEMA)  # type: ignore[arg-type]
+    out = await reader.next_batch()
+    assert out is not None and out.column("offset").to_pylist() == [0]
+    assert await reader.next_batch() is None
+    assert client.asked == [0, 3]
