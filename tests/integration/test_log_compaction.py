@@ -25,12 +25,16 @@ the view (an older one may be too: see ``as_expected``).
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import kafka
 import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.structs import TopicPartition as AioTopicPartition
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from support import LocalCluster, wait_until
@@ -189,6 +193,51 @@ def read_view(
         consumer.close()
 
 
+def read_with_kafka_python(bootstrap: str, topic: str, isolation: str) -> list[Record]:
+    """The same view through kafka-python (its own decoder of gaps and emptied batches)."""
+    consumer = kafka.KafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level=isolation, consumer_timeout_ms=1000
+    )
+    try:
+        tp = kafka.TopicPartition(topic, 0)
+        consumer.assign([tp])
+        consumer.seek_to_beginning(tp)
+        end = consumer.end_offsets([tp])[tp]  # the last stable offset read_committed
+        out: list[Record] = []
+        deadline = time.monotonic() + 30
+        while consumer.position(tp) < end:
+            assert time.monotonic() < deadline, f"kafka-python stopped at {consumer.position(tp)} of {end}"
+            for records in consumer.poll(timeout_ms=500).values():
+                out += [(r.offset, r.key, r.value) for r in records]
+        return out
+    finally:
+        consumer.close()
+
+
+def read_with_aiokafka(bootstrap: str, topic: str, isolation: str) -> list[Record]:
+    """The same view through aiokafka."""
+
+    async def read() -> list[Record]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level=isolation)
+        await consumer.start()
+        try:
+            tp = AioTopicPartition(topic, 0)
+            consumer.assign([tp])
+            await consumer.seek_to_beginning(tp)
+            end = (await consumer.end_offsets([tp]))[tp]
+            out: list[Record] = []
+            deadline = time.monotonic() + 30
+            while await consumer.position(tp) < end:
+                assert time.monotonic() < deadline, f"aiokafka stopped at {await consumer.position(tp)} of {end}"
+                for records in (await consumer.getmany(tp, timeout_ms=500)).values():
+                    out += [(r.offset, r.key, r.value) for r in records]
+            return out
+        finally:
+            await consumer.stop()
+
+    return asyncio.run(read())
+
+
 def as_expected(view: list[Record], history: History) -> bool:
     """The compacted view: offsets strictly increasing, one record per key, each live key's latest
     value at the offset it was written at, nothing else."""
@@ -260,6 +309,10 @@ def test_compacted_view_with_tombstones_and_transactions(cluster: LocalCluster) 
     consumer.close()
 
     view = wait_compacted(cluster.bootstrap, history)
+    # Other clients decode the gaps and emptied batches (control, aborted, a producer's last) alike.
+    for isolation in ("read_committed", "read_uncommitted"):
+        assert read_with_kafka_python(cluster.bootstrap, topic, isolation) == view, isolation
+        assert read_with_aiokafka(cluster.bootstrap, topic, isolation) == view, isolation
     assert b"t2" not in {key for _, key, _ in view}  # only ever aborted
     assert {key for _, key, _ in view}.isdisjoint({b"k8", b"k9"})  # tombstoned, past the horizon
     expected = history.expected()
