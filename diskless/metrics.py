@@ -86,6 +86,20 @@ LOG_CLEANER_PASSES = Counter(
 LOG_CLEANER_BYTES = Counter(
     "diskless_log_cleaner_bytes_total", "Segment bytes the log cleaner replaced (read) and wrote", ["direction"]
 )
+LOG_CLEANER_DIRTIEST_RATIO = Gauge(
+    "diskless_log_cleaner_dirtiest_ratio",
+    "Dirty ratio of the log the cleaner picked at its last look, 0 when no compacted log was due"
+    " (Kafka's max-dirty-percent, as a ratio)",
+)
+LOG_CLEANER_UNCLEANABLE = Gauge(
+    "diskless_log_cleaner_uncleanable_partitions",
+    "Compacted partitions whose last pass failed and that the cleaner leaves alone for now"
+    " (Kafka's uncleanable-partitions-count)",
+)
+LOG_CLEANER_LAST_PASS = Gauge(
+    "diskless_log_cleaner_last_pass_timestamp_seconds",
+    "When the cleaner last installed a pass (Kafka's time-since-last-run-ms, as a timestamp)",
+)
 RETENTION_DELETED_SEGMENTS = Counter("diskless_retention_deleted_segments_total", "Segments deleted by retention")
 # Kafka's NoKeyCompactedTopicRecordsPerSec: produce refused INVALID_RECORD (log/key_check.py).
 NO_KEY_COMPACTED_RECORDS = Counter(

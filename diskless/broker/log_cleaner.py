@@ -19,7 +19,13 @@ import structlog
 from diskless.log import cleaner
 from diskless.log.config import CleanerConfig
 from diskless.log.partition_log import PartitionLog
-from diskless.metrics import LOG_CLEANER_BYTES, LOG_CLEANER_PASSES
+from diskless.metrics import (
+    LOG_CLEANER_BYTES,
+    LOG_CLEANER_DIRTIEST_RATIO,
+    LOG_CLEANER_LAST_PASS,
+    LOG_CLEANER_PASSES,
+    LOG_CLEANER_UNCLEANABLE,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -66,6 +72,8 @@ class LogCleaner:
             urgency = (job.plan.overdue, job.plan.dirty_ratio)
             if best is None or urgency > (best[1].plan.overdue, best[1].plan.dirty_ratio):
                 best = (key, job)
+        LOG_CLEANER_DIRTIEST_RATIO.set(best[1].plan.dirty_ratio if best is not None else 0.0)
+        LOG_CLEANER_UNCLEANABLE.set(sum(1 for until in self._failed_until.values() if until > now))
         return best
 
     async def clean_once(self) -> bool:
@@ -94,6 +102,7 @@ class LogCleaner:
             return False
         self.passes += 1
         LOG_CLEANER_PASSES.labels("installed").inc()
+        LOG_CLEANER_LAST_PASS.set(self._now_ms() / 1000)
         LOG_CLEANER_BYTES.labels("read").inc(output.bytes_before)
         LOG_CLEANER_BYTES.labels("written").inc(output.bytes_after)
         log.info(

@@ -15,6 +15,7 @@ from diskless.broker.log_cleaner import LogCleaner
 from diskless.log import cleaner
 from diskless.log.config import CleanerConfig
 from diskless.log.partition_log import PartitionLog
+from diskless.metrics import LOG_CLEANER_DIRTIEST_RATIO, LOG_CLEANER_LAST_PASS, LOG_CLEANER_UNCLEANABLE
 
 COMPACT: dict[str, Any] = {"cleanup_policy": "compact", "min_cleanable_dirty_ratio": 0.0}
 
@@ -64,6 +65,7 @@ def test_a_pass_cleans_and_the_next_finds_nothing(tmp_path: Path) -> None:
     task = make_cleaner({"t": log}, tmp_path)
     assert asyncio.run(task.clean_once())
     assert task.passes == 1 and len(log.segments) == 2
+    assert LOG_CLEANER_LAST_PASS._value.get() == T0 / 1000
     assert not asyncio.run(task.clean_once())
 
 
@@ -78,8 +80,10 @@ def test_a_failing_log_is_left_alone_for_ten_backoffs(tmp_path: Path, monkeypatc
     monkeypatch.setattr(cleaner, "run", broken)
     assert not asyncio.run(task.clean_once())
     assert task.pick() is None  # backing off
+    assert LOG_CLEANER_UNCLEANABLE._value.get() == 1 and LOG_CLEANER_DIRTIEST_RATIO._value.get() == 0.0
     now[0] += 1000
     assert task.pick() is not None
+    assert LOG_CLEANER_UNCLEANABLE._value.get() == 0 and LOG_CLEANER_DIRTIEST_RATIO._value.get() == 1.0
 
 
 def test_settings_are_read_at_every_pass(tmp_path: Path) -> None:
