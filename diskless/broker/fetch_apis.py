@@ -646,6 +646,8 @@ class FetchApis(ApiFamily):
                             self.broker.on_follower_fetch(replica, follower, p.fetch_offset, log_start)
                             if replica.hw_news_for(follower):
                                 has_error = True  # answer now: the follower serves reads up to this HW
+                            if replica.log_start_news_for(follower):
+                                has_error = True  # answer now: the follower answers EARLIEST with it
                     try:
                         if diverging is not None:
                             entry["diverging_epoch"] = {"epoch": diverging.epoch, "end_offset": diverging.end_offset}

@@ -5,7 +5,9 @@ with thousands of partitions nearly all of them are idle, and reading, encoding 
 of them twice a second kept a broker with 10,000 replicas busy with nothing else (its lease
 expired). The leader leaves out of its answer every partition for which the follower would learn
 nothing: no records to send, no divergence, no error, a high watermark the
-follower was already sent, the same log start as the follower's. Its fetch offset still counts
+follower was already sent, the same log start as the follower's and one it was already sent
+(its own retention may have moved its start there while it never heard ours, which its reads
+answer EARLIEST with: follower_reads). Its fetch offset still counts
 (ISR upkeep), exactly as if the partition had been read. The follower takes the answer as news
 from the leader for every partition it asked about (``ReplicaFetcher``), which is what it is:
 as of when the request was sent, nothing changed for those partitions.
@@ -66,6 +68,7 @@ class FetchedPartition:
     high_watermark: int
     last_sent_hw: int  # the high watermark this follower was last sent; -1 never
     last_answered_ms: int  # when this partition was last answered to this follower; -1 never
+    last_sent_log_start: int  # the log start this follower was last sent; -1 never
 
 
 def is_quiet(p: FetchedPartition, now_ms: int) -> bool:
@@ -76,6 +79,7 @@ def is_quiet(p: FetchedPartition, now_ms: int) -> bool:
         and p.fetch_offset == p.log_end_offset
         and p.follower_log_start == p.log_start_offset
         and p.last_sent_hw >= p.high_watermark
+        and p.last_sent_log_start >= p.log_start_offset  # its own start says nothing of what it heard
         and p.last_answered_ms >= 0
         and 0 <= now_ms - p.last_answered_ms < REFRESH_MS  # a clock stepping back refreshes too
     )
@@ -236,6 +240,7 @@ class QuietReplicaFetches:
             high_watermark=plog.high_watermark,
             last_sent_hw=progress.last_sent_hw if progress is not None else -1,
             last_answered_ms=answered_ms if epoch == replica.leader_epoch else -1,
+            last_sent_log_start=progress.last_sent_log_start if progress is not None else -1,
         )
         return is_quiet(view, now_ms)
 

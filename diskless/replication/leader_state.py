@@ -30,6 +30,9 @@ class FollowerProgress:
     log_start_offset: int = UNKNOWN
     last_caught_up_ms: int = 0
     last_sent_hw: int = UNKNOWN  # the high watermark this follower was last told
+    # The log start this follower was last told: its own start equal to ours says nothing of
+    # what it heard from us (its retention runs on its own), which its follower reads depend on.
+    last_sent_log_start: int = UNKNOWN
     # The leader's log end and the time at this follower's previous fetch: a fetch reaching that
     # end shows the follower was caught up then (Kafka's lastFetchLeaderLogEndOffset).
     last_fetch_leader_leo: int = UNKNOWN

@@ -312,6 +312,20 @@ class Partition:
         progress.last_sent_hw = self.log.high_watermark
         return True
 
+    def log_start_news_for(self, follower: int) -> bool:
+        """True (once) when ``follower`` has not yet been told the current log start.
+
+        A follower's reads answer ListOffsets(EARLIEST) and OFFSET_OUT_OF_RANGE with the leader's
+        start as last heard (follower_reads), so a move (retention, DeleteRecords) must reach it
+        even when its own retention already moved its own start there."""
+        if self.leader_state is None:
+            return False
+        progress = self.leader_state.followers.get(follower)
+        if progress is None or progress.last_sent_log_start >= self.log.log_start_offset:
+            return False
+        progress.last_sent_log_start = self.log.log_start_offset
+        return True
+
     def diverging_epoch(self, last_fetched_epoch: int, fetch_offset: int) -> DivergingEpoch | None:
         """Where a follower's log diverges from ours, if it does (Kafka's Partition.fetchRecords check)."""
         if last_fetched_epoch == UNDEFINED_EPOCH:
