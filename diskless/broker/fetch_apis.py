@@ -644,10 +644,8 @@ class FetchApis(ApiFamily):
                         if diverging is None and p.fetch_offset <= plog.log_end_offset:
                             log_start = getattr(p, "log_start_offset", -1)
                             self.broker.on_follower_fetch(replica, follower, p.fetch_offset, log_start)
-                            if replica.hw_news_for(follower):
-                                has_error = True  # answer now: the follower serves reads up to this HW
-                            if replica.log_start_news_for(follower):
-                                has_error = True  # answer now: the follower answers EARLIEST with it
+                            if replica.news_for(follower):
+                                has_error = True  # answer now: the follower serves reads by this HW and start
                     try:
                         if diverging is not None:
                             entry["diverging_epoch"] = {"epoch": diverging.epoch, "end_offset": diverging.end_offset}

@@ -299,31 +299,22 @@ class Partition:
             self._on_hw_advanced()
         return advanced
 
-    def hw_news_for(self, follower: int) -> bool:
-        """True (once) when ``follower`` has not yet been told the current high watermark.
+    def news_for(self, follower: int) -> bool:
+        """True (once) when ``follower`` has not yet been told the current high watermark or log
+        start; both are then counted as told.
 
-        Followers serve diskless reads up to the HW they know, so a HW change must reach them
-        now rather than with the next batch of data."""
+        A follower serves diskless reads up to the HW it knows, and answers ListOffsets(EARLIEST)
+        and OFFSET_OUT_OF_RANGE with the leader's start as last heard (follower_reads), so a move
+        of either must reach it now, not with the next batch of data, even when its own retention
+        already moved its own start there."""
         if self.leader_state is None:
             return False
         progress = self.leader_state.followers.get(follower)
-        if progress is None or progress.last_sent_hw >= self.log.high_watermark:
+        high_watermark, log_start = self.log.high_watermark, self.log.log_start_offset
+        if progress is None or (progress.last_sent_hw >= high_watermark and progress.last_sent_log_start >= log_start):
             return False
-        progress.last_sent_hw = self.log.high_watermark
-        return True
-
-    def log_start_news_for(self, follower: int) -> bool:
-        """True (once) when ``follower`` has not yet been told the current log start.
-
-        A follower's reads answer ListOffsets(EARLIEST) and OFFSET_OUT_OF_RANGE with the leader's
-        start as last heard (follower_reads), so a move (retention, DeleteRecords) must reach it
-        even when its own retention already moved its own start there."""
-        if self.leader_state is None:
-            return False
-        progress = self.leader_state.followers.get(follower)
-        if progress is None or progress.last_sent_log_start >= self.log.log_start_offset:
-            return False
-        progress.last_sent_log_start = self.log.log_start_offset
+        progress.last_sent_hw = high_watermark
+        progress.last_sent_log_start = log_start
         return True
 
     def diverging_epoch(self, last_fetched_epoch: int, fetch_offset: int) -> DivergingEpoch | None:
