@@ -133,6 +133,8 @@ class KafkaApis:
             m.API_ADD_PARTITIONS_TO_TXN: t.add_partitions_to_txn,
             m.API_ADD_OFFSETS_TO_TXN: t.add_offsets_to_txn,
             m.API_END_TXN: t.end_txn,
+            m.API_DESCRIBE_TRANSACTIONS: t.describe_transactions,
+            m.API_LIST_TRANSACTIONS: t.list_transactions,
         }
         table = {
             m.API_JOIN_GROUP: g.join_group,

@@ -196,6 +196,16 @@ class CoordinatorShell(Generic[CoreT]):
     def all_cores(self) -> list[CoreT]:
         return list(self.cores.values())
 
+    def loading(self) -> bool:
+        """Whether metadata makes this broker the leader of a partition whose core is not loaded
+        yet: a listing of every core would miss that partition's keys (Kafka answers
+        COORDINATOR_LOAD_IN_PROGRESS while any partition loads)."""
+        topic = self.broker.metadata.topics.get(self.topic)
+        if topic is None:
+            return False
+        node = self.broker.node_id
+        return any(state.leader == node and index not in self.cores for index, state in enumerate(topic.partitions))
+
     def wake(self) -> None:
         """Re-arm the timer at the earliest deadline any core has."""
         if self._timer is not None:

@@ -232,6 +232,13 @@ _PER_ITEM: dict[int, _PerItem] = {
     m.API_DESCRIBE_GROUPS: _PerItem("groups", "groups", _group_check(a.DESCRIBE), denied_first=True),
     m.API_CONSUMER_GROUP_DESCRIBE: _PerItem("group_ids", "groups", _group_check(a.DESCRIBE), denied_first=True),
     m.API_DELETE_GROUPS: _PerItem("groups_names", "results", _group_check(a.DELETE), distinct=True),
+    # KIP-664: a partition's producers are READ's to see (KafkaApis.handleDescribeProducersRequest);
+    # a transaction's state DESCRIBE's on its id, and its partitions of topics the principal may not
+    # DESCRIBE are left out afterwards (the handler's answer filtered).
+    m.API_DESCRIBE_PRODUCERS: _PerItem("topics", "topics", _topic_check(a.READ)),
+    m.API_DESCRIBE_TRANSACTIONS: _PerItem(
+        "transactional_ids", "transaction_states", lambda tid: (a.DESCRIBE, a.TRANSACTIONAL_ID, tid)
+    ),
     # Named topics only: all topics (an empty list) is _describe_all_topic_partitions.
     API_DESCRIBE_TOPIC_PARTITIONS: _PerItem("topics", "topics", _topic_check(a.DESCRIBE), considered=_after_cursor),
 }
@@ -255,6 +262,7 @@ _CHECKS: dict[int, Callable[[Any], list[Check]]] = {
     m.API_LEAVE_GROUP: lambda r: _group(a.READ, r.group_id),
     m.API_OFFSET_FETCH: _offset_fetch,
     m.API_LIST_GROUPS: lambda r: [],  # filtered per group afterwards
+    m.API_LIST_TRANSACTIONS: lambda r: [],  # filtered per transactional id afterwards
     # After the group, DESCRIBE on every subscribed topic (KAFKA-18813: a client may not learn about
     # topics it cannot describe through its assignment); a regex subscription is refused by the
     # coordinator (not supported), so there is no resolved topic to filter.
@@ -455,6 +463,9 @@ class SecurityApis(ApiFamily):
             body = await self._per_item(header, request, per_item, handle)
             if key == m.API_CONSUMER_GROUP_DESCRIBE and body is not None:
                 self._hide_undescribable_assignments(body)
+            if key == m.API_DESCRIBE_TRANSACTIONS and body is not None:
+                for state in body.get("transaction_states", []):
+                    state["topics"] = [t for t in state.get("topics", []) if self._describable(t["topic"])]
             return body
         if key == m.API_DELETE_TOPICS:
             checks = self._delete_topics_checks(request)
@@ -473,6 +484,12 @@ class SecurityApis(ApiFamily):
         body = await handle(request)
         if key == m.API_LIST_GROUPS and body is not None and not self.allowed(a.DESCRIBE, a.CLUSTER, a.CLUSTER_NAME):
             body["groups"] = [g for g in body.get("groups", []) if self.allowed(a.DESCRIBE, a.GROUP, g["group_id"])]
+        if key == m.API_LIST_TRANSACTIONS and body is not None:
+            body["transaction_states"] = [
+                t
+                for t in body.get("transaction_states", [])
+                if self.allowed(a.DESCRIBE, a.TRANSACTIONAL_ID, t["transactional_id"])
+            ]
         if key == m.API_OFFSET_FETCH and body is not None:
             self._filter_offset_fetch(request, body)
         return body

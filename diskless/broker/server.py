@@ -683,10 +683,16 @@ class Connection:
 
 
 def _needs_cluster_action(api_key: int, request: Any) -> bool:
-    """Kafka APIs only brokers send (Kafka's CLUSTER_ACTION): replica fetches, WriteTxnMarkers."""
+    """Kafka APIs only brokers send (Kafka's CLUSTER_ACTION): replica fetches, and WriteTxnMarkers
+    that commit. An ABORT marker may also come from an operator ending a hanging transaction
+    (KIP-664's abortTransaction); the ACL layer then wants CLUSTER_ACTION on the cluster, as Kafka
+    does, where an authorizer is configured. A COMMIT from anyone but a broker could only expose a
+    transaction its coordinator never committed."""
     if api_key == m.API_FETCH:
         return int(getattr(request, "replica_id", -1)) >= 0
-    return api_key == m.API_WRITE_TXN_MARKERS
+    if api_key == m.API_WRITE_TXN_MARKERS:
+        return any(marker.transaction_result for marker in request.markers)
+    return False
 
 
 def _ready(value: bytes) -> asyncio.Future[bytes | None]:

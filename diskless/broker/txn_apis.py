@@ -1,8 +1,11 @@
 """Broker-side transaction APIs that are not the coordinator's: WriteTxnMarkers (partition leaders
-end a transaction with a control batch) and TxnOffsetCommit (the group coordinator's part)."""
+end a transaction with a control batch; also an operator's abort of a hanging transaction, KIP-664),
+DescribeProducers (a partition's producer state, KIP-664) and TxnOffsetCommit (the group
+coordinator's part)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -10,30 +13,37 @@ import structlog
 from kio.schema.errors import ErrorCode
 
 from diskless.cluster.coordinator_records import OFFSETS_TOPIC
+from diskless.log.partition_log import PartitionLog
 from diskless.protocol import messages as m
 from diskless.protocol import records
 from diskless.replication.partition import Partition, wait_for_commits
 
-from .api_base import ApiFamily
+from .api_base import ApiFamily, _find_partition, forwarded_by_broker
 
 log = structlog.get_logger(__name__)
 
 
 class TxnApis(ApiFamily):
-    """WriteTxnMarkers and TxnOffsetCommit."""
+    """WriteTxnMarkers, DescribeProducers and TxnOffsetCommit."""
 
     def handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
         return {
             m.API_WRITE_TXN_MARKERS: self.write_txn_markers,
             m.API_TXN_OFFSET_COMMIT: self.txn_offset_commit,
+            m.API_DESCRIBE_PRODUCERS: self.describe_producers,
         }
 
     async def write_txn_markers(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
-        """WriteTxnMarkers from a transaction coordinator: end a producer's transaction on each
-        partition we lead with a control batch, answered once it is replicated (acks=all)."""
+        """WriteTxnMarkers: end a producer's transaction on each partition we lead with a control
+        batch, answered once it is replicated (acks=all). From a transaction coordinator, or from an
+        operator aborting a hanging transaction (KIP-664's abort, with the producer's epochs as
+        DescribeProducers showed them); an operator's marker for a diskless partition no replica
+        here holds goes to its leader (zone-aligned metadata names a broker of the client's AZ)."""
         now = self.broker.now_ms()
+        forwarded = forwarded_by_broker(header)
         results = []
         waits: list[tuple[dict[str, Any], Partition, int]] = []
+        forwards: list[tuple[dict[str, Any], int, Any, str]] = []
         for marker in request.markers:
             topics = []
             for topic in marker.topics:
@@ -41,7 +51,10 @@ class TxnApis(ApiFamily):
                 for index in topic.partition_indexes:
                     code, plog, replica = self._leader_log(topic.name, index)
                     entry: dict[str, Any] = {"partition_index": index, "error_code": code}
-                    if plog is not None and replica is not None:
+                    leader = None if plog is not None else self._leader_elsewhere(forwarded, topic.name, index)
+                    if leader is not None:
+                        forwards.append((entry, leader, marker, topic.name))
+                    elif plog is not None and replica is not None:
                         try:
                             offset = plog.append_marker_as_leader(
                                 marker.producer_id,
@@ -64,12 +77,75 @@ class TxnApis(ApiFamily):
                     parts.append(entry)
                 topics.append({"name": topic.name, "partitions": parts})
             results.append({"producer_id": marker.producer_id, "topics": topics})
+        for entry, leader, marker, topic_name in forwards:
+            entry["error_code"] = await self._forward_marker(leader, marker, topic_name, entry["partition_index"])
         outcomes = await wait_for_commits([(r, offset, epoch) for _, r, offset, epoch in waits], 30.0, first=False)
         for (entry, replica, _, epoch), committed in zip(waits, outcomes, strict=True):
             if not committed:
                 lost = not replica.leads_at(epoch)
                 entry["error_code"] = ErrorCode.not_leader_or_follower if lost else ErrorCode.request_timed_out
         return {"markers": results}
+
+    def _leader_elsewhere(self, forwarded: bool, topic: str, index: int) -> int | None:
+        """The leader to ask about a diskless partition no replica here can answer for, unless the
+        request was forwarded to us already (None: answer here)."""
+        return None if forwarded else self._forward_target(topic, index, self._is_diskless(topic), None)
+
+    async def _forward_marker(self, leader: int, marker: Any, topic: str, index: int) -> ErrorCode:
+        """One partition's marker written by its leader: the leader's answer for it."""
+        body = {
+            "markers": [
+                {
+                    "producer_id": marker.producer_id,
+                    "producer_epoch": marker.producer_epoch,
+                    "transaction_result": marker.transaction_result,
+                    "topics": [{"name": topic, "partition_indexes": [index]}],
+                    "coordinator_epoch": marker.coordinator_epoch,
+                }
+            ]
+        }
+        answer = await self._forward(leader, m.API_WRITE_TXN_MARKERS, 1, body)
+        for result in answer.markers if answer is not None else ():
+            for t in result.topics:
+                for p in t.partitions:
+                    if t.name == topic and p.partition_index == index:
+                        return ErrorCode(p.error_code)
+        return ErrorCode.not_leader_or_follower
+
+    async def describe_producers(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
+        """DescribeProducers (KIP-664): the producers a partition's replica knows, each with its
+        epochs, last sequence and timestamp and the first offset of its open transaction, as Kafka's
+        activeProducerState. Any replica answers from its own log, as in Kafka; a diskless
+        partition no replica here holds is asked of its leader."""
+        forwarded = forwarded_by_broker(header)
+        topics = []
+        forwards: dict[int, list[tuple[dict[str, Any], str, int]]] = {}
+        for topic in request.topics:
+            parts = []
+            for index in topic.partition_indexes:
+                code, plog, _ = self._leader_log(topic.name, index, any_replica=True)
+                entry: dict[str, Any] = {"partition_index": index, "error_code": code, "active_producers": []}
+                leader = None if plog is not None else self._leader_elsewhere(forwarded, topic.name, index)
+                if leader is not None:
+                    forwards.setdefault(leader, []).append((entry, topic.name, index))
+                elif plog is not None:
+                    entry["active_producers"] = active_producers(plog)
+                parts.append(entry)
+            topics.append({"name": topic.name, "partitions": parts})
+        for leader, items in forwards.items():
+            body = {"topics": [{"name": t, "partition_indexes": [i]} for _, t, i in items]}
+            answer = await self._forward(leader, m.API_DESCRIBE_PRODUCERS, 0, body)
+            for entry, topic_name, index in items:
+                found = _find_partition(answer, topic_name, index, "name", "partition_index")
+                if found is None:
+                    entry["error_code"] = ErrorCode.not_leader_or_follower
+                    continue
+                entry.update(
+                    error_code=found.error_code,
+                    error_message=found.error_message,
+                    active_producers=[dataclasses.asdict(p) for p in found.active_producers],
+                )
+        return {"throttle_time": 0, "topics": topics}
 
     async def txn_offset_commit(self, header: m.RequestHeader, request: Any) -> dict[str, Any]:
         """TxnOffsetCommit: offsets that count only if the producer's transaction commits."""
@@ -105,3 +181,19 @@ class TxnApis(ApiFamily):
         for t, i in offsets:
             topics.setdefault(t, []).append({"partition_index": i, "error_code": code})
         return {"throttle_time": 0, "topics": [{"name": t, "partitions": parts} for t, parts in topics.items()]}
+
+
+def active_producers(plog: PartitionLog) -> list[dict[str, Any]]:
+    """DescribeProducers' entries for a log: every producer its state holds (expired ones are gone)."""
+    ongoing = plog.txns.ongoing
+    return [
+        {
+            "producer_id": producer_id,
+            "producer_epoch": entry.epoch,
+            "last_sequence": entry.last_seq,
+            "last_timestamp": entry.last_timestamp,
+            "coordinator_epoch": entry.coordinator_epoch,
+            "current_txn_start_offset": ongoing.get(producer_id, -1),
+        }
+        for producer_id, entry in plog.producer_state.producers.items()
+    ]

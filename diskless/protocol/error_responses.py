@@ -37,6 +37,7 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "partitions": ("partition_indexes",),
     "replica_election_results": ("topic_partitions",),  # ElectLeaders
     "partition_result": ("partitions",),
+    "transaction_states": ("transactional_ids",),  # DescribeTransactions
 }
 
 # Fields that say which item an answer is about; everything else an error answer leaves at its
@@ -59,6 +60,7 @@ _IDENTITY = frozenset(
         "member_id",
         "group_instance_id",
         "user",
+        "transactional_id",
     }
 )
 

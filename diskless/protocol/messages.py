@@ -66,6 +66,9 @@ API_ELECT_LEADERS = 43
 API_ALTER_PARTITION_REASSIGNMENTS = 45
 API_LIST_PARTITION_REASSIGNMENTS = 46
 API_DESCRIBE_TOPIC_PARTITIONS = 75
+API_DESCRIBE_PRODUCERS = 61  # KIP-664: finding and aborting hanging transactions
+API_DESCRIBE_TRANSACTIONS = 65
+API_LIST_TRANSACTIONS = 66
 API_SASL_HANDSHAKE = 17  # security (broker/security_apis.py)
 API_SASL_AUTHENTICATE = 36
 API_DESCRIBE_ACLS = 29
@@ -118,6 +121,10 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     API_ALTER_PARTITION_REASSIGNMENTS: (0, 0),  # v1 (KIP-860) is Kafka 4.1: ApiVersions stays 4.0's
     API_LIST_PARTITION_REASSIGNMENTS: (0, 0),
     API_DESCRIBE_TOPIC_PARTITIONS: (0, 0),
+    API_DESCRIBE_PRODUCERS: (0, 0),
+    API_DESCRIBE_TRANSACTIONS: (0, 0),
+    # v2 (KIP-1152, a transactional id pattern) is Kafka 4.1: ApiVersions stays 4.0's.
+    API_LIST_TRANSACTIONS: (0, 1),
     # Security. librdkafka wants SaslHandshake v0 advertised before it uses SASL at all.
     API_SASL_HANDSHAKE: (0, 1),
     API_SASL_AUTHENTICATE: (0, 2),
@@ -315,6 +322,8 @@ def _zero(plan: _FieldPlan) -> Any:
             return b""
         case "uuid":
             return None
+        case "datetime_i64":
+            return _EPOCH
         case _:
             return 0
 

@@ -42,6 +42,7 @@ a Prepare state show up in ``pending_completions`` and must have their markers (
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
 from kio.schema.errors import ErrorCode
@@ -203,6 +204,31 @@ class TransactionCoordinatorCore:
     def is_pending(self, transactional_id: str) -> bool:
         entry = self._txns.get(transactional_id)
         return entry is not None and entry.pending is not None
+
+    def listing(
+        self,
+        now_ms: int,
+        producer_ids: Collection[int] = (),
+        states: Collection[TxnState] | None = None,
+        longer_than_ms: int = -1,
+    ) -> list[TransactionMetadata]:
+        """The transactional ids ListTransactions shows, with Kafka's filters (listTransactionStates):
+        of these producer ids (empty: any), in these states (None: any), and, with
+        ``longer_than_ms`` >= 0, whose transaction started more than that long ago. A Dead id is
+        never shown: it is on its way out."""
+        shown = []
+        for entry in self._txns.values():
+            meta = entry.meta
+            if meta.state is TxnState.DEAD:
+                continue
+            if producer_ids and meta.producer_id not in producer_ids:
+                continue
+            if states is not None and meta.state not in states:
+                continue
+            if longer_than_ms >= 0 and now_ms - meta.txn_start_ms <= longer_than_ms:
+                continue
+            shown.append(meta)
+        return shown
 
     def shutdown(self) -> None:
         """The partition moved away: later outcomes of transits and markers are ignored."""

@@ -41,6 +41,7 @@ from .coordinator import (
     TransactionCoordinatorCore,
     Transit,
     TransitKind,
+    TxnState,
 )
 
 log = structlog.get_logger(__name__)
@@ -49,6 +50,8 @@ API_INIT_PRODUCER_ID = 22
 API_ADD_PARTITIONS_TO_TXN = 24
 API_ADD_OFFSETS_TO_TXN = 25
 API_END_TXN = 26
+API_DESCRIBE_TRANSACTIONS = 65
+API_LIST_TRANSACTIONS = 66
 
 
 class TxnFacade(Protocol):
@@ -89,6 +92,14 @@ class TxnFacade(Protocol):
         ...
 
     def now_ms(self) -> int: ...
+
+    def all_cores(self) -> list[TransactionCoordinatorCore]:
+        """The cores of every ``__transaction_state`` partition this broker coordinates."""
+        ...
+
+    def loading(self) -> bool:
+        """Whether a partition this broker now leads has no core loaded yet."""
+        ...
 
     def wake(self) -> None:
         """Deadlines may have moved: re-arm the timer from the cores' ``next_deadline_ms()``."""
@@ -338,11 +349,89 @@ async def end_txn(facade: TxnFacade, header: RequestHeader, request: Any) -> dic
     return {"throttle_time": 0, "error_code": _fenced(error, header.api_version, 2)}
 
 
+# --- ListTransactions, DescribeTransactions (KIP-664: finding and aborting hanging transactions) ---
+
+_STATES_BY_NAME = {state.value: state for state in TxnState}
+
+
+async def list_transactions(facade: TxnFacade, header: RequestHeader, request: Any) -> dict[str, Any]:
+    """ListTransactions v0-1: the transactional ids this broker coordinates, filtered by producer id,
+    state and (v1) how long the transaction has been running. A state name Kafka does not know is
+    echoed in ``unknown_state_filters`` and matches nothing, as in Kafka."""
+    if facade.loading():
+        return {"throttle_time": 0, "error_code": ErrorCode.coordinator_load_in_progress, "transaction_states": []}
+    names = list(request.state_filters or ())
+    unknown = [name for name in names if name not in _STATES_BY_NAME]
+    states = {_STATES_BY_NAME[name] for name in names if name in _STATES_BY_NAME} if names else None
+    producer_ids = set(request.producer_id_filters or ())
+    longer_than_ms = _ms(getattr(request, "duration_filter", -1))
+    now_ms = facade.now_ms()
+    shown = [
+        {
+            "transactional_id": meta.transactional_id,
+            "producer_id": meta.producer_id,
+            "transaction_state": meta.state.value,
+        }
+        for core in facade.all_cores()
+        for meta in core.listing(now_ms, producer_ids, states, longer_than_ms)
+    ]
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "unknown_state_filters": unknown,
+        "transaction_states": shown,
+    }
+
+
+async def describe_transactions(facade: TxnFacade, header: RequestHeader, request: Any) -> dict[str, Any]:
+    """DescribeTransactions v0, per transactional id as Kafka's handleDescribeTransactions: its
+    state, producer, timeout, start time and partitions; NOT_COORDINATOR (and the other coordinator
+    errors) where this broker does not hold it, TRANSACTIONAL_ID_NOT_FOUND where it holds none."""
+    return {"throttle_time": 0, "transaction_states": [_described(facade, tid) for tid in request.transactional_ids]}
+
+
+def _described(facade: TxnFacade, transactional_id: str) -> dict[str, Any]:
+    answer: dict[str, Any] = {
+        "transactional_id": transactional_id,
+        "error_code": ErrorCode.none,
+        "transaction_state": "",
+        "transaction_timeout": 0,
+        "transaction_start_time": -1,
+        "producer_id": NO_PRODUCER_ID,
+        "producer_epoch": NO_PRODUCER_EPOCH,
+        "topics": [],
+    }
+    if not transactional_id:
+        answer["error_code"] = ErrorCode.invalid_request
+        return answer
+    core = facade.coordinator(transactional_id)
+    meta = None if isinstance(core, ErrorCode) else core.get(transactional_id)
+    if isinstance(core, ErrorCode):
+        answer["error_code"] = core
+    elif meta is None or meta.state is TxnState.DEAD:
+        answer["error_code"] = ErrorCode.transactional_id_not_found
+    else:
+        by_topic: dict[str, list[int]] = {}
+        for topic, index in sorted(meta.partitions):
+            by_topic.setdefault(topic, []).append(index)
+        answer.update(
+            transaction_state=meta.state.value,
+            transaction_timeout=meta.timeout_ms,
+            transaction_start_time=meta.txn_start_ms,
+            producer_id=meta.producer_id,
+            producer_epoch=meta.producer_epoch,
+            topics=[{"topic": topic, "partitions": indexes} for topic, indexes in by_topic.items()],
+        )
+    return answer
+
+
 HANDLERS: dict[int, Handler] = {
     API_INIT_PRODUCER_ID: init_producer_id,
     API_ADD_PARTITIONS_TO_TXN: add_partitions_to_txn,
     API_ADD_OFFSETS_TO_TXN: add_offsets_to_txn,
     API_END_TXN: end_txn,
+    API_DESCRIBE_TRANSACTIONS: describe_transactions,
+    API_LIST_TRANSACTIONS: list_transactions,
 }
 
 # Version ranges the handlers serve (each tested at its bounds), for messages.SUPPORTED_VERSIONS.
@@ -353,4 +442,7 @@ VERSIONS: dict[int, tuple[int, int]] = {
     API_ADD_PARTITIONS_TO_TXN: (0, 3),
     API_ADD_OFFSETS_TO_TXN: (0, 3),
     API_END_TXN: (0, 3),
+    API_DESCRIBE_TRANSACTIONS: (0, 0),
+    # v2 (KIP-1152, a transactional id pattern) is Kafka 4.1: ApiVersions stays 4.0's.
+    API_LIST_TRANSACTIONS: (0, 1),
 }

@@ -643,3 +643,82 @@ def test_consumer_group_heartbeat_refuses_a_subscription_to_an_undescribable_top
     # The group is checked first.
     body = _run(_apis((a.TOPIC, "orders", a.DESCRIBE)), m.API_CONSUMER_GROUP_HEARTBEAT, 0, _heartbeat(("x",)), handler)
     assert body["error_code"] == GROUP_DENIED
+
+
+# --- KIP-664: DescribeProducers, DescribeTransactions, ListTransactions, an operator's abort -------
+
+
+def test_describe_producers_answers_each_topic_without_read() -> None:
+    """KafkaApis.handleDescribeProducersRequest: READ per topic, TOPIC_AUTHORIZATION_FAILED per
+    partition of the others."""
+    apis = _apis((a.TOPIC, "orders", a.READ), (a.TOPIC, "payroll", a.DESCRIBE))
+    schema = load_request_schema(m.API_DESCRIBE_PRODUCERS, 0)
+    request = m.build(schema, {"topics": [{"name": t, "partition_indexes": [0, 1]} for t in ("orders", "payroll")]})
+
+    def answer(r: Any) -> dict[str, Any]:
+        topics = [
+            {"name": t.name, "partitions": [{"partition_index": i} for i in t.partition_indexes]} for t in r.topics
+        ]
+        return {"topics": topics}
+
+    handler = Recorder(answer)
+    body = _run(apis, m.API_DESCRIBE_PRODUCERS, 0, request, handler)
+    assert [[t.name for t in r.topics] for r in handler.seen] == [["orders"]]
+    codes = {
+        t["name"]: [(p["partition_index"], p.get("error_code", 0)) for p in t["partitions"]] for t in body["topics"]
+    }
+    assert codes == {"orders": [(0, 0), (1, 0)], "payroll": [(0, TOPIC_DENIED), (1, TOPIC_DENIED)]}
+
+
+def test_describe_transactions_answers_each_denied_id_and_hides_undescribable_topics() -> None:
+    """KafkaApis.handleDescribeTransactionsRequest: DESCRIBE per transactional id
+    (TRANSACTIONAL_ID_AUTHORIZATION_FAILED for the others), then only the partitions of topics the
+    principal may DESCRIBE."""
+    apis = _apis((a.TRANSACTIONAL_ID, "mine", a.DESCRIBE), (a.TOPIC, "orders", a.DESCRIBE))
+    request = m.build(load_request_schema(m.API_DESCRIBE_TRANSACTIONS, 0), {"transactional_ids": ["mine", "theirs"]})
+
+    def answer(r: Any) -> dict[str, Any]:
+        topics = [{"topic": "orders", "partitions": [0]}, {"topic": "payroll", "partitions": [1]}]
+        return {
+            "transaction_states": [
+                {"transactional_id": tid, "error_code": 0, "topics": topics} for tid in r.transactional_ids
+            ]
+        }
+
+    handler = Recorder(answer)
+    body = _run(apis, m.API_DESCRIBE_TRANSACTIONS, 0, request, handler)
+    assert [r.transactional_ids for r in handler.seen] == [("mine",)]
+    states = _by(body["transaction_states"], "transactional_id")
+    assert states["theirs"]["error_code"] == ErrorCode.transactional_id_authorization_failed
+    assert states["mine"]["topics"] == [{"topic": "orders", "partitions": [0]}]
+
+
+def test_list_transactions_shows_only_describable_ids() -> None:
+    """KafkaApis.handleListTransactionsRequest: the ids without DESCRIBE are left out."""
+    apis = _apis((a.TRANSACTIONAL_ID, "mine", a.DESCRIBE))
+    request = m.build(load_request_schema(m.API_LIST_TRANSACTIONS, 1), {})
+    listed = [{"transactional_id": tid, "producer_id": 1, "transaction_state": "Ongoing"} for tid in ("mine", "theirs")]
+    handler = Recorder(lambda r: {"error_code": 0, "transaction_states": listed})
+    body = _run(apis, m.API_LIST_TRANSACTIONS, 1, request, handler)
+    assert [t["transactional_id"] for t in body["transaction_states"]] == ["mine"]
+
+
+def test_an_operators_abort_marker_needs_cluster_action() -> None:
+    """KIP-664's abort is a WriteTxnMarkers from an admin client: CLUSTER_ACTION on the cluster, as
+    Kafka's handleWriteTxnMarkersRequest wants (commits from clients never reach this layer: the
+    connection refuses them, server._needs_cluster_action)."""
+    marker = {
+        "producer_id": 5, "producer_epoch": 0, "transaction_result": False, "coordinator_epoch": -1,
+        "topics": [{"name": "orders", "partition_indexes": [0]}],
+    }  # fmt: skip
+    request = m.build(load_request_schema(m.API_WRITE_TXN_MARKERS, 1), {"markers": [marker]})
+    ok = {"markers": [{"producer_id": 5, "topics": [{"name": "orders", "partitions": [{"partition_index": 0}]}]}]}
+    for grants, allowed in (
+        ([(a.TOPIC, "orders", a.ALL)], False),
+        ([(a.CLUSTER, a.CLUSTER_NAME, a.CLUSTER_ACTION)], True),
+    ):
+        handler = Recorder(lambda r: ok)
+        body = _run(_apis(*grants), m.API_WRITE_TXN_MARKERS, 1, request, handler)
+        assert (handler.seen == [request]) is allowed
+        code = body["markers"][0]["topics"][0]["partitions"][0].get("error_code", 0)
+        assert code == (0 if allowed else CLUSTER_DENIED)

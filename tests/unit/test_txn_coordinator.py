@@ -109,6 +109,12 @@ class FakeFacade:
     def wake(self) -> None:
         pass
 
+    def all_cores(self) -> list[TransactionCoordinatorCore]:
+        return [self.core] if self.core is not None else []
+
+    def loading(self) -> bool:
+        return self.core is None
+
     def failover(self) -> TransactionCoordinatorCore:
         """The coordinator moves: the old core is dropped, a new one replays the log."""
         if self.core is not None:
