@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -274,7 +275,7 @@ class AdminApis(ApiFamily):
             return
         replicas = self.broker.replicas
         replicas.notify_append()  # parked replica fetches carry the new log start out now
-        deadline = self.broker.monotonic_ms() + max(0, timeout_ms)
+        deadline = time.monotonic() + max(0, timeout_ms) / 1000
         while True:
             live = self.broker.metadata.brokers.keys()
             waiting = []
@@ -289,9 +290,9 @@ class AdminApis(ApiFamily):
                 else:
                     waiting.append((entry, replica, target))
             deleted = waiting
-            left = deadline - self.broker.monotonic_ms()
+            left = deadline - time.monotonic()
             if not deleted or left <= 0:
                 break
-            await replicas.wait_for_follower_fetch(left / 1000)
+            await replicas.wait_for_follower_fetch(left)
         for entry, _, _ in deleted:
             entry["error_code"] = ErrorCode.request_timed_out
