@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from kio.schema.errors import ErrorCode
@@ -13,8 +14,11 @@ from diskless.cluster.metadata import MetadataError
 from diskless.log.partition_log import OffsetOutOfRange
 from diskless.protocol import messages as m
 
-from .api_base import ApiFamily, _find_partition, forwarded_by_broker
+from .api_base import ApiFamily, _find_partition, _ms, forwarded_by_broker
 from .config_apis import check_with_broker_defaults, topic_config_entries
+
+if TYPE_CHECKING:
+    from diskless.replication.partition import Partition
 
 log = structlog.get_logger(__name__)
 
@@ -214,11 +218,12 @@ class AdminApis(ApiFamily):
         forwarded = forwarded_by_broker(header)
         topics = []
         forwards: dict[int, list[tuple[dict[str, Any], str, int, int]]] = {}
+        deleted: list[tuple[dict[str, Any], Partition, int]] = []
         for topic in request.topics:
             parts = []
             diskless = self._is_diskless(topic.name)
             for p in topic.partitions:
-                code, plog, _ = self._leader_log(topic.name, p.partition_index)
+                code, plog, replica = self._leader_log(topic.name, p.partition_index)
                 entry = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": code}
                 local = self.broker.replicas.partitions.get((topic.name, p.partition_index))
                 leader = (
@@ -238,6 +243,8 @@ class AdminApis(ApiFamily):
                         if target < 0:
                             raise OffsetOutOfRange("negative offset")
                         entry["low_watermark"] = plog.delete_records_before(target)
+                        if replica is not None:
+                            deleted.append((entry, replica, target))
                     except OffsetOutOfRange:
                         entry["error_code"] = ErrorCode.offset_out_of_range
                 parts.append(entry)
@@ -245,7 +252,7 @@ class AdminApis(ApiFamily):
         for leader, items in forwards.items():
             body = {
                 "topics": [{"name": t, "partitions": [{"partition_index": i, "offset": o}]} for _, t, i, o in items],
-                "timeout": 30000,
+                "timeout": _ms(request.timeout),
             }
             answer = await self._forward(leader, m.API_DELETE_RECORDS, 2, body)
             for entry, topic_name, index, _ in items:
@@ -254,4 +261,38 @@ class AdminApis(ApiFamily):
                     entry["error_code"] = ErrorCode.not_leader_or_follower
                 else:
                     entry.update(error_code=found.error_code, low_watermark=found.low_watermark)
+        await self._await_low_watermarks(deleted, _ms(request.timeout))
         return {"throttle_time": 0, "topics": topics}
+
+    async def _await_low_watermarks(
+        self, deleted: list[tuple[dict[str, Any], Partition, int]], timeout_ms: int
+    ) -> None:
+        """Kafka's DelayedDeleteRecords: a partition's answer waits until every live replica
+        reported a log start at the requested offset (its low watermark), else REQUEST_TIMED_OUT.
+        Until then a follower still answers ListOffsets(EARLIEST) and diskless reads from the old
+        start, and zone-aligned clients of diskless topics read from followers."""
+        if not deleted:
+            return
+        replicas = self.broker.replicas
+        replicas.notify_append()  # parked replica fetches carry the new log start out now
+        deadline = time.monotonic() + max(0, timeout_ms) / 1000
+        while True:
+            live = self.broker.metadata.brokers.keys()
+            waiting = []
+            for entry, replica, target in deleted:
+                state = replica.leader_state
+                if state is None:
+                    entry.update(error_code=ErrorCode.not_leader_or_follower, low_watermark=-1)
+                    continue
+                low = state.low_watermark(replica.log.log_start_offset, live)
+                if low >= target:
+                    entry["low_watermark"] = low
+                else:
+                    waiting.append((entry, replica, target))
+            deleted = waiting
+            left = deadline - time.monotonic()
+            if not deleted or left <= 0:
+                break
+            await replicas.wait_for_follower_fetch(left)
+        for entry, _, _ in deleted:
+            entry["error_code"] = ErrorCode.request_timed_out

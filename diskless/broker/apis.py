@@ -24,6 +24,7 @@ from .admin_apis import AdminApis
 from .api_base import CloseConnection
 from .config_apis import ConfigApis
 from .diskless_rpcs import DisklessRpcs
+from .features import api_versions_features
 from .fetch_apis import FetchApis
 from .logdir_apis import LogDirApis
 from .metadata_apis import MetadataApis
@@ -123,7 +124,8 @@ class KafkaApis:
         error = ErrorCode.none
         if header.api_version >= 3 and not all(n is not None and CLIENT_SOFTWARE.fullmatch(n) for n in names):
             error = ErrorCode.invalid_request
-        return {"error_code": error, "api_keys": api_version_entries(), "throttle_time": 0}
+        body = {"error_code": error, "api_keys": api_version_entries(), "throttle_time": 0}
+        return body | api_versions_features(header.api_version)
 
     def _coordinator_handlers(self) -> dict[int, Callable[[m.RequestHeader, Any], Any]]:
         from diskless.groups import handlers as g

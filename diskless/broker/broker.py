@@ -508,6 +508,7 @@ class Broker:
         ``log_start_offset`` (-1: Fetch < v5, which does not say)."""
         if partition.on_follower_fetch(follower, fetch_offset, self.now_ms(), log_start_offset):
             self.replicas.notify_append()
+        self.replicas.notify_follower_fetch()
         # Only the fetching follower can rejoin, and only while it is a live broker: stale progress
         # of a dead follower must never put it back into the ISR (Kafka expands on a fetch, too).
         state = partition.leader_state

@@ -79,6 +79,9 @@ class ReplicaManager:
         # next loop turn (tests/unit/test_commit_wakeups.py).
         self._append_waiters: set[asyncio.Future[None]] = set()
         self._readable_waiters: set[asyncio.Future[None]] = set()
+        # DeleteRecords waiting for followers to report the new log start (Kafka's
+        # DelayedDeleteRecords): woken by replica fetches, which carry each follower's log start.
+        self._follower_fetch_waiters: set[asyncio.Future[None]] = set()
         self._closed = False
         self._checkpointed: list[str] | None = None  # lines of the last HW checkpoint written
         self._checkpoint_lock = threading.Lock()
@@ -379,17 +382,31 @@ class ReplicaManager:
 
         Only appends after this call count: the caller checked its partitions in the same loop
         turn, with no await in between, so nothing can slip between its check and this wait."""
-        loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[None] = loop.create_future()
-        waiters = self._readable_waiters if readable_only else self._append_waiters
-        waiters.add(waiter)
-        timer = loop.call_later(max(0.0, timeout), _release, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._readable_waiters.discard(waiter)
-            self._append_waiters.discard(waiter)
+        await _park(self._readable_waiters if readable_only else self._append_waiters, timeout)
+
+    def notify_follower_fetch(self) -> None:
+        """A follower fetched (and said where its log starts): wake parked DeleteRecords."""
+        if self._follower_fetch_waiters:
+            self._follower_fetch_waiters = _wake(self._follower_fetch_waiters)
+
+    async def wait_for_follower_fetch(self, timeout: float) -> None:
+        """Wait until some follower fetches a partition led here, or ``timeout`` seconds pass; only
+        fetches after this call count (the caller checked in the same loop turn)."""
+        await _park(self._follower_fetch_waiters, timeout)
+
+
+async def _park(waiters: set[asyncio.Future[None]], timeout: float) -> None:
+    """Wait on a future put in ``waiters`` until a wake-up releases it or ``timeout`` seconds pass.
+    Discarding it from that set on the way out is enough: a wake-up drops the set whole."""
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+    waiters.add(waiter)
+    timer = loop.call_later(max(0.0, timeout), _release, waiter)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        waiters.discard(waiter)
 
 
 def _wake(waiters: set[asyncio.Future[None]]) -> set[asyncio.Future[None]]:

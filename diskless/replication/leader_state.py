@@ -12,6 +12,7 @@ the stored ISR (complete a reassignment, elect that follower) before the leader 
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -108,6 +109,16 @@ class LeaderState:
         ReplicaManager.findPreferredReadReplica). Never for a follower not heard from yet."""
         progress = self.followers.get(follower)
         return progress is not None and progress.log_start_offset <= offset <= progress.log_end_offset
+
+    def low_watermark(self, leader_log_start: int, live: Collection[int]) -> int:
+        """Kafka's Partition.lowWatermarkIfLeader: the lowest log start of this leader and of its
+        followers on ``live`` brokers (UNKNOWN for one not heard from yet). A DeleteRecords is done
+        when it reaches the requested offset: every live replica then answers from the new start."""
+        low = leader_log_start
+        for follower, progress in self.followers.items():
+            if follower in live and follower in self.replicas:
+                low = min(low, progress.log_start_offset)
+        return low
 
     def isr_to_shrink(self, now_ms: int, lag_ms: int) -> list[int]:
         out = []
