@@ -444,6 +444,9 @@ class Broker:
         finally:
             if self.representative is not None:
                 self.representative.leaders_changed()  # commits waiting for a leader may go now
+            # A DeleteRecords waiting for its followers' log starts counts live replicas only, and
+            # is refused once this broker stops leading: a broker gone, or a leader moved, may end it.
+            self.replicas.notify_follower_fetch()
 
     async def _apply_change(self, change: RecordKey, now: int) -> None:
         kind = change[0]

@@ -385,7 +385,8 @@ class ReplicaManager:
         await _park(self._readable_waiters if readable_only else self._append_waiters, timeout)
 
     def notify_follower_fetch(self) -> None:
-        """A follower fetched (and said where its log starts): wake parked DeleteRecords."""
+        """A follower fetched (and said where its log starts), or metadata changed (a broker left,
+        a leader moved): wake parked DeleteRecords to look again."""
         if self._follower_fetch_waiters:
             self._follower_fetch_waiters = _wake(self._follower_fetch_waiters)
 
