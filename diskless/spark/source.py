@@ -28,6 +28,7 @@ re-reads nothing and skips nothing.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -45,7 +46,7 @@ from pyspark.sql.datasource import (
     InputPartition,
     WriterCommitMessage,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
+from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -363,8 +364,13 @@ class DisklessReader(DataSourceReader):
         return _read(partition)
 
 
-class DisklessStreamReader(DataSourceStreamReader):
-    """Micro-batches of the topics read; offsets and data loss as ``offsets`` describes them."""
+class DisklessStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of the topics read; offsets and data loss as ``offsets`` describes them.
+
+    Under ``Trigger.AvailableNow`` the query reads what the topics held when it started, in as
+    many micro-batches as ``maxOffsetsPerTrigger`` asks, then ends, as Spark's Kafka source:
+    ``prepareForTriggerAvailableNow`` notes each partition's end then, and no batch goes past it.
+    """
 
     def __init__(self, options: dict[str, str]) -> None:
         self.options = dict(options)
@@ -373,6 +379,9 @@ class DisklessStreamReader(DataSourceStreamReader):
         self.loss = DataLossPolicy(self.plan.fail_on_data_loss, log)
         self._parts: dict[tuple[str, int], PartitionInfo] = {}
         self._brokers: tuple[tuple[int, str, int], ...] = ()
+        # Trigger.AvailableNow: (topic, partition) -> (topic id, end offset) when the query
+        # started; None for other triggers.
+        self._available_now: dict[tuple[str, int], tuple[str, int]] | None = None
 
     def _run(self, coro: Any) -> Any:
         return asyncio.run(coro)
@@ -401,6 +410,34 @@ class DisklessStreamReader(DataSourceStreamReader):
                 await client.close()
 
         return self._run(run())
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Note where every partition ends now: this run reads up to there and no further. A
+        partition that cannot say yet, or appears later (new partitions, a topic created or
+        re-created after this), is left to the next run, so the run always ends."""
+
+        async def run() -> dict[tuple[str, int], tuple[str, int]]:
+            client = ClusterClient(self.settings)
+            try:
+                parts, _ = await self.plan.listing(client)
+                self._remember(client, parts)
+                self.settings = await client.with_secret()
+                latest = await client.try_list_offsets([(p, LATEST) for p in parts])
+            finally:
+                await client.close()
+            return {(p.topic, p.index): (p.topic_id, x) for p, x in zip(parts, latest, strict=True) if x is not None}
+
+        self._available_now = self._run(run())
+
+    def _target(self, topic: str, index: int, topic_id: str, latest: int) -> int:
+        """How far a partition may be read in this batch: its end now, or under AvailableNow at
+        most its end when the query started (nothing of another incarnation of the topic)."""
+        if self._available_now is None:
+            return latest
+        noted = self._available_now.get((topic, index))
+        if noted is None or noted[0] != topic_id:
+            return -1
+        return min(latest, noted[1])
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.plan.max_per_trigger is not None:
@@ -448,8 +485,9 @@ class DisklessStreamReader(DataSourceStreamReader):
         lags = []
         for n in plans:
             end[(n.topic, n.index)] = n.begin
-            if not n.first_seen and n.latest > n.begin:
-                lags.append(n)
+            target = self._target(n.topic, n.index, ids.get(n.topic, ""), n.latest)
+            if not n.first_seen and target > n.begin:
+                lags.append(dataclasses.replace(n, latest=target))
         budget = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         total = sum(n.latest - n.begin for n in lags)
         for n in lags:

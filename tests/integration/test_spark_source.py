@@ -385,9 +385,10 @@ class StreamToParquet:
     # loaded machine it can miss that, failing the query at its start: such a start is retried.
     UNBORN = "Python worker failed to connect back"
 
-    def __init__(self, spark: Any, cluster: Any, topic: str, root: Any) -> None:
+    def __init__(self, spark: Any, cluster: Any, topic: str, root: Any, max_per_trigger: int | None = None) -> None:
         self.spark, self.cluster, self.topic = spark, cluster, topic
         self.path, self.checkpoint = str(root / f"{topic}-out"), str(root / f"{topic}-checkpoint")
+        self.max_per_trigger = max_per_trigger
 
     def start(self, fail_on_data_loss: bool, available_now: bool) -> Any:
         spark = self.spark
@@ -401,8 +402,10 @@ class StreamToParquet:
             .option("startingOffsets", "earliest")
             .option("timeout.ms", "15000")
             .option("failOnDataLoss", str(fail_on_data_loss).lower())
-            .load()
         )
+        if self.max_per_trigger is not None:
+            stream = stream.option("maxOffsetsPerTrigger", str(self.max_per_trigger))
+        stream = stream.load()
         writer = (
             stream.selectExpr("partition", "offset", "value")
             .writeStream.format("parquet")
@@ -413,16 +416,17 @@ class StreamToParquet:
             return writer.trigger(availableNow=True).start()
         return writer.trigger(processingTime="200 milliseconds").start()
 
-    def run_available_now(self, fail_on_data_loss: bool) -> None:
-        """One Trigger.AvailableNow run (the source plans it as one micro-batch, from the checkpoint)."""
+    def run_available_now(self, fail_on_data_loss: bool) -> Any:
+        """One Trigger.AvailableNow run, from the checkpoint; the query, ended."""
         for attempt in range(3):
             query = self.start(fail_on_data_loss, available_now=True)
             try:
                 assert query.awaitTermination(120), "the AvailableNow run did not end"
-                return
+                return query
             except StreamingQueryException as exc:
                 if self.UNBORN not in str(exc) or attempt == 2:
                     raise
+        raise AssertionError("unreachable")
 
     def started(self, fail_on_data_loss: bool) -> Any:
         """A running query, once it has processed what is available."""
@@ -510,6 +514,25 @@ def test_streaming_query_and_a_topic_recreated_between_micro_batches(
             assert sorted(live.written()) == as_written(old + new), "a record was skipped or read twice"
     finally:
         running.stop()
+
+
+def test_available_now_reads_what_was_there_in_batches_of_max_offsets_per_trigger(
+    cluster_factory, spark, tmp_path
+) -> None:
+    """Trigger.AvailableNow with maxOffsetsPerTrigger: several micro-batches of at most that many
+    records, then the run ends, as Spark's Kafka source (SupportsTriggerAvailableNow). Spark runs a
+    source without it as a single batch of everything, the limit ignored."""
+    cluster = cluster_factory(s3=True, overrides=OVERRIDES)
+    create_topic(cluster.bootstrap, "paced", PARTITIONS, {"diskless.enabled": "true"})
+    rows = produce_confluent(cluster.bootstrap, "paced", "lz4", 30, "paced")
+    paced = StreamToParquet(spark, cluster, "paced", tmp_path, max_per_trigger=8)
+    query = paced.run_available_now(False)
+    sizes = [int(progress["numInputRows"]) for progress in query.recentProgress]
+    assert sum(sizes) == 30 and max(sizes) <= 8 and len([n for n in sizes if n]) >= 4, sizes
+    assert sorted(paced.written()) == as_written(rows)
+    later = produce_confluent(cluster.bootstrap, "paced", "none", 5, "later")
+    paced.run_available_now(False)
+    assert sorted(paced.written()) == as_written(rows + later)
 
 
 def test_writer_rows_read_back_by_a_consumer(cluster_factory, spark) -> None:
