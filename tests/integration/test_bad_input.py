@@ -274,7 +274,7 @@ def test_api_versions_with_unsupported_version_answers_v0(broker, healthy):
         response = client.receive(ApiVersionsResponseV0, API_VERSIONS, expect_correlation=42)
         assert response.error_code == ErrorCode.unsupported_version
         ranges = {k.api_key: (k.min_version, k.max_version) for k in response.api_keys}
-        assert ranges[API_VERSIONS] == (0, 3)
+        assert ranges[API_VERSIONS] == (0, 4)
         assert ranges[PRODUCE][0] <= 7 <= ranges[PRODUCE][1]
         assert METADATA in ranges
         # The connection stays open; the client downgrades and carries on.
