@@ -12,7 +12,7 @@ from typing import Any
 import structlog
 from kio.schema.errors import ErrorCode
 
-from diskless.cluster.coordinator_records import OFFSETS_TOPIC
+from diskless.cluster.coordinator_records import OFFSETS_TOPIC, TXN_TOPIC
 from diskless.log.partition_log import PartitionLog
 from diskless.protocol import messages as m
 from diskless.protocol import records
@@ -49,6 +49,11 @@ class TxnApis(ApiFamily):
             for topic in marker.topics:
                 parts = []
                 for index in topic.partition_indexes:
+                    if topic.name == TXN_TOPIC:
+                        # No transaction ever writes there, and its loader reads every record as a
+                        # transaction's: an (operator's) marker would leave the partition unloadable.
+                        parts.append({"partition_index": index, "error_code": ErrorCode.invalid_topic_exception})
+                        continue
                     code, plog, replica = self._leader_log(topic.name, index)
                     entry: dict[str, Any] = {"partition_index": index, "error_code": code}
                     leader = None if plog is not None else self._leader_elsewhere(forwarded, topic.name, index)
