@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
     from diskless.replication.partition import Partition
 
 log = structlog.get_logger(__name__)
+
+# What a forwarded DeleteRecords may take beyond the client's timeout: the leader's answer to a
+# wait that timed out must still arrive (REQUEST_TIMED_OUT), not be cut off as if it had none.
+FORWARD_MARGIN_S = 5.0
 
 # Kafka's controller refuses requests that would create more partitions than this at once (one
 # metadata batch; KAFKA-17870 for CreateTopics, KAFKA-19673 for CreatePartitions). Here it also
@@ -249,20 +254,33 @@ class AdminApis(ApiFamily):
                         entry["error_code"] = ErrorCode.offset_out_of_range
                 parts.append(entry)
             topics.append({"name": topic.name, "partitions": parts})
-        for leader, items in forwards.items():
-            body = {
-                "topics": [{"name": t, "partitions": [{"partition_index": i, "offset": o}]} for _, t, i, o in items],
-                "timeout": _ms(request.timeout),
-            }
-            answer = await self._forward(leader, m.API_DELETE_RECORDS, 2, body)
-            for entry, topic_name, index, _ in items:
-                found = _find_partition(answer, topic_name, index, "name", "partition_index")
-                if found is None:
-                    entry["error_code"] = ErrorCode.not_leader_or_follower
-                else:
-                    entry.update(error_code=found.error_code, low_watermark=found.low_watermark)
-        await self._await_low_watermarks(deleted, _ms(request.timeout))
+        timeout_ms = _ms(request.timeout)
+        # The leaders' waits and our own run side by side, each bounded by the client's timeout:
+        # one after another, the answer could come several timeouts late, after the client gave up.
+        await asyncio.gather(
+            *(self._forward_delete(leader, items, timeout_ms) for leader, items in forwards.items()),
+            self._await_low_watermarks(deleted, timeout_ms),
+        )
         return {"throttle_time": 0, "topics": topics}
+
+    async def _forward_delete(
+        self, leader: int, items: list[tuple[dict[str, Any], str, int, int]], timeout_ms: int
+    ) -> None:
+        """Partitions led by ``leader`` deleted there: it waits for its followers up to the client's
+        timeout, so the connection's own timeout leaves it that long and a margin to answer."""
+        body = {
+            "topics": [{"name": t, "partitions": [{"partition_index": i, "offset": o}]} for _, t, i, o in items],
+            "timeout": timeout_ms,
+        }
+        answer = await self._forward(
+            leader, m.API_DELETE_RECORDS, 2, body, timeout=max(0, timeout_ms) / 1000 + FORWARD_MARGIN_S
+        )
+        for entry, topic_name, index, _ in items:
+            found = _find_partition(answer, topic_name, index, "name", "partition_index")
+            if found is None:
+                entry["error_code"] = ErrorCode.not_leader_or_follower
+            else:
+                entry.update(error_code=found.error_code, low_watermark=found.low_watermark)
 
     async def _await_low_watermarks(
         self, deleted: list[tuple[dict[str, Any], Partition, int]], timeout_ms: int

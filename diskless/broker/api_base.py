@@ -138,10 +138,14 @@ class ApiFamily:
             return None
         return int(state.leader)
 
-    async def _forward(self, leader: int, api_key: int, version: int, body: dict[str, Any]) -> Any | None:
+    async def _forward(
+        self, leader: int, api_key: int, version: int, body: dict[str, Any], timeout: float = 30.0
+    ) -> Any | None:
+        """The leader's answer to ``body``, or None if it could not be had within ``timeout`` seconds
+        (a request that waits at the leader, such as DeleteRecords, needs its own wait and more)."""
         try:
             conn = await self.broker.peers.get(leader)
-            return await conn.request(api_key, version, body, timeout=30)
+            return await conn.request(api_key, version, body, timeout=timeout)
         except (ClientError, OSError, TimeoutError) as exc:
             log.info("forwarding to the leader failed", leader=leader, api=api_key, error=str(exc))
             return None

@@ -5,6 +5,7 @@ coordinator's part)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 import structlog
 from kio.schema.errors import ErrorCode
 
-from diskless.cluster.coordinator_records import OFFSETS_TOPIC
+from diskless.cluster.coordinator_records import OFFSETS_TOPIC, TXN_TOPIC
 from diskless.log.partition_log import PartitionLog
 from diskless.protocol import messages as m
 from diskless.protocol import records
@@ -21,6 +22,8 @@ from diskless.replication.partition import Partition, wait_for_commits
 from .api_base import ApiFamily, _find_partition, forwarded_by_broker
 
 log = structlog.get_logger(__name__)
+
+MARKER_WAIT_S = 30.0  # how long a marker's leader waits for it to replicate (acks=all)
 
 
 class TxnApis(ApiFamily):
@@ -49,6 +52,11 @@ class TxnApis(ApiFamily):
             for topic in marker.topics:
                 parts = []
                 for index in topic.partition_indexes:
+                    if topic.name == TXN_TOPIC:
+                        # No transaction ever writes there, and its loader reads every record as a
+                        # transaction's: an (operator's) marker would leave the partition unloadable.
+                        parts.append({"partition_index": index, "error_code": ErrorCode.invalid_topic_exception})
+                        continue
                     code, plog, replica = self._leader_log(topic.name, index)
                     entry: dict[str, Any] = {"partition_index": index, "error_code": code}
                     leader = None if plog is not None else self._leader_elsewhere(forwarded, topic.name, index)
@@ -77,9 +85,16 @@ class TxnApis(ApiFamily):
                     parts.append(entry)
                 topics.append({"name": topic.name, "partitions": parts})
             results.append({"producer_id": marker.producer_id, "topics": topics})
-        for entry, leader, marker, topic_name in forwards:
-            entry["error_code"] = await self._forward_marker(leader, marker, topic_name, entry["partition_index"])
-        outcomes = await wait_for_commits([(r, offset, epoch) for _, r, offset, epoch in waits], 30.0, first=False)
+        # The leaders' commit waits and ours run side by side: one after another, each up to
+        # MARKER_WAIT_S, the answer could come long after the operator's client gave up.
+        codes, outcomes = await asyncio.gather(
+            asyncio.gather(
+                *(self._forward_marker(leader, marker, t, e["partition_index"]) for e, leader, marker, t in forwards)
+            ),
+            wait_for_commits([(r, offset, epoch) for _, r, offset, epoch in waits], MARKER_WAIT_S, first=False),
+        )
+        for (entry, *_), code in zip(forwards, codes, strict=True):
+            entry["error_code"] = code
         for (entry, replica, _, epoch), committed in zip(waits, outcomes, strict=True):
             if not committed:
                 lost = not replica.leads_at(epoch)
@@ -104,7 +119,9 @@ class TxnApis(ApiFamily):
                 }
             ]
         }
-        answer = await self._forward(leader, m.API_WRITE_TXN_MARKERS, 1, body)
+        # The leader waits up to MARKER_WAIT_S for the marker to replicate: its REQUEST_TIMED_OUT
+        # must arrive, not be cut off (and misread as NOT_LEADER_OR_FOLLOWER) at the same moment.
+        answer = await self._forward(leader, m.API_WRITE_TXN_MARKERS, 1, body, timeout=MARKER_WAIT_S + 5.0)
         for result in answer.markers if answer is not None else ():
             for t in result.topics:
                 for p in t.partitions:
