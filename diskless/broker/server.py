@@ -26,6 +26,12 @@ Accepted connections are counted and expired by ``connection_quotas.py`` (max.co
 max.connections.per.ip, connections.max.idle.ms): a connection over a limit is closed as it is
 accepted; an idle one by a sweep that runs only when some connection may be due.
 
+Client quotas (``throttle.py``, KIP-219): while any is set, a client's Produce request bytes,
+consumer Fetch answer bytes and handler time are counted against it; an answer over a quota goes out
+at once carrying its throttle time, and the connection is not read from for that long (Kafka mutes
+the channel). Clients back off by themselves too. With no quota set, a request costs one attribute
+read more.
+
 Anything undecodable, an oversized frame, or an unsupported version of any API
 other than ApiVersions closes that connection only. A handler that fails unexpectedly is answered
 with the API's error code (``error_responses``); the connection stays open.
@@ -69,6 +75,7 @@ from .connection_quotas import Admission, ConnectionLimits, ConnectionQuotas, Ex
 from .idle_fetches import CURRENT_IDLE_FETCHES, IdleFetchMemo
 from .metadata_cache import MetadataAnswerCache
 from .request_budget import RequestBudget
+from .throttle import CONSUMER_BYTE_RATE, PARKED, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, ClientQuotaManager
 
 log = structlog.get_logger(__name__)
 
@@ -113,6 +120,9 @@ class KafkaServer:
         self.metadata_answers = MetadataAnswerCache()
         # max.connections(.per.ip), connections.max.idle.ms: configure_connections changes them.
         self.quotas = ConnectionQuotas(apis.broker.config.connection_limits())
+        # Client quotas (throttle.py): the broker hands it the cluster's quotas as they change.
+        config = apis.broker.config
+        self.client_quotas = ClientQuotaManager(config.quota_window_num, config.quota_window_size_seconds)
         self._sweeper: asyncio.Task[None] | None = None
         self._resolver: asyncio.Task[None] | None = None
         self._refusals_logged_at = -REFUSAL_LOG_INTERVAL_S
@@ -294,6 +304,7 @@ class Connection:
         self._refusal_logged = False
         # Topic aliases and constant fields of the compact replica fetches read on this connection.
         self.replica_fetch_state = replica_fetch_wire.ConnectionState()
+        self.muted_until = 0.0  # loop time until which a throttled client's requests are not read (KIP-219)
 
     async def run(self) -> None:
         # Every handler task started from here inherits this connection's zone (client_zone.py).
@@ -336,12 +347,22 @@ class Connection:
             if not data:
                 return
             self.tracked.last_active = self._loop.time()  # ConnectionQuotas.activity, inlined (per read)
+            if self.muted_until:
+                await self._wait_unmuted()
             self.decoder.feed(data)
             for frame in self.decoder.frames():
                 await self._dispatch(frame)
             self._count("in", len(data))
             if self.writer.is_closing():
                 return
+
+    async def _wait_unmuted(self) -> None:
+        """Hold what was read until a throttle ends: Kafka stops reading a throttled channel; a
+        client that did not back off itself waits here, its next request unread."""
+        delay = self.muted_until - self._loop.time()
+        self.muted_until = 0.0
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     def abort(self) -> None:
         """Close now (the sweep's decision): an answer stuck in the send buffer is dropped."""
@@ -454,6 +475,10 @@ class Connection:
         if header.api_key == m.API_FETCH and self.zone.may_take_rack:
             self._observe_rack(request)
         child(REQUESTS, str(header.api_key)).inc()
+        # Client quotas: brokers are never throttled (Kafka exempts its inter-broker principal).
+        quotas = self.server.client_quotas if self.server.client_quotas.active else None
+        if quotas is not None and self.internal_auth.authenticated:
+            quotas = None
         budget = self.server.request_budget
         if budget is not None and not self.internal_auth.authenticated:
             # Reading stops here until earlier requests give their bytes back. The request is in
@@ -465,11 +490,11 @@ class Connection:
             except BaseException:
                 ConnectionQuotas.request_finished(self.tracked, self._loop.time())
                 raise
-            task = asyncio.ensure_future(self._respond(header, request))
+            task = asyncio.ensure_future(self._respond(header, request, len(frame), quotas))
             task.add_done_callback(lambda _: budget.release(size))
             self._handling(task, counted=True)
         else:
-            task = asyncio.ensure_future(self._respond(header, request))
+            task = asyncio.ensure_future(self._respond(header, request, len(frame), quotas))
             self._handling(task)
         await self.pending.put((header, task))
 
@@ -556,11 +581,20 @@ class Connection:
             self._count("out", len(frame))
             self._count_api("out", api, len(frame))
 
-    async def _respond(self, header: m.RequestHeader, request: Any) -> bytes | None:
+    async def _respond(
+        self, header: m.RequestHeader, request: Any, size: int = 0, quotas: ClientQuotaManager | None = None
+    ) -> bytes | None:
         try:
             if header.api_key == m.API_METADATA:
                 return await self._respond_metadata(header, request)
-            body = await self.server.apis.handle(header, request)
+            if quotas is None:
+                body = await self.server.apis.handle(header, request)
+            else:
+                started = self._loop.time()
+                parked = [0.0]
+                PARKED.set(parked)  # this task's own context: a Fetch's long-poll wait is not handler time
+                body = await self.server.apis.handle(header, request)
+                self._throttle(quotas, header, request, body, size, self._loop.time() - started - parked[0])
             return None if body is None else m.encode_response(header, body)
         except CloseConnection:
             raise
@@ -574,6 +608,33 @@ class Connection:
                 raise CloseConnection(f"acks=0 produce failed: {exc!r}") from exc
             body = error_responses.error_response(header.api_key, header.api_version, request, code)
             return m.encode_response(header, body)
+
+    def _throttle(
+        self,
+        quotas: ClientQuotaManager,
+        header: m.RequestHeader,
+        request: Any,
+        body: dict[str, Any] | None,
+        size: int,
+        handler_s: float,
+    ) -> None:
+        """Count a request against its client's quotas (throttle.py); over one, its answer carries
+        the throttle time and the connection is muted as long (KIP-219)."""
+        now = self._loop.time()
+        now_ms = now * 1000.0
+        principal = self.session.principal
+        user = principal[5:] if principal.startswith("User:") else principal
+        client_id = header.client_id or ""
+        throttle = quotas.record(REQUEST_PERCENTAGE, user, client_id, max(handler_s, 0.0) * 100.0, now_ms)
+        if header.api_key == m.API_PRODUCE:
+            throttle = max(throttle, quotas.record(PRODUCER_BYTE_RATE, user, client_id, size, now_ms))
+        elif header.api_key == m.API_FETCH and body is not None and getattr(request, "replica_id", -1) < 0:
+            fetched = sum(len(p.get("records") or b"") for t in body.get("responses", ()) for p in t["partitions"])
+            throttle = max(throttle, quotas.record(CONSUMER_BYTE_RATE, user, client_id, fetched, now_ms))
+        if throttle:
+            if body is not None:
+                body["throttle_time"] = throttle
+            self.muted_until = max(self.muted_until, now + throttle / 1000.0)
 
     def _handler_failed(self, header: m.RequestHeader, exc: Exception) -> ErrorCode:
         """Count and log a handler's unexpected failure; the error code its answer carries."""
