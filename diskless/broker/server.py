@@ -347,10 +347,10 @@ class Connection:
             if not data:
                 return
             self.tracked.last_active = self._loop.time()  # ConnectionQuotas.activity, inlined (per read)
-            if self.muted_until:
-                await self._wait_unmuted()
             self.decoder.feed(data)
             for frame in self.decoder.frames():
+                if self.muted_until:
+                    await self._wait_unmuted()
                 await self._dispatch(frame)
             self._count("in", len(data))
             if self.writer.is_closing():
@@ -477,8 +477,14 @@ class Connection:
         child(REQUESTS, str(header.api_key)).inc()
         # Client quotas: brokers are never throttled (Kafka exempts its inter-broker principal).
         quotas = self.server.client_quotas if self.server.client_quotas.active else None
-        if quotas is not None and self.internal_auth.authenticated:
-            quotas = None
+        throttle = 0
+        if quotas is not None:
+            if self.internal_auth.authenticated:
+                quotas = None
+            elif header.api_key == m.API_PRODUCE:
+                # Counted as it is read, so a throttle holds the requests pipelined behind it
+                # unread, as Kafka (one request at a time per connection) does.
+                throttle = self._over_quota(quotas, PRODUCER_BYTE_RATE, header.client_id, len(frame))
         budget = self.server.request_budget
         if budget is not None and not self.internal_auth.authenticated:
             # Reading stops here until earlier requests give their bytes back. The request is in
@@ -490,11 +496,11 @@ class Connection:
             except BaseException:
                 ConnectionQuotas.request_finished(self.tracked, self._loop.time())
                 raise
-            task = asyncio.ensure_future(self._respond(header, request, len(frame), quotas))
+            task = asyncio.ensure_future(self._respond(header, request, quotas, throttle))
             task.add_done_callback(lambda _: budget.release(size))
             self._handling(task, counted=True)
         else:
-            task = asyncio.ensure_future(self._respond(header, request, len(frame), quotas))
+            task = asyncio.ensure_future(self._respond(header, request, quotas, throttle))
             self._handling(task)
         await self.pending.put((header, task))
 
@@ -582,7 +588,7 @@ class Connection:
             self._count_api("out", api, len(frame))
 
     async def _respond(
-        self, header: m.RequestHeader, request: Any, size: int = 0, quotas: ClientQuotaManager | None = None
+        self, header: m.RequestHeader, request: Any, quotas: ClientQuotaManager | None = None, throttle: int = 0
     ) -> bytes | None:
         try:
             if header.api_key == m.API_METADATA:
@@ -594,7 +600,7 @@ class Connection:
                 parked = [0.0]
                 PARKED.set(parked)  # this task's own context: a Fetch's long-poll wait is not handler time
                 body = await self.server.apis.handle(header, request)
-                self._throttle(quotas, header, request, body, size, self._loop.time() - started - parked[0])
+                self._throttle(quotas, header, request, body, throttle, self._loop.time() - started - parked[0])
             return None if body is None else m.encode_response(header, body)
         except CloseConnection:
             raise
@@ -615,26 +621,28 @@ class Connection:
         header: m.RequestHeader,
         request: Any,
         body: dict[str, Any] | None,
-        size: int,
+        throttle: int,
         handler_s: float,
     ) -> None:
-        """Count a request against its client's quotas (throttle.py); over one, its answer carries
-        the throttle time and the connection is muted as long (KIP-219)."""
+        """Count a handled request against its client's quotas (throttle.py); over one (``throttle``:
+        its produce bytes were), its answer carries the throttle time (KIP-219)."""
+        client_id = header.client_id
+        throttle = max(throttle, self._over_quota(quotas, REQUEST_PERCENTAGE, client_id, max(handler_s, 0.0) * 100.0))
+        if header.api_key == m.API_FETCH and body is not None and getattr(request, "replica_id", -1) < 0:
+            fetched = sum(len(p.get("records") or b"") for t in body.get("responses", ()) for p in t["partitions"])
+            throttle = max(throttle, self._over_quota(quotas, CONSUMER_BYTE_RATE, client_id, fetched))
+        if throttle and body is not None:
+            body["throttle_time"] = throttle
+
+    def _over_quota(self, quotas: ClientQuotaManager, quota_type: str, client_id: str | None, value: float) -> int:
+        """Record ``value``; over the quota, the connection is muted for the throttle time returned."""
         now = self._loop.time()
-        now_ms = now * 1000.0
         principal = self.session.principal
         user = principal[5:] if principal.startswith("User:") else principal
-        client_id = header.client_id or ""
-        throttle = quotas.record(REQUEST_PERCENTAGE, user, client_id, max(handler_s, 0.0) * 100.0, now_ms)
-        if header.api_key == m.API_PRODUCE:
-            throttle = max(throttle, quotas.record(PRODUCER_BYTE_RATE, user, client_id, size, now_ms))
-        elif header.api_key == m.API_FETCH and body is not None and getattr(request, "replica_id", -1) < 0:
-            fetched = sum(len(p.get("records") or b"") for t in body.get("responses", ()) for p in t["partitions"])
-            throttle = max(throttle, quotas.record(CONSUMER_BYTE_RATE, user, client_id, fetched, now_ms))
+        throttle = quotas.record(quota_type, user, client_id or "", value, now * 1000.0)
         if throttle:
-            if body is not None:
-                body["throttle_time"] = throttle
             self.muted_until = max(self.muted_until, now + throttle / 1000.0)
+        return throttle
 
     def _handler_failed(self, header: m.RequestHeader, exc: Exception) -> ErrorCode:
         """Count and log a handler's unexpected failure; the error code its answer carries."""
