@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -239,39 +239,36 @@ def test_alter_and_describe_client_quotas(cluster: LocalCluster) -> None:
     wait_until(lambda: describe(one) == {}, timeout=10, message="the removal on the other broker")
 
 
-def test_producer_held_near_its_byte_rate_quota(cluster: LocalCluster) -> None:
+def held_then_lifted(
+    cluster: LocalCluster, measure: Callable[[str, str, bool], tuple[float, Throttles]], kind: str, key: str
+) -> None:
+    """A client id with a ``key`` quota, set through the broker it does not talk to, is held near
+    it and told so; another client id runs free; removed, the quota no longer holds the first."""
     leader, other = leader_and_other(cluster)
-    assert set_quota(other, leader, "slow-producer", "producer_byte_rate", QUOTA) < 2.0
-    slow, throttles = producer_rate(leader, "slow-producer", until_throttled=True)
+    assert set_quota(other, leader, f"slow-{kind}", key, QUOTA) < 2.0
+    slow, throttles = measure(leader, f"slow-{kind}", True)
     assert throttles.events and max(throttles.events) > 0
     assert slow < 1.5 * QUOTA, f"{slow:.0f} B/s under a {QUOTA} B/s quota"
     assert slow > 0.3 * QUOTA  # throttled, not starved
-    fast, fast_throttles = producer_rate(leader, "free-producer", until_throttled=False)
-    print(f"producer: {slow:.0f} B/s under a {QUOTA} B/s quota, {fast:.0f} B/s without")
+    fast, fast_throttles = measure(leader, f"free-{kind}", False)
+    print(f"{kind}: {slow:.0f} B/s under a {QUOTA} B/s quota, {fast:.0f} B/s without")
     assert fast > 4 * QUOTA and not fast_throttles.events, f"{fast:.0f} B/s without a quota"
 
-    set_quota(other, leader, "slow-producer", "producer_byte_rate", None)
-    lifted, _ = producer_rate(leader, "slow-producer", until_throttled=False)
+    set_quota(other, leader, f"slow-{kind}", key, None)
+    lifted, _ = measure(leader, f"slow-{kind}", False)
     assert lifted > 4 * QUOTA, f"{lifted:.0f} B/s once the quota was removed"
 
 
+def test_producer_held_near_its_byte_rate_quota(cluster: LocalCluster) -> None:
+    held_then_lifted(cluster, producer_rate, "producer", "producer_byte_rate")
+
+
 def test_consumer_held_near_its_byte_rate_quota(cluster: LocalCluster) -> None:
-    leader, other = leader_and_other(cluster)
+    leader, _ = leader_and_other(cluster)
     # Small batches: a fetch answer holds at least one whole batch, whatever its max bytes (KIP-74).
     producer = Producer({"bootstrap.servers": leader, "linger.ms": 5, "batch.size": 16384})
     for _ in range(6 * 1024 * 1024 // len(RECORD)):
         producer.produce(TOPIC, RECORD, partition=0)
         producer.poll(0)
     assert producer.flush(30) == 0
-    set_quota(other, leader, "slow-consumer", "consumer_byte_rate", QUOTA)
-    slow, throttles = consumer_rate(leader, "slow-consumer", until_throttled=True)
-    assert throttles.events and max(throttles.events) > 0
-    assert slow < 1.5 * QUOTA, f"{slow:.0f} B/s under a {QUOTA} B/s quota"
-    assert slow > 0.3 * QUOTA
-    fast, fast_throttles = consumer_rate(leader, "free-consumer", until_throttled=False)
-    print(f"consumer: {slow:.0f} B/s under a {QUOTA} B/s quota, {fast:.0f} B/s without")
-    assert fast > 4 * QUOTA and not fast_throttles.events, f"{fast:.0f} B/s without a quota"
-
-    set_quota(other, leader, "slow-consumer", "consumer_byte_rate", None)
-    lifted, _ = consumer_rate(leader, "slow-consumer", until_throttled=False)
-    assert lifted > 4 * QUOTA, f"{lifted:.0f} B/s once the quota was removed"
+    held_then_lifted(cluster, consumer_rate, "consumer", "consumer_byte_rate")
