@@ -1,4 +1,4 @@
-"""Client quotas on a real two-broker cluster (etcd): AlterClientQuotas and DescribeClientQuotas as
+"""Client quotas on a real two-broker cluster (etcd, S3): AlterClientQuotas and DescribeClientQuotas as
 raw protocol requests, their effect on every broker and across a restart, and librdkafka producers
 and consumers held near their byte-rate quotas (throttle_time in the answers, KIP-219 muting) while
 client ids without a quota run free. Quotas are always set through the broker the client does not
@@ -6,6 +6,7 @@ talk to: the change must reach the partition leader through etcd."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.integration
 QUOTA = 256 * 1024  # bytes/s
 RECORD = b"x" * 4096
 TOPIC = "quota-topic"
+DISKLESS_TOPIC = "quota-diskless"  # its records go to S3: the produce quota counts the same
 MEASURE_S = 3.0
 FREE_BYTES = 8 * 1024 * 1024  # what a client without a quota sends, timed
 
@@ -37,22 +39,24 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     # whole second's sample leaving the window frees its bytes at once; test_client_quotas in
     # tests/unit holds the default to its quota over a minute), and a few seconds is what is measured here.
     overrides = {"broker.session.timeout.ms": "3000", "metrics.port": "0", "quota.window.num": "2"}
-    started = LocalCluster(root, 2, 1, overrides)
+    started = LocalCluster(root, 2, 1, overrides, s3=True)
     try:
         started.start()
         admin = AdminClient({"bootstrap.servers": started.bootstrap})
-        admin.create_topics([NewTopic(TOPIC, 1, 1)], operation_timeout=10)[TOPIC].result(timeout=15)
+        topics = [NewTopic(TOPIC, 1, 1), NewTopic(DISKLESS_TOPIC, 1, 1, config={"diskless.enabled": "true"})]
+        for future in admin.create_topics(topics, operation_timeout=10).values():
+            future.result(timeout=15)
         yield started
     finally:
         started.kill_all()
 
 
-def leader_and_other(cluster: LocalCluster) -> tuple[str, str]:
+def leader_and_other(cluster: LocalCluster, topic: str) -> tuple[str, str]:
     """The bootstrap of the topic's leader, and of the other broker."""
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
 
     def leader_id() -> int:
-        return admin.list_topics(TOPIC, timeout=5).topics[TOPIC].partitions[0].leader
+        return admin.list_topics(topic, timeout=5).topics[topic].partitions[0].leader
 
     wait_until(lambda: leader_id() in (0, 1), message="a leader")
     leader = leader_id()
@@ -110,7 +114,7 @@ class Throttles:
         self.events.append(float(event.throttle_time))
 
 
-def producer_rate(bootstrap: str, client_id: str, until_throttled: bool) -> tuple[float, Throttles]:
+def producer_rate(bootstrap: str, client_id: str, until_throttled: bool, topic: str = TOPIC) -> tuple[float, Throttles]:
     """Bytes/s acknowledged to one producer sending as fast as it can. With ``until_throttled``,
     measured over MEASURE_S from its first throttle report (after the burst Kafka's window allows);
     without, the time it takes to send FREE_BYTES (the broker takes hundreds of MB/s: a timed run
@@ -140,7 +144,7 @@ def producer_rate(bootstrap: str, client_id: str, until_throttled: bool) -> tupl
         sent = 0
         while not stop.is_set() and sent < budget:
             try:
-                producer.produce(TOPIC, RECORD, partition=0, on_delivery=delivered)
+                producer.produce(topic, RECORD, partition=0, on_delivery=delivered)
                 sent += len(RECORD)
             except BufferError:
                 producer.poll(0.01)
@@ -240,11 +244,11 @@ def test_alter_and_describe_client_quotas(cluster: LocalCluster) -> None:
 
 
 def held_then_lifted(
-    cluster: LocalCluster, measure: Callable[[str, str, bool], tuple[float, Throttles]], kind: str, key: str
+    cluster: LocalCluster, measure: Callable[[str, str, bool], tuple[float, Throttles]], kind: str, key: str, topic: str
 ) -> None:
     """A client id with a ``key`` quota, set through the broker it does not talk to, is held near
     it and told so; another client id runs free; removed, the quota no longer holds the first."""
-    leader, other = leader_and_other(cluster)
+    leader, other = leader_and_other(cluster, topic)
     assert set_quota(other, leader, f"slow-{kind}", key, QUOTA) < 2.0
     slow, throttles = measure(leader, f"slow-{kind}", True)
     assert throttles.events and max(throttles.events) > 0
@@ -260,15 +264,20 @@ def held_then_lifted(
 
 
 def test_producer_held_near_its_byte_rate_quota(cluster: LocalCluster) -> None:
-    held_then_lifted(cluster, producer_rate, "producer", "producer_byte_rate")
+    held_then_lifted(cluster, producer_rate, "producer", "producer_byte_rate", TOPIC)
+
+
+def test_diskless_producer_held_near_its_byte_rate_quota(cluster: LocalCluster) -> None:
+    measure = functools.partial(producer_rate, topic=DISKLESS_TOPIC)
+    held_then_lifted(cluster, measure, "diskless-producer", "producer_byte_rate", DISKLESS_TOPIC)
 
 
 def test_consumer_held_near_its_byte_rate_quota(cluster: LocalCluster) -> None:
-    leader, _ = leader_and_other(cluster)
+    leader, _ = leader_and_other(cluster, TOPIC)
     # Small batches: a fetch answer holds at least one whole batch, whatever its max bytes (KIP-74).
     producer = Producer({"bootstrap.servers": leader, "linger.ms": 5, "batch.size": 16384})
     for _ in range(6 * 1024 * 1024 // len(RECORD)):
         producer.produce(TOPIC, RECORD, partition=0)
         producer.poll(0)
     assert producer.flush(30) == 0
-    held_then_lifted(cluster, consumer_rate, "consumer", "consumer_byte_rate")
+    held_then_lifted(cluster, consumer_rate, "consumer", "consumer_byte_rate", TOPIC)
