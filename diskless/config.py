@@ -194,6 +194,15 @@ class BrokerConfig:
             " inter-broker listener) are never refused by it.",
         ),
     )
+    # --- client quotas (broker/throttle.py; the quotas themselves are set with AlterClientQuotas) ---
+    quota_window_num: int = field(
+        default=11,
+        metadata=_prop("quota.window.num", "Samples a client quota's rate is measured over (Kafka's)."),
+    )
+    quota_window_size_seconds: int = field(
+        default=1,
+        metadata=_prop("quota.window.size.seconds", "Length of each sample of a client quota's rate."),
+    )
     metrics_port: int = field(default=-1, metadata=_prop("metrics.port", "Prometheus endpoint port; -1 disables it."))
     metrics_host: str | None = field(default=None, metadata=_prop("metrics.host", "Defaults to the listener's host."))
     metadata_etcd_endpoints: str | None = field(
@@ -751,4 +760,6 @@ def load_config(
     config.validate_listeners()
     config.connection_limits()
     config.validate_log_defaults()
+    if config.quota_window_num < 1 or config.quota_window_size_seconds < 1:
+        raise ConfigError("quota.window.num and quota.window.size.seconds must be at least 1")
     return config

@@ -106,6 +106,28 @@ NO_KEY_COMPACTED_RECORDS = Counter(
     "diskless_no_key_compacted_topic_records_total", "Records without a key refused by compacted topics"
 )
 
+# Client quotas (broker/throttle.py). Kafka labels its throttle-time and byte-rate metrics by user
+# and client id; here by quota type and KIP-55 level only, so clients cannot grow the label set.
+CLIENT_QUOTA_THROTTLE = Histogram(
+    "diskless_client_quota_throttle_seconds",
+    "Throttle times given to clients over a quota (Kafka's throttle-time), by quota type"
+    " (producer_byte_rate, consumer_byte_rate, request_percentage) and the KIP-55 level of the"
+    " entity whose quota it was (user_client, user, default_client...)",
+    ["quota", "level"],
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+CLIENT_QUOTA_RECORDED = Counter(
+    "diskless_client_quota_recorded_total",
+    "What clients under a quota were counted for, by quota type: bytes produced, bytes fetched,"
+    " request_percentage as percent-seconds of handler time (Kafka's byte-rate and request-time)",
+    ["quota"],
+)
+CLIENT_QUOTA_RATES = Gauge(
+    "diskless_client_quota_rates",
+    "Rates kept for clients under a quota (one per quota entity met), by quota type",
+    ["quota"],
+)
+
 
 _CHILDREN: dict[tuple[int, tuple[str, ...]], Any] = {}
 

@@ -4,7 +4,7 @@ Handlers are version-agnostic: requests arrive as kio entities of whatever versi
 sent (fields an older version lacks are read with defaults), responses are plain dicts that the
 codec fits to the client's version, and errors are Kafka error codes per topic/partition, as Kafka
 returns them. Each family lives in its own module: ``metadata_apis``, ``produce_apis``,
-``fetch_apis``, ``admin_apis``, ``txn_apis``, the coordinators' handlers in ``diskless.groups`` and
+``fetch_apis``, ``admin_apis``, ``txn_apis``, ``quota_apis``, the coordinators' handlers in ``diskless.groups`` and
 ``diskless.transactions``, and the internal diskless RPCs in ``diskless_rpcs``.
 """
 
@@ -29,6 +29,7 @@ from .fetch_apis import FetchApis
 from .logdir_apis import LogDirApis
 from .metadata_apis import MetadataApis
 from .produce_apis import ProduceApis
+from .quota_apis import QuotaApis
 from .reassign_apis import ReassignApis
 from .security_apis import AUTHORIZED_OPERATIONS_APIS, SecurityApis
 from .tier_rpcs import TierRpcs
@@ -54,6 +55,7 @@ class KafkaApis:
         self.reassign = ReassignApis(broker)
         self.logdirs = LogDirApis(broker)
         self.configs = ConfigApis(broker)
+        self.quotas = QuotaApis(broker)
         self.txn = TxnApis(broker)
         self.diskless = DisklessRpcs(broker)
         self.security = SecurityApis(broker)
@@ -65,7 +67,7 @@ class KafkaApis:
         }
         for family in (self.metadata, self.produce, self.fetch, self.admin, self.txn, self.security):
             self._handlers.update(family.handlers())
-        for family in (self.reassign, self.logdirs, self.configs):
+        for family in (self.reassign, self.logdirs, self.configs, self.quotas):
             self._handlers.update(family.handlers())
         self._internal_handlers: dict[int, Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]] = {
             internal.INTERNAL_COMMIT_BATCHES: self.diskless.commit_batches_rpc,

@@ -229,6 +229,7 @@ class Broker:
             self.backend.load()
             self.metadata.controller_id = self.node_id
         self.operations.apply_dynamic_configs()  # dynamic broker configs, before logs open
+        self.server.client_quotas.update(self.metadata.client_quotas)
         self.replicas.load(self.metadata.topics, self.log_config, self.now_ms())
         # One server per listener (several when each AZ has its own, diskless.listener.az.map).
         bound = {}
@@ -476,6 +477,8 @@ class Broker:
             self.operations.apply_dynamic_configs()
             if self.clustered and self._is_controller():
                 await self._reconcile()  # a cluster-wide unclean.leader.election.enable may now elect
+        elif kind == "client-quota":
+            self.server.client_quotas.update(self.metadata.client_quotas)
         elif kind == "controller" and self.metadata.controller_id == -1 and self.clustered:
             await self._campaign()
         elif kind == "broker" and self.clustered and self._is_controller():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
@@ -22,7 +23,7 @@ from kio.schema.errors import ErrorCode
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_random_exponential
 
 from diskless.broker.connection_quotas import ConnectionLimits, LimitError, parse_overrides
-from diskless.cluster import broker_configs, reassignment
+from diskless.cluster import broker_configs, client_quotas, reassignment
 from diskless.cluster.elections import PREFERRED, elect_preferred, imbalanced_partitions
 from diskless.cluster.metadata import PartitionState
 from diskless.replication.throttle import ThrottleBucket
@@ -37,6 +38,24 @@ APPLIED_WAIT_S = 10.0
 
 class ConcurrentChange(Exception):
     """The partition's state changed between the decision and the write; decide again."""
+
+
+def _compare_and_swap_attempts() -> AsyncRetrying:
+    """Retries of a read-decide-write whose write lost a race (``ConcurrentChange``)."""
+    return AsyncRetrying(
+        stop=stop_after_attempt(6),
+        wait=wait_random_exponential(multiplier=0.02, max=0.5),
+        retry=retry_if_exception_type(ConcurrentChange),
+        reraise=True,
+    )
+
+
+async def _applied(read: Callable[[], object], expected: object) -> None:
+    """Until this broker's copy shows a change it wrote (its watch), so a describe sent to it right
+    after the answer sees it; at most APPLIED_WAIT_S (a lagging watch must not fail the change)."""
+    deadline = time.monotonic() + APPLIED_WAIT_S
+    while read() != expected and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
 
 
 class Operations:
@@ -137,12 +156,7 @@ class Operations:
         """Change the dynamic configs of broker resource ``resource`` ("" for the cluster default):
         ``updates_for`` maps the current ones to set (value) / delete (None) updates."""
         name = broker_configs.DEFAULT_RESOURCE if resource == "" else resource
-        async for attempt in AsyncRetrying(
-            stop=stop_after_attempt(6),
-            wait=wait_random_exponential(multiplier=0.02, max=0.5),
-            retry=retry_if_exception_type(ConcurrentChange),
-            reraise=True,
-        ):
+        async for attempt in _compare_and_swap_attempts():
             with attempt:
                 current = dict(self.broker.metadata.broker_configs.get(name, {}))
                 updates = broker_configs.validate_dynamic(updates_for(current))
@@ -155,10 +169,30 @@ class Operations:
                     return
                 if not await self.broker.backend.update_broker_configs(name, merged):
                     raise ConcurrentChange
-                deadline = time.monotonic() + APPLIED_WAIT_S
-                while self.broker.metadata.broker_configs.get(name, {}) != merged and time.monotonic() < deadline:
-                    await asyncio.sleep(0.01)
+                await _applied(lambda: self.broker.metadata.broker_configs.get(name, {}), merged)
                 log.info("dynamic broker configs altered", resource=name, configs=merged)
+
+    async def alter_client_quotas(
+        self, alterations: list[client_quotas.Alteration], validate_only: bool
+    ) -> dict[client_quotas.Entity, tuple[ErrorCode, str | None]]:
+        """Apply an AlterClientQuotas (cluster/client_quotas.py): every valid entity's change in one
+        store transaction, seen here before answering; each entity's outcome."""
+        results: dict[client_quotas.Entity, tuple[ErrorCode, str | None]] = {}
+        async for attempt in _compare_and_swap_attempts():
+            with attempt:
+                current = self.broker.metadata.client_quotas
+                results, after = client_quotas.plan_alterations(current, alterations)
+                changed = {e: v for e, v in after.items() if v != current.get(e, {})}
+                if validate_only or not changed:
+                    return results
+                if not await self.broker.backend.update_client_quotas(changed):
+                    raise ConcurrentChange
+                await _applied(functools.partial(self._client_quotas_of, list(changed)), changed)
+                log.info("client quotas altered", changes={client_quotas.render(e): v for e, v in changed.items()})
+        return results
+
+    def _client_quotas_of(self, entities: list[client_quotas.Entity]) -> dict[client_quotas.Entity, dict[str, float]]:
+        return {e: self.broker.metadata.client_quotas.get(e, {}) for e in entities}
 
     # --- replication throttle ----------------------------------------------------------------
 

@@ -281,6 +281,8 @@ _CHECKS: dict[int, Callable[[Any], list[Check]]] = {
     API_DELETE_ACLS: lambda r: _cluster(a.ALTER),
     API_DESCRIBE_USER_SCRAM_CREDENTIALS: lambda r: _cluster(a.DESCRIBE),
     API_ALTER_USER_SCRAM_CREDENTIALS: lambda r: _cluster(a.ALTER),
+    m.API_DESCRIBE_CLIENT_QUOTAS: lambda r: _cluster(a.DESCRIBE_CONFIGS),
+    m.API_ALTER_CLIENT_QUOTAS: lambda r: _cluster(a.ALTER_CONFIGS),
     # Operations APIs (admin tooling), by key: ElectLeaders, AlterPartitionReassignments,
     # ListPartitionReassignments, AlterReplicaLogDirs, DescribeLogDirs, DescribeTopicPartitions.
     43: lambda r: _cluster(a.ALTER),

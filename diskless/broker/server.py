@@ -26,6 +26,12 @@ Accepted connections are counted and expired by ``connection_quotas.py`` (max.co
 max.connections.per.ip, connections.max.idle.ms): a connection over a limit is closed as it is
 accepted; an idle one by a sweep that runs only when some connection may be due.
 
+Client quotas (``throttle.py``, KIP-219): while any is set, a client's Produce request bytes,
+consumer Fetch answer bytes and handler time are counted against it; an answer over a quota goes out
+at once carrying its throttle time, and the connection is not read from for that long (Kafka mutes
+the channel). Clients back off by themselves too. With no quota set, a request costs one attribute
+read more.
+
 Anything undecodable, an oversized frame, or an unsupported version of any API
 other than ApiVersions closes that connection only. A handler that fails unexpectedly is answered
 with the API's error code (``error_responses``); the connection stays open.
@@ -69,6 +75,7 @@ from .connection_quotas import Admission, ConnectionLimits, ConnectionQuotas, Ex
 from .idle_fetches import CURRENT_IDLE_FETCHES, IdleFetchMemo
 from .metadata_cache import MetadataAnswerCache
 from .request_budget import RequestBudget
+from .throttle import CONSUMER_BYTE_RATE, PARKED, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, ClientQuotaManager
 
 log = structlog.get_logger(__name__)
 
@@ -113,6 +120,9 @@ class KafkaServer:
         self.metadata_answers = MetadataAnswerCache()
         # max.connections(.per.ip), connections.max.idle.ms: configure_connections changes them.
         self.quotas = ConnectionQuotas(apis.broker.config.connection_limits())
+        # Client quotas (throttle.py): the broker hands it the cluster's quotas as they change.
+        config = apis.broker.config
+        self.client_quotas = ClientQuotaManager(config.quota_window_num, config.quota_window_size_seconds)
         self._sweeper: asyncio.Task[None] | None = None
         self._resolver: asyncio.Task[None] | None = None
         self._refusals_logged_at = -REFUSAL_LOG_INTERVAL_S
@@ -294,6 +304,7 @@ class Connection:
         self._refusal_logged = False
         # Topic aliases and constant fields of the compact replica fetches read on this connection.
         self.replica_fetch_state = replica_fetch_wire.ConnectionState()
+        self.muted_until = 0.0  # loop time until which a throttled client's requests are not read (KIP-219)
 
     async def run(self) -> None:
         # Every handler task started from here inherits this connection's zone (client_zone.py).
@@ -338,10 +349,20 @@ class Connection:
             self.tracked.last_active = self._loop.time()  # ConnectionQuotas.activity, inlined (per read)
             self.decoder.feed(data)
             for frame in self.decoder.frames():
+                if self.muted_until:
+                    await self._wait_unmuted()
                 await self._dispatch(frame)
             self._count("in", len(data))
             if self.writer.is_closing():
                 return
+
+    async def _wait_unmuted(self) -> None:
+        """Hold what was read until a throttle ends: Kafka stops reading a throttled channel; a
+        client that did not back off itself waits here, its next request unread."""
+        delay = self.muted_until - self._loop.time()
+        self.muted_until = 0.0
+        if delay > 0:
+            await asyncio.sleep(delay)
 
     def abort(self) -> None:
         """Close now (the sweep's decision): an answer stuck in the send buffer is dropped."""
@@ -454,6 +475,16 @@ class Connection:
         if header.api_key == m.API_FETCH and self.zone.may_take_rack:
             self._observe_rack(request)
         child(REQUESTS, str(header.api_key)).inc()
+        # Client quotas: brokers are never throttled (Kafka exempts its inter-broker principal).
+        quotas = self.server.client_quotas if self.server.client_quotas.active else None
+        throttle = 0
+        if quotas is not None:
+            if self.internal_auth.authenticated:
+                quotas = None
+            elif header.api_key == m.API_PRODUCE:
+                # Counted as it is read, so a throttle holds the requests pipelined behind it
+                # unread, as Kafka (one request at a time per connection) does.
+                throttle = self._over_quota(quotas, PRODUCER_BYTE_RATE, header.client_id, len(frame))
         budget = self.server.request_budget
         if budget is not None and not self.internal_auth.authenticated:
             # Reading stops here until earlier requests give their bytes back. The request is in
@@ -465,11 +496,11 @@ class Connection:
             except BaseException:
                 ConnectionQuotas.request_finished(self.tracked, self._loop.time())
                 raise
-            task = asyncio.ensure_future(self._respond(header, request))
+            task = asyncio.ensure_future(self._respond(header, request, quotas, throttle))
             task.add_done_callback(lambda _: budget.release(size))
             self._handling(task, counted=True)
         else:
-            task = asyncio.ensure_future(self._respond(header, request))
+            task = asyncio.ensure_future(self._respond(header, request, quotas, throttle))
             self._handling(task)
         await self.pending.put((header, task))
 
@@ -556,11 +587,20 @@ class Connection:
             self._count("out", len(frame))
             self._count_api("out", api, len(frame))
 
-    async def _respond(self, header: m.RequestHeader, request: Any) -> bytes | None:
+    async def _respond(
+        self, header: m.RequestHeader, request: Any, quotas: ClientQuotaManager | None = None, throttle: int = 0
+    ) -> bytes | None:
         try:
             if header.api_key == m.API_METADATA:
                 return await self._respond_metadata(header, request)
-            body = await self.server.apis.handle(header, request)
+            if quotas is None:
+                body = await self.server.apis.handle(header, request)
+            else:
+                started = self._loop.time()
+                parked = [0.0]
+                PARKED.set(parked)  # this task's own context: a Fetch's long-poll wait is not handler time
+                body = await self.server.apis.handle(header, request)
+                self._throttle(quotas, header, request, body, throttle, self._loop.time() - started - parked[0])
             return None if body is None else m.encode_response(header, body)
         except CloseConnection:
             raise
@@ -574,6 +614,35 @@ class Connection:
                 raise CloseConnection(f"acks=0 produce failed: {exc!r}") from exc
             body = error_responses.error_response(header.api_key, header.api_version, request, code)
             return m.encode_response(header, body)
+
+    def _throttle(
+        self,
+        quotas: ClientQuotaManager,
+        header: m.RequestHeader,
+        request: Any,
+        body: dict[str, Any] | None,
+        throttle: int,
+        handler_s: float,
+    ) -> None:
+        """Count a handled request against its client's quotas (throttle.py); over one (``throttle``:
+        its produce bytes were), its answer carries the throttle time (KIP-219)."""
+        client_id = header.client_id
+        throttle = max(throttle, self._over_quota(quotas, REQUEST_PERCENTAGE, client_id, max(handler_s, 0.0) * 100.0))
+        if header.api_key == m.API_FETCH and body is not None and getattr(request, "replica_id", -1) < 0:
+            fetched = sum(len(p.get("records") or b"") for t in body.get("responses", ()) for p in t["partitions"])
+            throttle = max(throttle, self._over_quota(quotas, CONSUMER_BYTE_RATE, client_id, fetched))
+        if throttle and body is not None:
+            body["throttle_time"] = throttle
+
+    def _over_quota(self, quotas: ClientQuotaManager, quota_type: str, client_id: str | None, value: float) -> int:
+        """Record ``value``; over the quota, the connection is muted for the throttle time returned."""
+        now = self._loop.time()
+        principal = self.session.principal
+        user = principal[5:] if principal.startswith("User:") else principal
+        throttle = quotas.record(quota_type, user, client_id or "", value, now * 1000.0)
+        if throttle:
+            self.muted_until = max(self.muted_until, now + throttle / 1000.0)
+        return throttle
 
     def _handler_failed(self, header: m.RequestHeader, exc: Exception) -> ErrorCode:
         """Count and log a handler's unexpected failure; the error code its answer carries."""

@@ -8,6 +8,7 @@ Layout under ``/diskless/<cluster.id>/``::
     partitions/<name>/<p>   leader, leader epoch, ISR (and topic id), once it left its initial state
     producer-id-block       next free producer id block
     broker-configs/<id>     dynamic broker configs of one broker, ``default`` for the cluster's
+    client-quotas/<entity>  client quotas of one entity (cluster/client_quotas.py: user, client id, defaults)
     broker-incarnations/<id> the incarnation of broker <id> that started last (no lease): an older
                             one may not register again
 
@@ -30,7 +31,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import aetcd
 import structlog
@@ -39,6 +40,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from diskless.aio import cancel_and_wait
 from diskless.metrics import METADATA_APPLY_ERRORS
 
+from .client_quotas import Entity, encode_values, record_path
 from .lease import LeaseFence
 from .lease_keeper import LeaseKeeper
 from .metadata import (
@@ -74,7 +76,15 @@ GRPC_KEEPALIVE = {
     "grpc.keepalive_timeout_ms": 4000,
     "grpc.http2.max_pings_without_data": 0,
 }
-_LOAD_ORDER = {"brokers": 0, "controller": 1, "wal-manager": 1, "broker-configs": 1, "topics": 2, "partitions": 3}
+_LOAD_ORDER = {
+    "brokers": 0,
+    "controller": 1,
+    "wal-manager": 1,
+    "broker-configs": 1,
+    "client-quotas": 1,
+    "topics": 2,
+    "partitions": 3,
+}
 
 
 # Startup steps (loading, registering) wait out a busy etcd ("etcdserver: request timed out"
@@ -186,6 +196,7 @@ class EtcdMetadataStore:
         self.metadata.controller_id = -1
         self.metadata.wal_manager = None
         self.metadata.broker_configs.clear()
+        self.metadata.client_quotas.clear()
         self.revisions.clear()
         self.created.clear()
         for path, value, revision, created in records:
@@ -214,6 +225,7 @@ class EtcdMetadataStore:
         changes: list[RecordKey] = [("topic", name) for name in before - set(self.metadata.topics)]
         changes += [("broker", str(b)) for b in self.metadata.brokers] + [("controller",)]
         changes.append(("broker-config", "*"))  # dynamic broker configs are laid over again whole
+        changes.append(("client-quota",))
         for topic in self.metadata.topics.values():
             changes.append(("topic", topic.name))
             changes += [("partition", topic.name, str(i)) for i in range(len(topic.partitions))]
@@ -507,13 +519,25 @@ class EtcdMetadataStore:
     async def update_broker_configs(self, name: str, configs: dict[str, str]) -> bool:
         """CAS the dynamic configs of broker ``name`` ("default": cluster-wide) against the revision
         we last saw; an empty set deletes the key."""
-        path = f"broker-configs/{name}"
-        key = self._key(path)
+        return await self._replace({f"broker-configs/{name}": json.dumps(configs).encode() if configs else None})
+
+    async def update_client_quotas(self, changes: Mapping[Entity, dict[str, float]]) -> bool:
+        """CAS the quotas of every entity named (empty: deleted) in one transaction, as Kafka applies
+        one AlterClientQuotas atomically."""
+        return await self._replace(
+            {record_path(e): encode_values(values) if values else None for e, values in changes.items()}
+        )
+
+    async def _replace(self, values: Mapping[str, bytes | None]) -> bool:
+        """Put (None: delete) keys, each compared against the revision we last saw of it."""
         tx = self.client.transactions
-        revision = self.revisions.get(path, 0)
-        compare = [tx.mod(key) == revision] if revision > 0 else [tx.version(key) == 0]
-        change = tx.put(key, json.dumps(configs).encode()) if configs else tx.delete(key)
-        ok, _ = await self.client.transaction(compare=compare, success=[change], failure=[])
+        compare, success = [], []
+        for path, value in values.items():
+            key = self._key(path)
+            revision = self.revisions.get(path, 0)
+            compare.append(tx.mod(key) == revision if revision > 0 else tx.version(key) == 0)
+            success.append(tx.put(key, value) if value is not None else tx.delete(key))
+        ok, _ = await self.client.transaction(compare=compare, success=success, failure=[])
         return bool(ok)
 
     async def reserve_producer_id_block(self) -> ProducerIdBlock:

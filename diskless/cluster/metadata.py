@@ -23,6 +23,7 @@ from kio.schema.errors import ErrorCode
 from diskless.files import replace_durably
 from diskless.log.config import ConfigError, canonical_name, validate_overrides
 
+from .client_quotas import RECORD_PREFIX, Entity, decode_values, entity_from_path, entity_of
 from .producer_ids import LocalProducerIdStore, ProducerIdBlock
 
 log = structlog.get_logger(__name__)
@@ -103,6 +104,8 @@ class ClusterMetadata:
         self.wal_manager: tuple[str, int] | None = None  # where representatives send commit notices
         # Dynamic broker configs by node id, "default" for the cluster-wide ones (broker_configs.py).
         self.broker_configs: dict[str, dict[str, str]] = {}
+        # Client quotas by entity (cluster/client_quotas.py), cluster-wide.
+        self.client_quotas: dict[Entity, dict[str, float]] = {}
         self.generation = 0  # moves on every applied change (answers built from this copy go stale)
         # Moves when topics or brokers change (not on leader/ISR churn): an answer built before a
         # topic was created, grown or deleted is never reused, however young.
@@ -293,6 +296,7 @@ class ClusterMetadata:
                 "cluster_id": self.cluster_id,
                 "topics": [asdict(t) for t in self.topics.values()],
                 "broker_configs": self.broker_configs,
+                "client_quotas": [[list(e), v] for e, v in self.client_quotas.items()],
             },
             indent=1,
         )
@@ -300,6 +304,7 @@ class ClusterMetadata:
     def load_json(self, text: str) -> None:
         data = json.loads(text)
         self.broker_configs = {k: dict(v) for k, v in data.get("broker_configs", {}).items()}
+        self.client_quotas = {entity_of(tuple(p) for p in e): dict(v) for e, v in data.get("client_quotas", [])}
         self.topics = {}
         for raw in data.get("topics", []):
             parts = [PartitionState(**p) for p in raw.pop("partitions")]
@@ -407,6 +412,13 @@ def _apply_record(metadata: ClusterMetadata, path: str, value: bytes | None) -> 
         else:
             metadata.broker_configs[parts[1]] = dict(json.loads(value))
         return [("broker-config", parts[1])]
+    if path.startswith(RECORD_PREFIX):
+        entity = entity_from_path(path)
+        if value is None:
+            metadata.client_quotas.pop(entity, None)
+        else:
+            metadata.client_quotas[entity] = decode_values(value)
+        return [("client-quota",)]
     if parts[0] == "topics" and len(parts) == 2:
         name = parts[1]
         if value is None:
@@ -535,6 +547,16 @@ class LocalBackend:
         else:
             self.metadata.broker_configs.pop(name, None)
         await self._changed([("broker-config", name)])
+        return True
+
+    async def update_client_quotas(self, changes: Mapping[Entity, dict[str, float]]) -> bool:
+        """Replace the quotas of each entity named (empty: it has none), all at once."""
+        for entity, quotas in changes.items():
+            if quotas:
+                self.metadata.client_quotas[entity] = dict(quotas)
+            else:
+                self.metadata.client_quotas.pop(entity, None)
+        await self._changed([("client-quota",)])
         return True
 
     async def reserve_producer_id_block(self) -> ProducerIdBlock:

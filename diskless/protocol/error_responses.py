@@ -61,8 +61,12 @@ _IDENTITY = frozenset(
         "group_instance_id",
         "user",
         "transactional_id",
+        "entity_type",
+        "entity_name",
     }
 )
+# Lists of identity fields only, answered as the request gave them (AlterClientQuotas' entity).
+_COPIED = frozenset({"entity"})
 
 _ANSWERED_TOGETHER = {"upsertions": ("deletions",)}
 
@@ -179,11 +183,14 @@ def _fill(cls: type, source: Any, code: ErrorCode, message: str | None, top: boo
 
 
 def _fill_list(entity: type, name: str, source: Any, code: ErrorCode, message: str | None) -> list[dict[str, Any]]:
-    if not _carries_error(entity):
+    copied = name in _COPIED
+    if not copied and not _carries_error(entity):
         return []
     found = _request_list(source, name)
     if found is None:
         return []
+    if copied:
+        return [_fill(entity, item, code, message) for item in found[1]]
     items: list[dict[str, Any]] = []
     for item in found[1]:
         if is_dataclass(item):

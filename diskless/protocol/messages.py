@@ -76,6 +76,8 @@ API_CREATE_ACLS = 30
 API_DELETE_ACLS = 31
 API_DESCRIBE_USER_SCRAM_CREDENTIALS = 50
 API_ALTER_USER_SCRAM_CREDENTIALS = 51
+API_DESCRIBE_CLIENT_QUOTAS = 48  # client quotas (broker/quota_apis.py)
+API_ALTER_CLIENT_QUOTAS = 49
 
 # Version ranges we serve. Upper bounds cover what aiokafka 0.14, kafka-python 3, librdkafka 2.x
 # and kcat negotiate; lower bounds are where kio's schemas start (Kafka 4 dropped older ones).
@@ -133,6 +135,8 @@ SUPPORTED_VERSIONS: dict[int, tuple[int, int]] = {
     API_DELETE_ACLS: (1, 3),
     API_DESCRIBE_USER_SCRAM_CREDENTIALS: (0, 0),
     API_ALTER_USER_SCRAM_CREDENTIALS: (0, 0),
+    API_DESCRIBE_CLIENT_QUOTAS: (0, 1),
+    API_ALTER_CLIENT_QUOTAS: (0, 1),
 }
 
 _HEADER_FIXED = struct.Struct(">hhih")

@@ -50,6 +50,8 @@ KAFKA_4_0 = {
     45: (0, 0),  # AlterPartitionReassignments (v1, KIP-860, is Kafka 4.1)
     46: (0, 0),  # ListPartitionReassignments
     47: (0, 0),  # OffsetDelete
+    48: (0, 1),  # DescribeClientQuotas
+    49: (0, 1),  # AlterClientQuotas
     50: (0, 0),  # DescribeUserScramCredentials
     51: (0, 0),  # AlterUserScramCredentials
     60: (0, 1),  # DescribeCluster

@@ -203,6 +203,8 @@ def _value(kafka_type: str | None, optional: bool, data: st.DataObject) -> Any:
         return data.draw(st.booleans())
     if kafka_type == "uuid":
         return uuid.UUID(int=data.draw(st.integers(0, 2**128 - 1)))
+    if kafka_type == "float64":  # AlterClientQuotas' values
+        return data.draw(st.floats(allow_nan=False))
     lo, hi = _INT_RANGES[kafka_type or "int32"]
     return data.draw(st.integers(lo, hi))
 
