@@ -7,12 +7,11 @@ INVALID_REGULAR_EXPRESSION for the consumer."""
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
-from support import wait_until
+from support import PolledConsumer, wait_until
 
 OVERRIDES = {
     "group.initial.rebalance.delay.ms": "0",
@@ -32,45 +31,32 @@ def produce(bootstrap: str, topics: list[str]) -> None:
 
 
 class RegexConsumer:
-    """A consumer-protocol member on its own thread, keeping what it received and its errors."""
+    """A consumer-protocol member subscribed to ``pattern``, keeping what it received and its errors."""
 
     def __init__(self, bootstrap: str, group: str, pattern: str) -> None:
-        self.errors: list[KafkaError] = []
-        self.consumer = Consumer(
-            {
-                "bootstrap.servers": bootstrap,
-                "group.id": group,
-                "group.protocol": "consumer",
-                "auto.offset.reset": "earliest",
-                # A topic created after the subscription: its records are read from its start.
-                "topic.metadata.refresh.interval.ms": "1000",
-                # Where librdkafka reports a fatal error.
-                "error_cb": self.errors.append,
-            }
-        )
-        self.consumer.subscribe([pattern])
         self.received: set[str] = set()
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
+        self.errors: list[KafkaError] = []
+        config = {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+            # Where librdkafka reports a fatal error.
+            "error_cb": self.errors.append,
+        }
+        self.polled = PolledConsumer(config, [pattern], self.take)
 
-    def run(self) -> None:
-        while not self.stop.is_set():
-            message = self.consumer.poll(0.2)
-            if message is None:
-                continue
-            if message.error() is None:
-                self.received.add(message.value().decode())
-            else:
-                self.errors.append(message.error())
+    def take(self, message: Message) -> None:
+        if message.error() is None:
+            self.received.add(message.value().decode())
+        else:
+            self.errors.append(message.error())
 
     def topics(self) -> set[str]:
         return {value.split(":")[0] for value in self.received}
 
     def close(self) -> None:
-        self.stop.set()
-        self.thread.join(10)
-        self.consumer.close()
+        self.polled.close()
 
 
 async def test_a_regex_subscription_consumes_matching_topics_and_new_ones(cluster_factory) -> None:
