@@ -10,11 +10,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from diskless.local.servers import free_ports, stop_process
 
@@ -30,6 +31,32 @@ def wait_until(condition: Callable[[], T], timeout: float = 15.0, interval: floa
         if time.monotonic() > deadline:
             raise TimeoutError(message or f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+class PolledConsumer:
+    """A confluent-kafka consumer polled on its own thread until ``close``: ``on_message`` gets each
+    message (records and errors alike), on that thread."""
+
+    def __init__(self, config: dict[str, Any], topics: list[str], on_message: Callable[[Any], None]) -> None:
+        from confluent_kafka import Consumer  # only the tests that drive librdkafka pay for it
+
+        self.consumer = Consumer(config)
+        self.consumer.subscribe(topics)
+        self.on_message = on_message
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            message = self.consumer.poll(0.2)
+            if message is not None:
+                self.on_message(message)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+        self.consumer.close()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

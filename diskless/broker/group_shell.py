@@ -98,6 +98,19 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
         meta = self.broker.metadata.topics.get(topic)
         return len(meta.partitions) if meta is not None and not meta.internal else None
 
+    def topic_names(self) -> list[str]:
+        """The topics a regex subscription is resolved against: those ``partitions_of`` knows (internal
+        topics are not assigned here, by name or by regex)."""
+        return [name for name, meta in self.broker.metadata.topics.items() if not meta.internal]
+
+    def topics_version(self) -> int:
+        # Moves when topics (or brokers) change, not on leader or ISR churn.
+        return self.broker.metadata.topology_generation
+
+    def may_describe_topic(self) -> Callable[[str], bool] | None:
+        """Which topics the requesting connection's principal may DESCRIBE, None for all."""
+        return self.broker.apis.security.describe_filter()
+
     def topic_id_of(self, topic: str) -> uuid.UUID | None:
         meta = self.broker.metadata.topics.get(topic)
         return uuid.UUID(meta.topic_id) if meta is not None else None
@@ -424,6 +437,8 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
                 assignors=tuple(a.strip() for a in config.group_consumer_assignors.split(",") if a.strip()),
             ),
             partitions_of=self.partitions_of,
+            topic_names=self.topic_names,
+            topics_version=self.topics_version,
             on_store=lambda store: self._store_group(core, store),
         )
         self._forget_partition(partition.index)

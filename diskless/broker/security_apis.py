@@ -264,8 +264,8 @@ _CHECKS: dict[int, Callable[[Any], list[Check]]] = {
     m.API_LIST_GROUPS: lambda r: [],  # filtered per group afterwards
     m.API_LIST_TRANSACTIONS: lambda r: [],  # filtered per transactional id afterwards
     # After the group, DESCRIBE on every subscribed topic (KAFKA-18813: a client may not learn about
-    # topics it cannot describe through its assignment); a regex subscription is refused by the
-    # coordinator (not supported), so there is no resolved topic to filter.
+    # topics it cannot describe through its assignment); the topics a regex resolves to are filtered
+    # by the coordinator, which keeps those the heartbeat's principal may DESCRIBE (as Kafka 4.0).
     m.API_CONSUMER_GROUP_HEARTBEAT: lambda r: (
         _group(a.READ, r.group_id) + _topics(a.DESCRIBE, list(dict.fromkeys(r.subscribed_topic_names or ())))
     ),
@@ -372,6 +372,16 @@ class SecurityApis(ApiFamily):
         if self.authorizer is None or session is None:
             return True  # no authorizer, or the broker itself (no connection)
         return self.authorizer.authorize(session.principal, session.host, op, resource_type, name)
+
+    def describe_filter(self) -> Callable[[str], bool] | None:
+        """Whether this connection's principal may DESCRIBE a topic, as a predicate bound to the
+        connection (it may be called outside the request's context); None when nothing is denied."""
+        session = self._session()
+        authorizer = self.authorizer
+        if authorizer is None or session is None or session.principal in authorizer.super_users:
+            return None
+        principal, host = session.principal, session.host
+        return lambda topic: authorizer.authorize(principal, host, a.DESCRIBE, a.TOPIC, topic)
 
     def metadata_shared(self) -> bool:
         """Whether this connection's Metadata answers may come from (and go to) the shared cache."""

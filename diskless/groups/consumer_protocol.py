@@ -30,6 +30,20 @@ Committed offsets stay in ``GroupCoordinatorCore``.
 
 Topics are identified by name here; the handler maps topic ids to names. ``partitions_of(topic)``
 (supplied by the shell) gives the partition count of a topic, None if it does not exist.
+
+Regular-expression subscriptions, as Kafka 4.0 (KIP-848's SubscribedTopicRegex): a member may
+subscribe by a regex, alone or with topic names. A regex new to the group is compiled first (RE2
+syntax, as Kafka's RE2/J; INVALID_REGULAR_EXPRESSION otherwise). The group resolves each of its
+regexes against the shell's ``topic_names()`` by full match (``^orders`` is not ``orders-1``),
+keeping the topics the heartbeat's principal may DESCRIBE (``HeartbeatRequest.may_describe``), and
+a member's subscription is its names plus what its regex resolved to. Resolution happens during a
+heartbeat, as Kafka's maybeUpdateRegularExpressions decides: when a regex is not resolved yet or
+``topics_version()`` moved since (topics were created), but at most once per
+``REGEX_REFRESH_INTERVAL_MS``; a change of the resolved topics bumps the group epoch, so members
+get the new partitions. A deleted topic leaves the subscription metadata at once (its partition
+count is gone), as for names. Each resolution is a ConsumerGroupRegularExpression record, with a
+tombstone once no member subscribes to the regex; a resolution loaded from the log is resolved
+again when next allowed (it may predate topics created during the failover).
 """
 
 from __future__ import annotations
@@ -38,6 +52,7 @@ import enum
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
+import re2
 from kio.schema.errors import ErrorCode
 
 Assignment = dict[str, frozenset[int]]  # topic -> partitions
@@ -47,6 +62,35 @@ LEAVE_EPOCH = -1
 STATIC_LEAVE_EPOCH = -2
 
 ASSIGNORS = ("uniform", "range")
+
+# Kafka's REGEX_BATCH_REFRESH_INTERVAL_MS: a group's regular expressions are resolved again at most
+# this often, so that a burst of topic creations costs one rebalance rather than one each.
+REGEX_REFRESH_INTERVAL_MS = 10_000
+
+# RE2 (Kafka resolves with RE2/J): linear time whatever the pattern, so a member cannot make the
+# coordinator spin; no backreferences or lookarounds. Errors are answered, not logged by RE2 itself.
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False
+
+
+def compile_regex(regex: str) -> re2._Regexp:
+    """The compiled SubscribedTopicRegex; ValueError with RE2's description if it is not one."""
+    try:
+        return re2.compile(regex, _RE2_OPTIONS)
+    except re2.error as exc:
+        raw = exc.args[0] if exc.args else b""
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        # RE2 says "<what>: <where>"; Kafka's message carries RE2/J's description, the "what".
+        raise ValueError(text.split(": ", 1)[0]) from None
+
+
+def regex_error(regex: str) -> str | None:
+    """Kafka's INVALID_REGULAR_EXPRESSION message for ``regex``, None if it compiles."""
+    try:
+        compile_regex(regex)
+    except ValueError as exc:
+        return f"SubscribedTopicRegex `{regex}` is not a valid regular expression: {exc}."
+    return None
 
 
 class MemberState(enum.Enum):
@@ -86,6 +130,9 @@ class HeartbeatRequest:
     owned: Assignment | None = None  # topic_partitions; None when unchanged since the last heartbeat
     client_id: str = ""
     client_host: str = ""
+    # Which topics the member's principal may DESCRIBE (None: all). A regex resolved during this
+    # heartbeat keeps only those, as Kafka resolves with the context of the heartbeat that triggers it.
+    may_describe: Callable[[str], bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +154,7 @@ class ConsumerMember:
     client_host: str = ""
     rebalance_timeout_ms: int = 300_000
     subscribed_topics: tuple[str, ...] = ()
+    subscribed_regex: str | None = None
     server_assignor: str | None = None
     member_epoch: int = 0
     previous_member_epoch: int = -1
@@ -164,6 +212,7 @@ class MemberMetadataRecord:
     subscribed_topics: tuple[str, ...]
     rebalance_timeout_ms: int
     server_assignor: str | None
+    subscribed_regex: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +226,25 @@ class MemberTombstone:
     group_id: str
     member_id: str
     kind: str = "member"
+
+
+@dataclass(frozen=True, slots=True)
+class RegexRecord:
+    """Kafka's ConsumerGroupRegularExpression (16): the topics a regex of the group resolved to, and
+    when (the refresh interval counts from it across a failover too)."""
+
+    group_id: str
+    regex: str
+    topics: frozenset[str]
+    refreshed_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class RegexTombstone:
+    """A regex key without a value: no member subscribes to the regex any more."""
+
+    group_id: str
+    regex: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,12 +283,14 @@ ConsumerRecord = (
     | SubscriptionMetadataRecord
     | MemberMetadataRecord
     | MemberTombstone
+    | RegexRecord
+    | RegexTombstone
     | TargetEpochRecord
     | TargetMemberRecord
     | CurrentAssignmentRecord
 )
 
-# The keys of a group's records: (kind, member id), "" for the group's own.
+# The keys of a group's records: (kind, member id), "" for the group's own, the regex for a regex's.
 RecordKey = tuple[str, str]
 _EPOCH, _SUBSCRIPTIONS, _TARGET_EPOCH = ("epoch", ""), ("subscriptions", ""), ("target_epoch", "")
 MEMBER_KINDS = ("member", "target", "assignment")
@@ -228,6 +298,7 @@ MEMBER_KINDS = ("member", "target", "assignment")
 # the group's target epoch, subscription metadata, epoch.
 MEMBER_TOMBSTONE_KINDS = ("assignment", "target", "member")
 GROUP_TOMBSTONE_KINDS = ("target_epoch", "subscriptions", "epoch")
+REGEX_KIND = "regex"
 
 
 def record_key(record: ConsumerRecord) -> RecordKey:
@@ -237,6 +308,8 @@ def record_key(record: ConsumerRecord) -> RecordKey:
         return (record.kind, "")
     if isinstance(record, MemberTombstone):
         return (record.kind, record.member_id)
+    if isinstance(record, (RegexRecord, RegexTombstone)):
+        return (REGEX_KIND, record.regex)
     if isinstance(record, GroupEpochRecord):
         return _EPOCH
     if isinstance(record, SubscriptionMetadataRecord):
@@ -252,7 +325,8 @@ def record_key(record: ConsumerRecord) -> RecordKey:
 
 def deletion_records(group_id: str, keys: Iterable[RecordKey]) -> list[ConsumerRecord]:
     """The tombstones that delete a group whose records have ``keys``: one per member key, then
-    the group's three (whether written or not), in Kafka's order."""
+    the group's three (whether written or not) with its regexes' before its subscription metadata,
+    in Kafka's order."""
     keys = set(keys)
     members = sorted({member_id for kind, member_id in keys if kind in MEMBER_KINDS})
     out: list[ConsumerRecord] = [
@@ -261,8 +335,21 @@ def deletion_records(group_id: str, keys: Iterable[RecordKey]) -> list[ConsumerR
         for kind in MEMBER_TOMBSTONE_KINDS
         if (kind, member_id) in keys
     ]
-    out.extend(ConsumerGroupTombstone(group_id, kind) for kind in GROUP_TOMBSTONE_KINDS)
+    target_epoch, *rest = GROUP_TOMBSTONE_KINDS
+    out.append(ConsumerGroupTombstone(group_id, target_epoch))
+    out.extend(RegexTombstone(group_id, regex) for kind, regex in sorted(keys) if kind == REGEX_KIND)
+    out.extend(ConsumerGroupTombstone(group_id, kind) for kind in rest)
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedRegex:
+    """A regex's resolution. ``version``: the topics version it saw (``ConsumerGroups.topics_version``),
+    None for one loaded from the log (another broker's count: resolved again when next allowed)."""
+
+    topics: frozenset[str]
+    refreshed_ms: int
+    version: int | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -274,6 +361,8 @@ class ConsumerGroup:
     static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
     target: dict[str, Assignment] = field(default_factory=dict)
     subscription_metadata: dict[str, int] = field(default_factory=dict)  # topic -> partitions
+    # What each regex its members subscribe to resolved to (Kafka's resolvedRegularExpressions).
+    resolved: dict[str, ResolvedRegex] = field(default_factory=dict)
     # The latest record of each key as appended to __consumer_offsets: changes are written as the
     # difference from it (``take_changes``); after a replay, what the log holds.
     written: dict[RecordKey, ConsumerRecord] = field(default_factory=dict)
@@ -296,8 +385,19 @@ class ConsumerGroup:
                 return ConsumerGroupState.RECONCILING
         return ConsumerGroupState.STABLE
 
+    def member_topics(self, member: ConsumerMember) -> frozenset[str]:
+        """The member's subscription: its topic names and what its regex resolved to (nothing yet
+        while unresolved)."""
+        resolved = self.resolved.get(member.subscribed_regex) if member.subscribed_regex else None
+        topics = frozenset(member.subscribed_topics)
+        return topics | resolved.topics if resolved is not None else topics
+
     def subscribed_topics(self) -> frozenset[str]:
-        return frozenset(t for m in self.members.values() for t in m.subscribed_topics)
+        return frozenset(t for m in self.members.values() for t in self.member_topics(m))
+
+    def regexes(self) -> set[str]:
+        """The regexes members subscribe to."""
+        return {m.subscribed_regex for m in self.members.values() if m.subscribed_regex}
 
     def assignor(self, default: str) -> str:
         # Kafka picks the assignor most members ask for; the configured default otherwise.
@@ -398,9 +498,15 @@ class ConsumerGroups:
         self,
         config: ConsumerGroupConfig | None = None,
         partitions_of: Callable[[str], int | None] | None = None,
+        topic_names: Callable[[], Iterable[str]] | None = None,
+        topics_version: Callable[[], int] | None = None,
     ) -> None:
         self.config = config or ConsumerGroupConfig()
         self.partitions_of: Callable[[str], int | None] = partitions_of or (lambda topic: None)
+        # The topics regexes are resolved against, and a number that moves whenever that set may
+        # have changed (a move without a change only costs a resolution).
+        self.topic_names: Callable[[], Iterable[str]] = topic_names or (lambda: ())
+        self.topics_version: Callable[[], int] = topics_version or (lambda: 0)
         self.groups: dict[str, ConsumerGroup] = {}
         # Groups changed since the core last took their changes (an ordered set).
         self.touched: dict[str, None] = {}
@@ -499,15 +605,17 @@ class ConsumerGroups:
             return ErrorCode.invalid_request, "InstanceId can't be empty."
         if req.rack_id is not None and not req.rack_id:
             return ErrorCode.invalid_request, "RackId can't be empty."
-        if req.subscribed_topic_regex:  # librdkafka sends "" for "no regex"
-            return ErrorCode.invalid_request, "SubscribedTopicRegex is not supported."
         if req.member_epoch == JOIN_EPOCH:
             if req.rebalance_timeout_ms == -1:
                 return ErrorCode.invalid_request, "RebalanceTimeoutMs must be provided in first request."
             if req.owned is None or req.owned:
                 return ErrorCode.invalid_request, "TopicPartitions must be empty when (re-)joining."
-            if not req.subscribed_topic_names:
-                return ErrorCode.invalid_request, "SubscribedTopicNames must be set in first request."
+            if req.subscribed_topic_names is None and req.subscribed_topic_regex is None:
+                # As Kafka 4.0: an empty list or regex joins subscribed to nothing.
+                return (
+                    ErrorCode.invalid_request,
+                    "Either SubscribedTopicNames or SubscribedTopicRegex must be non-null when (re-)joining.",
+                )
         elif req.member_epoch == STATIC_LEAVE_EPOCH:
             if req.instance_id is None:
                 return ErrorCode.invalid_request, "InstanceId can't be null."
@@ -525,6 +633,12 @@ class ConsumerGroups:
         if req.member_epoch in (LEAVE_EPOCH, STATIC_LEAVE_EPOCH):
             return self._leave(req, now_ms)
         group = self.groups.get(req.group_id)
+        # As Kafka, a regex is compiled when it is new to the group (one in use was checked when it
+        # came), before anything changes: the whole heartbeat is refused.
+        if req.subscribed_topic_regex and (group is None or req.subscribed_topic_regex not in group.regexes()):
+            message = regex_error(req.subscribed_topic_regex)
+            if message is not None:
+                return HeartbeatResult(ErrorCode.invalid_regular_expression, error_message=message)
         if group is None:
             if req.member_epoch != JOIN_EPOCH:
                 return HeartbeatResult(ErrorCode.group_id_not_found, error_message=f"Group {req.group_id} not found.")
@@ -579,8 +693,18 @@ class ConsumerGroups:
             if topics != member.subscribed_topics:
                 member.subscribed_topics = topics
                 bump = True
+        if req.subscribed_topic_regex is not None:
+            regex = req.subscribed_topic_regex or None  # librdkafka sends "" for "no regex"
+            if regex != member.subscribed_regex:
+                # The member's subscription changed whether or not the new regex is resolved yet
+                # (its old regex's topics go): a new target, as for a change of names.
+                member.subscribed_regex = regex
+                self._forget_unused_regexes(group)
+                bump = True
         if req.server_assignor is not None and req.server_assignor != member.server_assignor:
             member.server_assignor = req.server_assignor
+            bump = True
+        if self._maybe_refresh_regexes(group, req.may_describe, now_ms):
             bump = True
         metadata = self._subscription_metadata(group)
         if metadata != group.subscription_metadata:
@@ -640,6 +764,54 @@ class ConsumerGroups:
             return _flatten(owned) <= _flatten(member.assigned)
         return True
 
+    # --- regular expressions ---------------------------------------------------------------------
+
+    def _maybe_refresh_regexes(
+        self, group: ConsumerGroup, may_describe: Callable[[str], bool] | None, now_ms: int
+    ) -> bool:
+        """Kafka's maybeUpdateRegularExpressions, its refresh done at once (the topics are in memory):
+        the group's regexes are resolved again if one is not resolved yet or topics changed since
+        the last resolution, but not within REGEX_REFRESH_INTERVAL_MS of it. Returns whether any
+        regex now resolves to other topics (the group epoch must move)."""
+        regexes = group.regexes()
+        if not regexes:
+            return False
+        last = max((r.refreshed_ms for r in group.resolved.values()), default=None)
+        if last is not None and now_ms <= last + REGEX_REFRESH_INTERVAL_MS:
+            return False
+        version = self.topics_version()
+        stale = any(group.resolved.get(regex) is None or group.resolved[regex].version != version for regex in regexes)
+        if not stale:
+            return False
+        compiled = []
+        for regex in sorted(regexes):
+            try:
+                compiled.append((regex, compile_regex(regex)))
+            except ValueError:
+                # Checked when it came; one loaded from a log written by another RE2 resolves to nothing.
+                compiled.append((regex, None))
+        matched: dict[str, set[str]] = {regex: set() for regex in regexes}
+        for topic in self.topic_names():
+            for regex, pattern in compiled:
+                # Full match, as RE2/J's matches(): "^topic" is not "topic-1".
+                if pattern is not None and pattern.fullmatch(topic) is not None:
+                    matched[regex].add(topic)
+        if may_describe is not None:
+            allowed = {t: may_describe(t) for t in set().union(*matched.values())}
+            matched = {regex: {t for t in topics if allowed[t]} for regex, topics in matched.items()}
+        changed = False
+        for regex, topics in matched.items():
+            old = group.resolved.get(regex)
+            changed |= old is None or old.topics != topics
+            group.resolved[regex] = ResolvedRegex(frozenset(topics), now_ms, version)
+        return changed
+
+    @staticmethod
+    def _forget_unused_regexes(group: ConsumerGroup) -> None:
+        """Resolutions of regexes no member subscribes to any more go (a tombstone each)."""
+        for regex in set(group.resolved) - group.regexes():
+            del group.resolved[regex]
+
     def _replace_static_member(self, group: ConsumerGroup, old: ConsumerMember, new_id: str) -> ConsumerMember:
         del group.members[old.member_id]
         target = group.target.pop(old.member_id, None)
@@ -656,6 +828,7 @@ class ConsumerGroups:
 
     def _remove_member(self, group: ConsumerGroup, member: ConsumerMember) -> None:
         self._drop_member(group, member.member_id)
+        self._forget_unused_regexes(group)
         member.session_deadline_ms = member.rebalance_deadline_ms = None
         self._touch(group)
 
@@ -683,7 +856,7 @@ class ConsumerGroups:
 
     def _compute_target(self, group: ConsumerGroup) -> None:
         assignor = _ASSIGNOR_FUNCS[group.assignor(self.config.assignors[0])]
-        subscriptions = {m.member_id: m.subscribed_topics for m in group.members.values()}
+        subscriptions = {m.member_id: tuple(sorted(group.member_topics(m))) for m in group.members.values()}
         group.target = assignor(subscriptions, group.subscription_metadata, group.target)
         group.assignment_epoch = group.group_epoch
         self._touch(group)
@@ -759,8 +932,8 @@ class ConsumerGroups:
 
     def current_records(self, group: ConsumerGroup, member_ids: Iterable[str] | None = None) -> list[ConsumerRecord]:
         """The group's state as records (of ``member_ids`` only, and the group's own): what a
-        replay must find. Order as Kafka writes them: member metadata, group epoch and
-        subscriptions, the target (members, then its epoch), current assignments."""
+        replay must find. Order as Kafka writes them: member metadata, regex resolutions, group
+        epoch and subscriptions, the target (members, then its epoch), current assignments."""
         gid = group.group_id
         live = [group.members[i] for i in (group.members if member_ids is None else member_ids) if i in group.members]
         out: list[ConsumerRecord] = [
@@ -774,9 +947,11 @@ class ConsumerGroups:
                 m.subscribed_topics,
                 m.rebalance_timeout_ms,
                 m.server_assignor,
+                m.subscribed_regex,
             )
             for m in live
         ]
+        out.extend(RegexRecord(gid, regex, r.topics, r.refreshed_ms) for regex, r in sorted(group.resolved.items()))
         out.append(GroupEpochRecord(gid, group.group_epoch))
         out.append(SubscriptionMetadataRecord(gid, dict(group.subscription_metadata)))
         out.extend(TargetMemberRecord(gid, m.member_id, dict(group.target.get(m.member_id, {}))) for m in live)
@@ -816,6 +991,9 @@ class ConsumerGroups:
                 if key in group.written:
                     undo.setdefault(key, group.written.pop(key))
                     changes.append(MemberTombstone(group.group_id, member_id, kind))
+        for key in sorted(k for k in group.written if k[0] == REGEX_KIND and k[1] not in group.resolved):
+            undo.setdefault(key, group.written.pop(key))
+            changes.append(RegexTombstone(group.group_id, key[1]))
         ordered = [i for i in group.members if i in member_ids]
         for record in self.current_records(group, ordered):
             key = record_key(record)
@@ -848,6 +1026,7 @@ class ConsumerGroups:
         group.group_epoch, group.assignment_epoch = restored.group_epoch, restored.assignment_epoch
         group.members, group.static_members = restored.members, restored.static_members
         group.target, group.subscription_metadata = restored.target, restored.subscription_metadata
+        group.resolved = restored.resolved
         group.dirty_all, group.dirty_members = False, set()
         if not group.written and self.groups.get(group.group_id) is group:
             del self.groups[group.group_id]  # never in the log: as if never created
@@ -861,7 +1040,7 @@ class ConsumerGroups:
             return
         group = self.groups.get(gid)
         if group is None:
-            if isinstance(record, MemberTombstone):
+            if isinstance(record, (MemberTombstone, RegexTombstone)):
                 return
             group = self.groups[gid] = ConsumerGroup(gid)
         if isinstance(record, MemberTombstone):
@@ -869,7 +1048,13 @@ class ConsumerGroups:
             for kind in MEMBER_KINDS:
                 group.written.pop((kind, record.member_id), None)
             return
-        if isinstance(record, GroupEpochRecord):
+        if isinstance(record, RegexTombstone):
+            group.resolved.pop(record.regex, None)
+            group.written.pop(record_key(record), None)
+            return
+        if isinstance(record, RegexRecord):
+            group.resolved[record.regex] = ResolvedRegex(frozenset(record.topics), record.refreshed_ms)
+        elif isinstance(record, GroupEpochRecord):
             group.group_epoch = record.epoch
         elif isinstance(record, SubscriptionMetadataRecord):
             group.subscription_metadata = dict(record.partitions)
@@ -886,6 +1071,7 @@ class ConsumerGroups:
             member.client_id = record.client_id
             member.client_host = record.client_host
             member.subscribed_topics = tuple(record.subscribed_topics)
+            member.subscribed_regex = record.subscribed_regex
             member.rebalance_timeout_ms = record.rebalance_timeout_ms
             member.server_assignor = record.server_assignor
             if member.instance_id is not None:

@@ -443,6 +443,8 @@ class GroupCoordinatorCore:
         member_id_factory: Callable[[str], str] | None = None,
         consumer_config: ConsumerGroupConfig | None = None,
         partitions_of: Callable[[str], int | None] | None = None,
+        topic_names: Callable[[], Iterable[str]] | None = None,
+        topics_version: Callable[[], int] | None = None,
         on_store: StoreRequest | None = None,
     ) -> None:
         self.config = config or GroupConfig()
@@ -450,7 +452,7 @@ class GroupCoordinatorCore:
         self._on_store = on_store
         self._store_tokens = itertools.count(1)
         # KIP-848 groups (ConsumerGroupHeartbeat); their committed offsets live here, in _groups.
-        self.consumer = ConsumerGroups(consumer_config, partitions_of)
+        self.consumer = ConsumerGroups(consumer_config, partitions_of, topic_names, topics_version)
         self.partition = partition
         self._new_member_id = member_id_factory or (lambda prefix: f"{prefix}-{uuid.uuid4()}")
         self._groups: dict[str, _Group] = {}

@@ -87,6 +87,10 @@ class GroupFacade(Protocol):
 
     def topic_name_of(self, topic_id: uuid.UUID) -> str | None: ...
 
+    def may_describe_topic(self) -> Callable[[str], bool] | None:
+        """Which topics the requesting principal may DESCRIBE (None: all): a regex keeps only those."""
+        ...
+
 
 Handler = Callable[[GroupFacade, RequestHeader, Any], Awaitable[dict[str, Any]]]
 
@@ -329,6 +333,7 @@ async def consumer_group_heartbeat(facade: GroupFacade, header: RequestHeader, r
             owned=owned,
             client_id=header.client_id or "",
             client_host=getattr(header, "client_host", "") or "",
+            may_describe=facade.may_describe_topic(),
         ),
         facade.now_ms(),
         reply,
@@ -384,7 +389,7 @@ async def consumer_group_describe(facade: GroupFacade, header: RequestHeader, re
                         "client_id": m.client_id,
                         "client_host": m.client_host,
                         "subscribed_topic_names": list(m.subscribed_topics),
-                        "subscribed_topic_regex": None,
+                        "subscribed_topic_regex": m.subscribed_regex,
                         "assignment": _described_assignment(facade, m.assigned),
                         "target_assignment": _described_assignment(facade, group.target.get(m.member_id, {})),
                     }

@@ -46,6 +46,7 @@ from .consumer_protocol import (
     ConsumerRecord,
     MemberTombstone,
     RecordKey,
+    RegexTombstone,
     record_key,
 )
 from .coordinator import OffsetAndMetadata, StoredGroup, TopicPartition
@@ -98,6 +99,9 @@ class OffsetsUpkeep:
             keys = self.consumer.get(record.group_id, {})
             for kind in MEMBER_KINDS:
                 keys.pop((kind, record.member_id), None)
+            return
+        if isinstance(record, RegexTombstone):
+            self.consumer.get(record.group_id, {}).pop(record_key(record), None)
             return
         self.consumer.setdefault(record.group_id, {})[record_key(record)] = (record, at_ms)
 

@@ -17,7 +17,7 @@ group delete   same key as the group                      None (tombstone)
 =============  =========================================  ==========================================
 
 KIP-848 (consumer protocol) groups use Kafka's record types, their key version bytes as Kafka's
-(3 to 8), their values msgpack after a ``0x00`` byte (Kafka's value version); a partition set is
+(3 to 8, and 16), their values msgpack after a ``0x00`` byte (Kafka's value version); a partition set is
 [[topic, [partition...]]...], topics by name (the coordinator knows topics by name):
 
 ==========================  ==========================  ==============================================
@@ -28,7 +28,7 @@ ConsumerGroupPartition-     ``0x04`` + [group]          [[[topic, partition_coun
 Metadata
 ConsumerGroupMember-        ``0x05`` + [group, member]  [instance_id, rack_id, client_id, client_host,
 Metadata                                                [topic...], rebalance_timeout_ms,
-                                                        server_assignor]
+                                                        server_assignor, subscribed_topic_regex]
 ConsumerGroupTarget-        ``0x06`` + [group]          [assignment_epoch]
 AssignmentMetadata
 ConsumerGroupTarget-        ``0x07`` + [group, member]  [partitions]
@@ -36,6 +36,11 @@ AssignmentMember
 ConsumerGroupCurrent-       ``0x08`` + [group, member]  [member_epoch, previous_member_epoch, state
 MemberAssignment                                        (Kafka's MemberState byte), assigned,
                                                         pending_revocation]
+ConsumerGroupRegular-       ``0x10`` + [group, regex]   [[topic...], refreshed_ms]: what the regex
+Expression                                              resolved to, and when (Kafka's Timestamp;
+                                                        its Version, a metadata offset, has no
+                                                        cluster-wide counterpart here: a new
+                                                        coordinator resolves again once allowed)
 ==========================  ==========================  ==============================================
 
 The coordinator writes a key only when its value changes (a heartbeat that changes nothing
@@ -44,8 +49,9 @@ writes its epoch and the members whose part changed), answers once they are dura
 coordinator replays them into the group as last written (``consumer_protocol``). As in Kafka,
 every key a deletion drops gets its own tombstone (a key without a value), so that a compacted
 ``__consumer_offsets`` drops each: a member that leaves, its current assignment, target and
-metadata keys; a deleted group, each member key left and its target epoch, subscription metadata
-and group epoch keys. At a replay any tombstone of a member drops the whole member, any of the
+metadata keys; a regex no member subscribes to any more, its key; a deleted group, each member
+key left and its target epoch, regexes, subscription metadata and group epoch keys. At a replay
+any tombstone of a member drops the whole member, a regex's its resolution, any other of the
 group's the whole group; a group tombstone (``0x02``) drops a KIP-848 group of that id as well.
 
 A member is [member_id, group_instance_id, client_id, client_host, rebalance_timeout_ms,
@@ -62,8 +68,9 @@ compaction drops them) plus a group tombstone, which on replay drops the group a
 of it seen so far, including any the per-offset tombstones missed. Unknown versions are refused
 rather than skipped: a newer broker's records must not be half-understood by an older one (a
 broker from before group records refuses a partition holding one, and one from before KIP-848
-group records, key versions 3 to 8, refuses a partition holding those: upgrade every broker
-before the new ones coordinate groups). Fields appended to a value (or member) by a later
+group records, key versions 3 to 8, refuses a partition holding those, and one from before regex
+subscriptions one holding key version 16: upgrade every broker before the new ones coordinate
+groups). Fields appended to a value (or member) by a later
 revision are ignored, so adding one needs no new version.
 """
 
@@ -75,6 +82,7 @@ from dataclasses import dataclass
 from diskless.cluster.coordinator_records import Record, RecordFormatError, pack, unpack
 
 from .consumer_protocol import (
+    REGEX_KIND,
     ConsumerGroupTombstone,
     ConsumerRecord,
     CurrentAssignmentRecord,
@@ -82,6 +90,8 @@ from .consumer_protocol import (
     MemberMetadataRecord,
     MemberState,
     MemberTombstone,
+    RegexRecord,
+    RegexTombstone,
     SubscriptionMetadataRecord,
     TargetEpochRecord,
     TargetMemberRecord,
@@ -99,6 +109,7 @@ CONSUMER_MEMBER_KEY_VERSION = 5
 CONSUMER_TARGET_KEY_VERSION = 6
 CONSUMER_TARGET_MEMBER_KEY_VERSION = 7
 CONSUMER_ASSIGNMENT_KEY_VERSION = 8
+CONSUMER_REGEX_KEY_VERSION = 16
 CONSUMER_VALUE_VERSION = 0
 # The key version of each kind of a KIP-848 group's keys (``consumer_protocol.record_key``), for tombstones.
 _CONSUMER_KEY_OF_KIND = {
@@ -108,6 +119,7 @@ _CONSUMER_KEY_OF_KIND = {
     "member": CONSUMER_MEMBER_KEY_VERSION,
     "target": CONSUMER_TARGET_MEMBER_KEY_VERSION,
     "assignment": CONSUMER_ASSIGNMENT_KEY_VERSION,
+    REGEX_KIND: CONSUMER_REGEX_KEY_VERSION,
 }
 _CONSUMER_KIND_OF_KEY = {version: kind for kind, version in _CONSUMER_KEY_OF_KIND.items()}
 
@@ -209,6 +221,11 @@ def encode_consumer(record: ConsumerRecord) -> Record:
         return pack(CONSUMER_PARTITIONS_KEY_VERSION, [g]), pack(CONSUMER_VALUE_VERSION, [topics])
     if isinstance(record, TargetEpochRecord):
         return pack(CONSUMER_TARGET_KEY_VERSION, [g]), pack(CONSUMER_VALUE_VERSION, [record.assignment_epoch])
+    if isinstance(record, RegexTombstone):
+        return pack(CONSUMER_REGEX_KEY_VERSION, [g, record.regex]), None
+    if isinstance(record, RegexRecord):
+        value = [sorted(record.topics), record.refreshed_ms]
+        return pack(CONSUMER_REGEX_KEY_VERSION, [g, record.regex]), pack(CONSUMER_VALUE_VERSION, value)
     m = record.member_id
     if isinstance(record, MemberTombstone):
         return pack(_CONSUMER_KEY_OF_KIND[record.kind], [g, m]), None
@@ -221,6 +238,8 @@ def encode_consumer(record: ConsumerRecord) -> Record:
             list(record.subscribed_topics),
             record.rebalance_timeout_ms,
             record.server_assignor,
+            # Appended (Kafka has it after the names): a broker from before regexes reads the rest.
+            record.subscribed_regex,
         ]
         return pack(CONSUMER_MEMBER_KEY_VERSION, [g, m]), pack(CONSUMER_VALUE_VERSION, value)
     if isinstance(record, TargetMemberRecord):
@@ -237,11 +256,13 @@ def encode_consumer(record: ConsumerRecord) -> Record:
     return pack(CONSUMER_ASSIGNMENT_KEY_VERSION, [g, m]), pack(CONSUMER_VALUE_VERSION, value)
 
 
-def _consumer_value(value: bytes, count: int, what: str) -> list[object]:
+def _consumer_value(value: bytes, count: int, what: str, optional: int = 0) -> list[object]:
+    """The value's first ``count`` fields, then ``optional`` more (None where the value has none:
+    written before they were added)."""
     version, fields = unpack(value, "value")
     if version != CONSUMER_VALUE_VERSION or len(fields) < count:
         raise RecordFormatError(f"unsupported {what} value version {version}")
-    return fields[:count]
+    return (fields + [None] * optional)[: count + optional]
 
 
 def _decode_partitions(items: object) -> dict[str, frozenset[int]]:
@@ -269,6 +290,8 @@ def _decode_consumer(version: int, items: list[object], value: bytes | None) -> 
     if len(items) != size or not all(isinstance(i, str) for i in items):
         raise RecordFormatError(f"key version {version} needs {size} strings")
     g = str(items[0])
+    if version == CONSUMER_REGEX_KEY_VERSION:
+        return _decode_regex(g, str(items[1]), value)
     if value is None:
         kind = _CONSUMER_KIND_OF_KEY[version]
         return ConsumerGroupTombstone(g, kind) if size == 1 else MemberTombstone(g, str(items[1]), kind)
@@ -291,8 +314,10 @@ def _decode_consumer(version: int, items: list[object], value: bytes | None) -> 
         return TargetEpochRecord(g, epoch)  # type: ignore[arg-type]
     m = str(items[1])
     if version == CONSUMER_MEMBER_KEY_VERSION:
-        instance, rack, client_id, client_host, topics, rebalance_ms, assignor = _consumer_value(value, 7, "member")
-        if not (_optional_str(instance) and _optional_str(rack) and _optional_str(assignor)):
+        instance, rack, client_id, client_host, topics, rebalance_ms, assignor, regex = _consumer_value(
+            value, 7, "member", optional=1
+        )
+        if not (_optional_str(instance) and _optional_str(rack) and _optional_str(assignor) and _optional_str(regex)):
             raise RecordFormatError("member ids have wrong types")
         if not (isinstance(client_id, str) and isinstance(client_host, str) and _int(rebalance_ms)):
             raise RecordFormatError("member fields have wrong types")
@@ -306,8 +331,9 @@ def _decode_consumer(version: int, items: list[object], value: bytes | None) -> 
             client_id,
             client_host,
             tuple(topics),
-            rebalance_ms,
+            rebalance_ms,  # type: ignore[arg-type]
             assignor,  # type: ignore[arg-type]
+            regex,  # type: ignore[arg-type]
         )
     if version == CONSUMER_TARGET_MEMBER_KEY_VERSION:
         (partitions,) = _consumer_value(value, 1, "target assignment member")
@@ -330,7 +356,19 @@ def _decode_consumer(version: int, items: list[object], value: bytes | None) -> 
     )
 
 
-_CONSUMER_KEY_VERSIONS = range(CONSUMER_GROUP_KEY_VERSION, CONSUMER_ASSIGNMENT_KEY_VERSION + 1)
+_CONSUMER_KEY_VERSIONS = (
+    *range(CONSUMER_GROUP_KEY_VERSION, CONSUMER_ASSIGNMENT_KEY_VERSION + 1),
+    CONSUMER_REGEX_KEY_VERSION,
+)
+
+
+def _decode_regex(group_id: str, regex: str, value: bytes | None) -> ConsumerRecord:
+    if value is None:
+        return RegexTombstone(group_id, regex)
+    topics, refreshed_ms = _consumer_value(value, 2, "regular expression")
+    if not (isinstance(topics, list) and all(isinstance(t, str) for t in topics) and _int(refreshed_ms)):
+        raise RecordFormatError("regular expression needs [[topic...], refreshed_ms]")
+    return RegexRecord(group_id, regex, frozenset(topics), refreshed_ms)  # type: ignore[arg-type]
 
 
 def decode(key: bytes, value: bytes | None) -> DecodedRecord:

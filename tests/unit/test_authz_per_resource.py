@@ -722,3 +722,20 @@ def test_an_operators_abort_marker_needs_cluster_action() -> None:
         assert (handler.seen == [request]) is allowed
         code = body["markers"][0]["topics"][0]["partitions"][0].get("error_code", 0)
         assert code == (0 if allowed else CLUSTER_DENIED)
+
+
+def test_the_topics_a_regex_subscription_resolves_to_are_those_the_principal_may_describe() -> None:
+    """Kafka 4.0 (GroupMetadataManager.refreshRegularExpressions) keeps of a regex's matches the
+    topics the heartbeat's principal may DESCRIBE: the coordinator gets that predicate, bound to
+    the connection; none where nothing is denied (no authorizer, a super user)."""
+    apis = _apis((a.TOPIC, "orders", a.DESCRIBE))
+
+    async def main() -> Any:
+        CURRENT_SESSION.set(SecuritySession("SASL_SSL", "10.0.0.5", WHO, authenticated=True))
+        return apis.describe_filter()
+
+    may_describe = asyncio.run(main())
+    assert may_describe is not None and may_describe("orders") and not may_describe("payroll")
+    assert apis.describe_filter() is None  # the broker itself (no connection)
+    apis.authorizer.super_users = frozenset({WHO})  # type: ignore[union-attr]
+    assert asyncio.run(main()) is None

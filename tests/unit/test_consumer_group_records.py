@@ -32,6 +32,8 @@ from diskless.groups.consumer_protocol import (
     MemberMetadataRecord,
     MemberState,
     MemberTombstone,
+    RegexRecord,
+    RegexTombstone,
     SubscriptionMetadataRecord,
     TargetEpochRecord,
     TargetMemberRecord,
@@ -116,6 +118,9 @@ class Log:
         self.ends = [end for end in self.ends if end <= keep]
         self.pending = []
         new = make_core(self, partitions=old.consumer.partitions_of(TOPIC) or PARTITIONS, config=old.consumer.config)
+        # The same cluster seen from the new leader's broker (a test may create and delete topics).
+        new.consumer.partitions_of = old.consumer.partitions_of
+        new.consumer.topic_names, new.consumer.topics_version = old.consumer.topic_names, old.consumer.topics_version
         records.replay(new, self.records, now)
         return new
 
@@ -138,9 +143,16 @@ class Client:
     """A well-behaved consumer: one heartbeat at a time, it takes what it is assigned and reports
     what it owns; after an error other than fencing it retries with the epoch it knows."""
 
-    def __init__(self, member_id: str, instance_id: str | None = None, rebalance_timeout_ms: int = REBALANCE) -> None:
+    def __init__(
+        self,
+        member_id: str,
+        instance_id: str | None = None,
+        rebalance_timeout_ms: int = REBALANCE,
+        regex: str | None = None,
+    ) -> None:
         self.member_id, self.instance_id = member_id, instance_id
         self.rebalance_timeout_ms = rebalance_timeout_ms
+        self.regex = regex  # subscribes by this regex (and no names) instead of TOPIC
         self.epoch = 0
         self.owned: set[int] = set()
         self.answers: list[HeartbeatResult] = []
@@ -156,6 +168,8 @@ class Client:
         }
         if self.epoch == 0:
             fields.update(rebalance_timeout_ms=self.rebalance_timeout_ms, subscribed_topic_names=(TOPIC,), owned={})
+            if self.regex is not None:
+                fields.update(subscribed_topic_names=(), subscribed_topic_regex=self.regex)
         fields.update(overrides)
         return HeartbeatRequest(**fields)
 
@@ -216,6 +230,7 @@ def persisted(group: ConsumerGroup) -> Any:
             m.client_host,
             m.rebalance_timeout_ms,
             m.subscribed_topics,
+            m.subscribed_regex,
             m.server_assignor,
             m.member_epoch,
             m.previous_member_epoch,
@@ -226,7 +241,9 @@ def persisted(group: ConsumerGroup) -> Any:
         for m in group.members.values()
     }
     target = {mid: flat(a) for mid, a in group.target.items()}
+    resolved = {regex: (r.topics, r.refreshed_ms) for regex, r in group.resolved.items()}
     return (
+        resolved,
         group.group_epoch,
         group.assignment_epoch,
         group.subscription_metadata,
@@ -614,6 +631,10 @@ EXAMPLES: list[ConsumerRecord] = [
     SubscriptionMetadataRecord("ж", {}),
     MemberMetadataRecord("ж", "m", "inst", "rack-1", "client", "/10.0.0.1", ("t", "u"), 30_000, "uniform"),
     MemberMetadataRecord("ж", "m", None, None, "", "", (), -1, None),
+    MemberMetadataRecord("ж", "m", None, None, "", "", ("t",), -1, None, "^rx-.*"),
+    RegexRecord("ж", "^rx-.*", frozenset({"rx-1", "rx-2"}), 1_700_000_000_000),
+    RegexRecord("ж", "(", frozenset(), 0),
+    RegexTombstone("ж", "^rx-.*"),
     MemberTombstone("ж", "m"),
     MemberTombstone("ж", "m", "target"),
     MemberTombstone("ж", "m", "assignment"),
@@ -630,7 +651,7 @@ EXAMPLES: list[ConsumerRecord] = [
 @pytest.mark.parametrize("record", EXAMPLES, ids=lambda r: type(r).__name__)
 def test_records_round_trip(record: ConsumerRecord) -> None:
     key, value = records.encode_consumer(record)
-    assert key[0] in range(3, 9)
+    assert key[0] in (*range(3, 9), 16)
     assert records.decode(key, value) == record
 
 
@@ -649,6 +670,8 @@ def test_record_keys_are_kafkas_key_versions_and_values_ignore_appended_fields()
         ("MemberTombstone", "target"): 7,
         ("CurrentAssignmentRecord", ""): 8,
         ("MemberTombstone", "assignment"): 8,
+        ("RegexRecord", ""): 16,
+        ("RegexTombstone", ""): 16,
     }
     key = pack(8, [GROUP, "m"])
     later = pack(0, [3, 2, 0, [["t", [1, 2]]], [], "a later field"])
@@ -673,6 +696,10 @@ def test_record_keys_are_kafkas_key_versions_and_values_ignore_appended_fields()
         (pack(7, [GROUP, "m"]), pack(0, [[["t", [1]], ["t", [2]]]])),
         (pack(8, [GROUP, "m"]), pack(0, [3, 2, 9, [], []])),  # an unknown member state
         (pack(9, [GROUP, "m"]), pack(0, [])),  # an unknown record type
+        (pack(16, [GROUP]), pack(0, [[], 0])),  # a regex key without its regex
+        (pack(16, [GROUP, "r"]), pack(0, [["t", 1], 0])),
+        (pack(16, [GROUP, "r"]), pack(0, [[]])),
+        (pack(5, [GROUP, "m"]), pack(0, [None, None, "c", "h", [], 1, None, 7])),  # a regex not a string
     ],
 )
 def test_records_refuse_what_they_do_not_know(key: bytes, value: bytes | None) -> None:
@@ -686,13 +713,20 @@ def test_records_refuse_what_they_do_not_know(key: bytes, value: bytes | None) -
 class World:
     """Clients heartbeating a core whose stores end when the test says (replicated, timed out, or
     lost with the leadership, which a failover then follows), whose appends may be refused, and
-    which may fail over at any point."""
+    which may fail over at any point. Two clients subscribe by a regex that resolves to TOPIC,
+    which may be deleted and created again under its name (the regex resolved again when allowed)."""
 
     def __init__(self, partitions: int) -> None:
         self.log = Log()
         # Sessions and rebalance timeouts longer than any run: members only leave when they say so.
         self.config = ConsumerGroupConfig(session_timeout_ms=10**9)
+        self.partitions = partitions
+        self.topics = {TOPIC: partitions}
+        self.topics_version = 0
         self.core = make_core(self.log, partitions, self.config)
+        self.core.consumer.partitions_of = self.topics.get
+        self.core.consumer.topic_names = lambda: list(self.topics)
+        self.core.consumer.topics_version = lambda: self.topics_version
         self.now = 1_000
         self.clients = [self.client(i) for i in range(4)]
         self.active = [False] * 4
@@ -701,7 +735,7 @@ class World:
 
     @staticmethod
     def client(i: int) -> Client:
-        return Client(f"m{i}", rebalance_timeout_ms=10**9)
+        return Client(f"m{i}", rebalance_timeout_ms=10**9, regex=f"{TOPIC}|u.*" if i >= 2 else None)
 
     def answered(self, client: Client, i: int, result: HeartbeatResult) -> None:
         if client is not self.clients[i] or not self.active[i]:
@@ -756,6 +790,14 @@ class World:
         elif kind == "time":
             self.now += 100 * arg
             self.core.tick(self.now)
+        elif kind == "topic":
+            # The topic goes, or comes back under its name; time passes (regexes resolve again).
+            if arg % 2:
+                if self.topics.pop(TOPIC, None) is None:
+                    self.topics[TOPIC] = self.partitions
+                self.topics_version += 1
+            self.now += 4_000 * arg
+            self.core.tick(self.now)
         written_matches(self.core)
         assert_exclusive(self.core)
         owners = self.core.consumer.owners(GROUP)
@@ -767,7 +809,7 @@ class World:
 OPS = st.one_of(
     st.tuples(st.sampled_from(["heartbeat", "heartbeat", "unchanged", "leave"]), st.integers(0, 3)),
     st.tuples(st.sampled_from(["replicated", "replicated", "replicated", "timeout"]), st.just(0)),
-    st.tuples(st.sampled_from(["refuse", "failover", "leadership-lost", "time"]), st.integers(0, 5)),
+    st.tuples(st.sampled_from(["refuse", "failover", "leadership-lost", "time", "topic"]), st.integers(0, 5)),
 )
 
 

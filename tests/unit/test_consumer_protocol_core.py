@@ -172,7 +172,11 @@ def test_fencing_and_validation_errors() -> None:
     bad = HeartbeatRequest(group_id=GROUP, member_id="y", member_epoch=0, owned={})
     assert core.consumer_group_heartbeat(bad, clock.now).error is ErrorCode.invalid_request
     assert Member(core, "z", clock).heartbeat(server_assignor="sticky").error is ErrorCode.unsupported_assignor
-    assert Member(core, "r", clock).heartbeat(subscribed_topic_regex="t.*").error is ErrorCode.invalid_request
+    invalid = Member(core, "r", clock).heartbeat(subscribed_topic_regex="(")
+    assert (invalid.error, invalid.error_message) == (
+        ErrorCode.invalid_regular_expression,
+        "SubscribedTopicRegex `(` is not a valid regular expression: missing ).",
+    )
     assert Member(core, "", clock).heartbeat().error is ErrorCode.invalid_request
 
 

@@ -10,6 +10,7 @@ import asyncio
 import io
 import itertools
 import struct
+import uuid
 from types import SimpleNamespace
 from typing import Any
 
@@ -601,3 +602,56 @@ async def test_consumer_group_describe_of_a_classic_group() -> None:
     classic, unknown = (await call(facade, h.API_CONSUMER_GROUP_DESCRIBE, 0, body)).groups
     assert (classic.error_code, classic.error_message) == (E.group_id_not_found, f"Group {G} is not a consumer group.")
     assert (unknown.error_code, unknown.error_message) == (E.group_id_not_found, "Group unknown not found.")
+
+
+class TopicsFacade(FakeFacade):
+    """A facade whose cluster has topics (ids for KIP-848 answers) and a principal that may not
+    DESCRIBE ``hidden``."""
+
+    def __init__(self, topics: dict[str, int], hidden: frozenset[str] = frozenset()) -> None:
+        super().__init__()
+        self.topics, self.hidden = topics, hidden
+        self.ids = {name: uuid.UUID(int=i + 1) for i, name in enumerate(sorted(topics))}
+        consumer = self.core.consumer
+        consumer.partitions_of, consumer.topic_names = topics.get, lambda: list(topics)
+
+    def topic_id_of(self, topic: str) -> uuid.UUID | None:
+        return self.ids.get(topic)
+
+    def topic_name_of(self, topic_id: uuid.UUID) -> str | None:
+        return next((name for name, i in self.ids.items() if i == topic_id), None)
+
+    def may_describe_topic(self) -> Any:
+        return lambda topic: topic not in self.hidden
+
+
+def regex_heartbeat(regex: str) -> dict[str, Any]:
+    return {
+        "group_id": "rx",
+        "member_id": "m1",
+        "member_epoch": 0,
+        "rebalance_timeout": 30_000,
+        "subscribed_topic_names": [],
+        "subscribed_topic_regex": regex,
+        "topic_partitions": [],
+    }
+
+
+async def test_consumer_group_heartbeat_with_a_regex_and_describe_shows_it() -> None:
+    """A regex subscription (SubscribedTopicRegex, v1) is resolved to the topics the
+    principal may DESCRIBE, and ConsumerGroupDescribe shows the member's regex."""
+    facade = TopicsFacade({"rx-1": 2, "rx-hidden": 1, "other": 1}, hidden=frozenset({"rx-hidden"}))
+    answer = await call(facade, h.API_CONSUMER_GROUP_HEARTBEAT, 1, regex_heartbeat("rx-.*"))
+    assert answer.error_code is E.none
+    assigned = {facade.topic_name_of(t.topic_id): set(t.partitions) for t in answer.assignment.topic_partitions}
+    assert assigned == {"rx-1": {0, 1}}
+    described = await call(facade, h.API_CONSUMER_GROUP_DESCRIBE, 0, {"group_ids": ["rx"]})
+    (member,) = described.groups[0].members
+    assert (member.subscribed_topic_regex, member.subscribed_topic_names) == ("rx-.*", ())
+
+
+async def test_consumer_group_heartbeat_with_an_invalid_regex_answers_kafkas_error() -> None:
+    facade = TopicsFacade({"t": 1})
+    answer = await call(facade, h.API_CONSUMER_GROUP_HEARTBEAT, 1, regex_heartbeat("("))
+    assert answer.error_code is E.invalid_regular_expression and answer.error_code.value == 128
+    assert answer.error_message == "SubscribedTopicRegex `(` is not a valid regular expression: missing )."
