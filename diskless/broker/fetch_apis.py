@@ -75,7 +75,6 @@ from .api_base import (
 from .client_zone import current_client_az
 from .idle_fetches import CURRENT_IDLE_FETCHES, IdleFetchMemo
 from .quiet_fetches import QuietReplicaFetches
-from .throttle import PARKED
 
 log = structlog.get_logger(__name__)
 
@@ -301,12 +300,9 @@ class FetchApis(ApiFamily):
                     "responses": responses,
                 }
             # Partitions read through their leader get no local wake-up: poll them at a short interval.
-            parked, parked_at = PARKED.get(), time.monotonic()
             await self.broker.replicas.wait_for_append(
                 min(remaining, 0.1) if forwards else remaining, readable_only=follower < 0
             )
-            if parked is not None:  # client quotas on: the wait is not handler time (throttle.py)
-                parked[0] += time.monotonic() - parked_at
 
     def _topics_by_name(self, request: Any) -> tuple[Any, list[dict[str, Any]]]:
         """A Fetch v13+ request as the handler reads it (topics by the name their id has here now),

@@ -48,7 +48,7 @@ from typing import Any
 import structlog
 from kio.schema.errors import ErrorCode
 
-from diskless.aio import cancel_and_wait
+from diskless.aio import StepTimer, cancel_and_wait
 from diskless.cluster.client_az import ConnectionZone
 from diskless.metrics import (
     CONNECTION_API_BYTES,
@@ -75,7 +75,7 @@ from .connection_quotas import Admission, ConnectionLimits, ConnectionQuotas, Ex
 from .idle_fetches import CURRENT_IDLE_FETCHES, IdleFetchMemo
 from .metadata_cache import MetadataAnswerCache
 from .request_budget import RequestBudget
-from .throttle import CONSUMER_BYTE_RATE, PARKED, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, ClientQuotaManager
+from .throttle import CONSUMER_BYTE_RATE, PRODUCER_BYTE_RATE, REQUEST_PERCENTAGE, ClientQuotaManager
 
 log = structlog.get_logger(__name__)
 
@@ -596,11 +596,11 @@ class Connection:
             if quotas is None:
                 body = await self.server.apis.handle(header, request)
             else:
-                started = self._loop.time()
-                parked = [0.0]
-                PARKED.set(parked)  # this task's own context: a Fetch's long-poll wait is not handler time
-                body = await self.server.apis.handle(header, request)
-                self._throttle(quotas, header, request, body, throttle, self._loop.time() - started - parked[0])
+                # Handler time is the handler's own steps: waits (a Fetch's long poll, a produce's
+                # acks or diskless flush) cost no thread in Kafka's purgatory either.
+                timer = StepTimer()
+                body = await timer.run(self.server.apis.handle(header, request))
+                self._throttle(quotas, header, request, body, throttle, timer.busy)
             return None if body is None else m.encode_response(header, body)
         except CloseConnection:
             raise

@@ -5,9 +5,10 @@ Kafka's ClientQuotaManager (KIP-13, KIP-55, KIP-124, KIP-219), per broker:
 
 - Each quota type (``producer_byte_rate`` on produce request bytes, ``consumer_byte_rate`` on
   consumer fetch response bytes, ``request_percentage`` on handler time as a percentage of one
-  thread) resolves a client (user, client id) to the most specific entity that sets it, in KIP-55's
-  order (``LEVELS``). Clients resolving to the same entity share one rate (Kafka's metric tags: a
-  ``/users/u`` quota is shared by all of u's client ids, a ``/clients/default`` one is per client id).
+  thread: its own steps, not its waits, ``aio.StepTimer``) resolves a client (user, client id) to
+  the most specific entity that sets it, in KIP-55's order (``LEVELS``). Clients resolving to the
+  same entity share one rate (Kafka's metric tags: a ``/users/u`` quota is shared by all of u's
+  client ids, a ``/clients/default`` one is per client id).
 - A rate is Kafka's ``Rate`` over a ``SampledStat``: ``quota.window.num`` samples of
   ``quota.window.size.seconds``, a sample starting at its first record, samples older than the
   whole window forgotten, and the elapsed time counted as at least ``num - 1`` windows.
@@ -22,7 +23,6 @@ Rates not recorded for the whole window carry nothing and are dropped at the nex
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Mapping
 
 from diskless.cluster.client_quotas import (
@@ -36,9 +36,6 @@ from diskless.cluster.client_quotas import (
 from diskless.metrics import CLIENT_QUOTA_RATES, CLIENT_QUOTA_RECORDED, CLIENT_QUOTA_THROTTLE, child
 
 ENFORCED = (PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE)
-# A Fetch's long-poll wait, seconds, which is not handler time (Kafka's purgatory is not either):
-# the Fetch handler adds to it when quotas are active and the edge set a list here.
-PARKED: contextvars.ContextVar[list[float] | None] = contextvars.ContextVar("fetch_parked", default=None)
 
 # KIP-55's order, most specific first: the entity looked up for (user u, client id c), as a function
 # of (u, c), and the rate's tags (user, client id) as Kafka's DefaultQuotaCallback names them.

@@ -281,3 +281,25 @@ def test_consumer_held_near_its_byte_rate_quota(cluster: LocalCluster) -> None:
         producer.poll(0)
     assert producer.flush(30) == 0
     held_then_lifted(cluster, consumer_rate, "consumer", "consumer_byte_rate", TOPIC)
+
+
+def test_a_diskless_producers_flush_waits_do_not_count_against_its_request_percentage(cluster: LocalCluster) -> None:
+    """request_percentage counts the handler's own steps, as Kafka counts request-handler thread
+    time: a diskless produce waits for its WAL flush (diskless.wal.linger.ms) doing nothing. Counted
+    as wall time, a producer sending one record at a time spent ~100% of a thread per second on a
+    5% quota and was throttled at once."""
+    leader, other = leader_and_other(cluster, DISKLESS_TOPIC)
+    set_quota(other, leader, "patient", "request_percentage", 5.0)
+    try:
+        throttles = Throttles()
+        producer = Producer(
+            {"bootstrap.servers": leader, "client.id": "patient", "acks": "all", "throttle_cb": throttles}
+        )
+        delivered: list[Any] = []
+        for i in range(30):
+            producer.produce(DISKLESS_TOPIC, b"r-%d" % i, partition=0, on_delivery=lambda err, _: delivered.append(err))
+            assert producer.flush(30) == 0  # one request at a time, each waiting for its flush
+        assert delivered == [None] * 30
+        assert throttles.events == [], f"throttled for waiting: {throttles.events}"
+    finally:
+        set_quota(other, leader, "patient", "request_percentage", None)
