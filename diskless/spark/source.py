@@ -94,7 +94,8 @@ log = logging.getLogger("diskless.spark")
 # A latest offset below the query's position under the same topic id is asked again this many
 # times, this far apart, before it counts as data loss: a new leader's high watermark (and so its
 # last stable offset) may lag the old leader's for a moment, as in Kafka (Spark's Kafka source
-# retries likewise, fetchOffset.numRetries).
+# retries likewise, fetchOffset.numRetries). An AvailableNow run asks a partition without a leader
+# for its end as many times.
 BACKWARDS_RETRIES = 3
 BACKWARDS_RETRY_S = 0.5
 
@@ -413,8 +414,9 @@ class DisklessStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def prepareForTriggerAvailableNow(self) -> None:
         """Note where every partition ends now: this run reads up to there and no further. A
-        partition that cannot say yet, or appears later (new partitions, a topic created or
-        re-created after this), is left to the next run, so the run always ends."""
+        partition that cannot say (no leader) is asked again a few times, as Spark's Kafka source
+        retries (fetchOffset.numRetries); one that still cannot, or appears later (new partitions,
+        a topic created or re-created after this), is left to the next run, so the run always ends."""
 
         async def run() -> dict[tuple[str, int], tuple[str, int]]:
             client = ClusterClient(self.settings)
@@ -423,6 +425,14 @@ class DisklessStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._remember(client, parts)
                 self.settings = await client.with_secret()
                 latest = await client.try_list_offsets([(p, LATEST) for p in parts])
+                for _ in range(BACKWARDS_RETRIES):
+                    unknown = [i for i, x in enumerate(latest) if x is None]
+                    if not unknown:
+                        break
+                    await asyncio.sleep(BACKWARDS_RETRY_S)
+                    again = await client.try_list_offsets([(parts[i], LATEST) for i in unknown])
+                    for i, offset in zip(unknown, again, strict=True):
+                        latest[i] = offset
             finally:
                 await client.close()
             return {(p.topic, p.index): (p.topic_id, x) for p, x in zip(parts, latest, strict=True) if x is not None}

@@ -67,8 +67,17 @@ def test_a_topic_recreated_during_a_run_is_left_to_the_next_run(cluster: type[_C
     assert reader.latestOffset(moved, reader.getDefaultReadLimit()) == moved
 
 
+def test_a_partition_without_a_leader_at_the_start_is_asked_again(cluster: type[_Cluster]) -> None:
+    cluster.state["latest"] = [5, None, None, 6]  # partition 1 has a leader at the second retry
+    reader = stream()
+    start = {"t": {"0": 0, "1": 0}, TOPIC_IDS: {"t": OLD}}
+    reader.prepareForTriggerAvailableNow()
+    cluster.state["latest"] = 7
+    assert reader.latestOffset(start, reader.getDefaultReadLimit()) == {"t": {"0": 5, "1": 6}, TOPIC_IDS: {"t": OLD}}
+
+
 def test_a_partition_that_could_not_say_where_it_ends_is_not_read_in_the_run(cluster: type[_Cluster]) -> None:
-    cluster.state["latest"] = [5, None]  # partition 1 has no leader yet when the run begins
+    cluster.state["latest"] = [5] + [None] * (source.BACKWARDS_RETRIES + 1)  # partition 1: no leader throughout
     reader = stream()
     start = {"t": {"0": 0, "1": 0}, TOPIC_IDS: {"t": OLD}}
     reader.prepareForTriggerAvailableNow()
