@@ -139,6 +139,10 @@ class ClientQuotaManager:
 
     def record(self, quota_type: str, user: str, client_id: str, value: float, now_ms: float) -> int:
         """Count ``value`` for this client; the throttle time its answer carries (0: within quota)."""
+        if now_ms >= self._next_sweep:
+            # Before the lookup: clients no quota applies to are remembered too (as None), and
+            # they alone may be all this broker sees (a quota for one user, many other clients).
+            self._sweep(now_ms)
         key = (quota_type, user, client_id)
         found = self._resolved.get(key, False)
         if found is False:
@@ -146,8 +150,6 @@ class ClientQuotaManager:
         if found is None:
             return 0
         quota, tags, level = found
-        if now_ms >= self._next_sweep:
-            self._sweep(now_ms)
         rate = self._rates.get((quota_type, tags))
         if rate is None:
             rate = self._rates[(quota_type, tags)] = SampledRate(self.samples, self.window_ms, now_ms)
