@@ -479,7 +479,10 @@ class Connection:
         quotas = self.server.client_quotas if self.server.client_quotas.active else None
         throttle = 0
         if quotas is not None:
-            if self.internal_auth.authenticated:
+            if self.internal_auth.authenticated or not self.session.authenticated:
+                # Nor is a SASL connection's handshake (ApiVersions, SaslHandshake,
+                # SaslAuthenticate before it authenticated: Kafka's authenticator serves them
+                # outside its quotas); counted, every client's would share User:ANONYMOUS's rate.
                 quotas = None
             elif header.api_key == m.API_PRODUCE:
                 # Counted as it is read, so a throttle holds the requests pipelined behind it
