@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import struct
 from typing import Any
@@ -601,6 +602,8 @@ class Connection:
             else:
                 # Handler time is the handler's own steps: waits (a Fetch's long poll, a produce's
                 # acks or diskless flush) cost no thread in Kafka's purgatory either.
+                if header.api_key == m.API_FETCH and getattr(request, "replica_id", -1) < 0:
+                    request = self._within_fetch_quota(quotas, header, request)
                 timer = StepTimer()
                 body = await timer.run(self.server.apis.handle(header, request))
                 self._throttle(quotas, header, request, body, throttle, timer.busy)
@@ -637,12 +640,26 @@ class Connection:
         if throttle and body is not None:
             body["throttle_time"] = throttle
 
+    def _within_fetch_quota(self, quotas: ClientQuotaManager, header: m.RequestHeader, request: Any) -> Any:
+        """A consumer's fetch asks for at most what its consumer_byte_rate lets through in a quota
+        window (Kafka caps fetch.max.bytes so): a 50 MB answer to a 1 kB/s consumer would mute its
+        connection for half a day."""
+        if not hasattr(request, "max_bytes"):  # Fetch v0-v2: partition limits only, as in Kafka
+            return request
+        cap = quotas.max_value_in_window(CONSUMER_BYTE_RATE, self._user(), header.client_id or "")
+        if cap is None or request.max_bytes <= cap:
+            return request
+        cap = max(int(cap), 1)
+        return dataclasses.replace(request, max_bytes=cap, min_bytes=min(request.min_bytes, cap))
+
+    def _user(self) -> str:
+        principal = self.session.principal
+        return principal[5:] if principal.startswith("User:") else principal
+
     def _over_quota(self, quotas: ClientQuotaManager, quota_type: str, client_id: str | None, value: float) -> int:
         """Record ``value``; over the quota, the connection is muted for the throttle time returned."""
         now = self._loop.time()
-        principal = self.session.principal
-        user = principal[5:] if principal.startswith("User:") else principal
-        throttle = quotas.record(quota_type, user, client_id or "", value, now * 1000.0)
+        throttle = quotas.record(quota_type, self._user(), client_id or "", value, now * 1000.0)
         if throttle:
             self.muted_until = max(self.muted_until, now + throttle / 1000.0)
         return throttle

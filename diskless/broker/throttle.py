@@ -143,10 +143,7 @@ class ClientQuotaManager:
             # Before the lookup: clients no quota applies to are remembered too (as None), and
             # they alone may be all this broker sees (a quota for one user, many other clients).
             self._sweep(now_ms)
-        key = (quota_type, user, client_id)
-        found = self._resolved.get(key, False)
-        if found is False:
-            found = self._resolved[key] = resolve(self._by_type.get(quota_type, {}), user, client_id)
+        found = self._lookup(quota_type, user, client_id)
         if found is None:
             return 0
         quota, tags, level = found
@@ -160,6 +157,22 @@ class ClientQuotaManager:
         if throttle_ms:
             child(CLIENT_QUOTA_THROTTLE, quota_type, level).observe(throttle_ms / 1000.0)
         return throttle_ms
+
+    def max_value_in_window(self, quota_type: str, user: str, client_id: str) -> float | None:
+        """What this client may take in a quota window without being throttled, had it taken
+        nothing before (Kafka's getMaxValueInQuotaWindow): a consumer's fetch is cut to it, so
+        one large answer does not mute its connection for hours. None: no quota applies."""
+        found = self._lookup(quota_type, user, client_id)
+        if found is None:
+            return None
+        return found[0] * (self.samples - 1) * self.window_ms / 1000.0
+
+    def _lookup(self, quota_type: str, user: str, client_id: str) -> tuple[float, tuple[str, str], str] | None:
+        key = (quota_type, user, client_id)
+        found = self._resolved.get(key, False)
+        if found is False:
+            found = self._resolved[key] = resolve(self._by_type.get(quota_type, {}), user, client_id)
+        return found
 
     def throttle_ms(self, rate: SampledRate, quota: float, quota_type: str, now_ms: float) -> int:
         observed = rate.rate(now_ms)

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from diskless.cluster import client_quotas as cq
 from diskless.config import load_config
@@ -37,4 +40,38 @@ async def test_a_sasl_handshake_is_not_counted_against_anonymous(tmp_path: Path)
         assert not broker.server.client_quotas._rates
     finally:
         await conn.close()
+        await broker.stop()
+
+
+async def test_a_consumers_fetch_is_cut_to_its_quota_window(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A fetch asks for at most what the consumer's consumer_byte_rate lets through in a quota
+    window, as Kafka's fetch.max.bytes cap (getMaxValueInQuotaWindow): uncut, a 1 kB/s consumer's
+    first 50 MB answer muted its connection for about 140 hours."""
+    from diskless.broker.broker import Broker
+
+    config = load_config(
+        environ={},
+        overrides={"node.id": "1", "log.dirs": str(tmp_path), "listeners": "PLAINTEXT://127.0.0.1:0"},
+    )
+    broker = Broker(config)
+    await broker.start()
+    asked: list[tuple[int, int]] = []
+
+    async def handle(header: m.RequestHeader, request: Any) -> Any:
+        asked.append((request.max_bytes, request.min_bytes))
+        return {"error_code": 0, "session_id": 0, "responses": []}
+
+    monkeypatch.setattr(broker.apis, "handle", handle)
+    broker.server.client_quotas.update({cq.entity_of([(cq.CLIENT_ID, "slow")]): {cq.CONSUMER_BYTE_RATE: 1000.0}})
+    fetch = {"replica_id": -1, "max_wait": 0, "min_bytes": 1 << 20, "max_bytes": 50 << 20, "topics": []}
+    conns = [KafkaClientConnection("127.0.0.1", broker.port, client) for client in ("slow", "other")]
+    try:
+        for conn in conns:
+            await conn.connect()
+            await conn.request(m.API_FETCH, 12, fetch)
+        # quota.window.num 11 of 1 s: 10 windows' worth, as Kafka counts it
+        assert asked == [(10_000, 10_000), (50 << 20, 1 << 20)]
+    finally:
+        for conn in conns:
+            await conn.close()
         await broker.stop()
