@@ -350,20 +350,32 @@ class Connection:
             self.tracked.last_active = self._loop.time()  # ConnectionQuotas.activity, inlined (per read)
             self.decoder.feed(data)
             for frame in self.decoder.frames():
-                if self.muted_until:
-                    await self._wait_unmuted()
+                if self.muted_until and not await self._wait_unmuted():
+                    return  # closed while muted: what was read is not handled
                 await self._dispatch(frame)
             self._count("in", len(data))
             if self.writer.is_closing():
                 return
 
-    async def _wait_unmuted(self) -> None:
+    async def _wait_unmuted(self) -> bool:
         """Hold what was read until a throttle ends: Kafka stops reading a throttled channel; a
-        client that did not back off itself waits here, its next request unread."""
+        client that did not back off itself waits here, its next request unread. The wait ends
+        early when the connection is lost (its client reset it, the idle sweep or a shutdown closed
+        it): a throttle may last minutes, and the connection would stay counted, its requests
+        handled after it closed. False: the connection is closing."""
         delay = self.muted_until - self._loop.time()
         self.muted_until = 0.0
-        if delay > 0:
-            await asyncio.sleep(delay)
+        if delay > 0 and not self.writer.is_closing():
+            lost = asyncio.ensure_future(self.writer.wait_closed())
+            try:
+                await asyncio.wait([lost], timeout=delay)
+            finally:
+                if lost.done():
+                    if not lost.cancelled():
+                        lost.exception()  # a reset is the news here, not an error
+                else:
+                    lost.cancel()
+        return not self.writer.is_closing()
 
     def abort(self) -> None:
         """Close now (the sweep's decision): an answer stuck in the send buffer is dropped."""

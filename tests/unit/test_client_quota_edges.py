@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import socket
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -74,4 +77,62 @@ async def test_a_consumers_fetch_is_cut_to_its_quota_window(tmp_path: Path, monk
     finally:
         for conn in conns:
             await conn.close()
+        await broker.stop()
+
+
+async def test_a_muted_connection_ends_when_its_client_resets_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A throttled connection holds its next request unread for the throttle time; a client that
+    gave up meanwhile (reset the connection) left it open, counted and then handling that request,
+    until the throttle ended: here 10,000 s."""
+    from diskless.broker.broker import Broker
+    from diskless.broker.server import Connection
+
+    config = load_config(
+        environ={},
+        overrides={"node.id": "1", "log.dirs": str(tmp_path), "listeners": "PLAINTEXT://127.0.0.1:0"},
+    )
+    broker = Broker(config)
+    await broker.start()
+    handled: list[int] = []
+
+    async def handle(header: m.RequestHeader, request: Any) -> Any:
+        handled.append(header.correlation_id)
+        return {"responses": []}
+
+    monkeypatch.setattr(broker.apis, "handle", handle)
+    muted = asyncio.Event()
+    wait_unmuted = Connection._wait_unmuted
+
+    async def entered(self: Connection) -> bool:
+        muted.set()
+        return await wait_unmuted(self)
+
+    monkeypatch.setattr(Connection, "_wait_unmuted", entered)
+    broker.server.client_quotas.update({cq.entity_of([(cq.CLIENT_ID, "p")]): {cq.PRODUCER_BYTE_RATE: 1.0}})
+    produce = {
+        "transactional_id": None,
+        "acks": 1,
+        "timeout_ms": 30000,
+        "topic_data": [{"name": "t", "partition_data": [{"index": 0, "records": b"x" * 10_000}]}],
+    }
+    conn = KafkaClientConnection("127.0.0.1", broker.port, "p")
+    try:
+        await conn.connect()
+        answer = await conn.request(m.API_PRODUCE, 9, produce)
+        assert answer.throttle_time.total_seconds() > 1000
+        pipelined = asyncio.ensure_future(conn.request(m.API_PRODUCE, 9, produce))
+        await asyncio.wait_for(muted.wait(), 10)  # the second request is read, and held
+        tasks = list(broker.server._connections)
+        writer = conn._writer
+        assert writer is not None
+        writer.get_extra_info("socket").setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()  # a reset
+        done, _ = await asyncio.wait(tasks, timeout=10)
+        assert len(done) == len(tasks) == 1, "the muted connection outlived its client"
+        assert len(handled) == 1
+        pipelined.cancel()
+    finally:
+        await conn.close()
         await broker.stop()
