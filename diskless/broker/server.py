@@ -306,6 +306,7 @@ class Connection:
         # Topic aliases and constant fields of the compact replica fetches read on this connection.
         self.replica_fetch_state = replica_fetch_wire.ConnectionState()
         self.muted_until = 0.0  # loop time until which a throttled client's requests are not read (KIP-219)
+        self._lost: asyncio.Future[None] | None = None  # done when the connection is lost (_wait_unmuted)
 
     async def run(self) -> None:
         # Every handler task started from here inherits this connection's zone (client_zone.py).
@@ -335,6 +336,8 @@ class Connection:
             self.writer.close()
             with contextlib.suppress(Exception):
                 await self.writer.wait_closed()
+            if self._lost is not None:
+                self._lost.cancel()
 
     def _abandon_pending(self) -> None:
         while not self.pending.empty():
@@ -366,15 +369,12 @@ class Connection:
         delay = self.muted_until - self._loop.time()
         self.muted_until = 0.0
         if delay > 0 and not self.writer.is_closing():
-            lost = asyncio.ensure_future(self.writer.wait_closed())
-            try:
-                await asyncio.wait([lost], timeout=delay)
-            finally:
-                if lost.done():
-                    if not lost.cancelled():
-                        lost.exception()  # a reset is the news here, not an error
-                else:
-                    lost.cancel()
+            if self._lost is None:
+                # One per connection, never cancelled while it runs: it awaits the protocol's own
+                # close future, which a cancellation would cancel (no later wait would hold).
+                self._lost = asyncio.ensure_future(self.writer.wait_closed())
+                self._lost.add_done_callback(_retrieved)  # a reset is the news here, not an error
+            await asyncio.wait([self._lost], timeout=delay)
         return not self.writer.is_closing()
 
     def abort(self) -> None:
@@ -794,6 +794,11 @@ def _needs_cluster_action(api_key: int, request: Any) -> bool:
     if api_key == m.API_WRITE_TXN_MARKERS:
         return any(marker.transaction_result for marker in request.markers)
     return False
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _ready(value: bytes) -> asyncio.Future[bytes | None]:
