@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import ipaddress
 import struct
 from typing import Any
@@ -305,6 +306,7 @@ class Connection:
         # Topic aliases and constant fields of the compact replica fetches read on this connection.
         self.replica_fetch_state = replica_fetch_wire.ConnectionState()
         self.muted_until = 0.0  # loop time until which a throttled client's requests are not read (KIP-219)
+        self._lost: asyncio.Future[None] | None = None  # done when the connection is lost (_wait_unmuted)
 
     async def run(self) -> None:
         # Every handler task started from here inherits this connection's zone (client_zone.py).
@@ -334,6 +336,8 @@ class Connection:
             self.writer.close()
             with contextlib.suppress(Exception):
                 await self.writer.wait_closed()
+            if self._lost is not None:
+                self._lost.cancel()
 
     def _abandon_pending(self) -> None:
         while not self.pending.empty():
@@ -349,20 +353,29 @@ class Connection:
             self.tracked.last_active = self._loop.time()  # ConnectionQuotas.activity, inlined (per read)
             self.decoder.feed(data)
             for frame in self.decoder.frames():
-                if self.muted_until:
-                    await self._wait_unmuted()
+                if self.muted_until and not await self._wait_unmuted():
+                    return  # closed while muted: what was read is not handled
                 await self._dispatch(frame)
             self._count("in", len(data))
             if self.writer.is_closing():
                 return
 
-    async def _wait_unmuted(self) -> None:
+    async def _wait_unmuted(self) -> bool:
         """Hold what was read until a throttle ends: Kafka stops reading a throttled channel; a
-        client that did not back off itself waits here, its next request unread."""
+        client that did not back off itself waits here, its next request unread. The wait ends
+        early when the connection is lost (its client reset it, the idle sweep or a shutdown closed
+        it): a throttle may last minutes, and the connection would stay counted, its requests
+        handled after it closed. False: the connection is closing."""
         delay = self.muted_until - self._loop.time()
         self.muted_until = 0.0
-        if delay > 0:
-            await asyncio.sleep(delay)
+        if delay > 0 and not self.writer.is_closing():
+            if self._lost is None:
+                # One per connection, never cancelled while it runs: it awaits the protocol's own
+                # close future, which a cancellation would cancel (no later wait would hold).
+                self._lost = asyncio.ensure_future(self.writer.wait_closed())
+                self._lost.add_done_callback(_retrieved)  # a reset is the news here, not an error
+            await asyncio.wait([self._lost], timeout=delay)
+        return not self.writer.is_closing()
 
     def abort(self) -> None:
         """Close now (the sweep's decision): an answer stuck in the send buffer is dropped."""
@@ -479,7 +492,10 @@ class Connection:
         quotas = self.server.client_quotas if self.server.client_quotas.active else None
         throttle = 0
         if quotas is not None:
-            if self.internal_auth.authenticated:
+            if self.internal_auth.authenticated or not self.session.authenticated:
+                # Nor is a SASL connection's handshake (ApiVersions, SaslHandshake,
+                # SaslAuthenticate before it authenticated: Kafka's authenticator serves them
+                # outside its quotas); counted, every client's would share User:ANONYMOUS's rate.
                 quotas = None
             elif header.api_key == m.API_PRODUCE:
                 # Counted as it is read, so a throttle holds the requests pipelined behind it
@@ -598,6 +614,8 @@ class Connection:
             else:
                 # Handler time is the handler's own steps: waits (a Fetch's long poll, a produce's
                 # acks or diskless flush) cost no thread in Kafka's purgatory either.
+                if header.api_key == m.API_FETCH and getattr(request, "replica_id", -1) < 0:
+                    request = self._within_fetch_quota(quotas, header, request)
                 timer = StepTimer()
                 body = await timer.run(self.server.apis.handle(header, request))
                 self._throttle(quotas, header, request, body, throttle, timer.busy)
@@ -634,12 +652,26 @@ class Connection:
         if throttle and body is not None:
             body["throttle_time"] = throttle
 
+    def _within_fetch_quota(self, quotas: ClientQuotaManager, header: m.RequestHeader, request: Any) -> Any:
+        """A consumer's fetch asks for at most what its consumer_byte_rate lets through in a quota
+        window (Kafka caps fetch.max.bytes so): a 50 MB answer to a 1 kB/s consumer would mute its
+        connection for half a day."""
+        if not hasattr(request, "max_bytes"):  # Fetch v0-v2: partition limits only, as in Kafka
+            return request
+        cap = quotas.max_value_in_window(CONSUMER_BYTE_RATE, self._user(), header.client_id or "")
+        if cap is None or request.max_bytes <= cap:
+            return request
+        cap = max(int(cap), 1)
+        return dataclasses.replace(request, max_bytes=cap, min_bytes=min(request.min_bytes, cap))
+
+    def _user(self) -> str:
+        principal = self.session.principal
+        return principal[5:] if principal.startswith("User:") else principal
+
     def _over_quota(self, quotas: ClientQuotaManager, quota_type: str, client_id: str | None, value: float) -> int:
         """Record ``value``; over the quota, the connection is muted for the throttle time returned."""
         now = self._loop.time()
-        principal = self.session.principal
-        user = principal[5:] if principal.startswith("User:") else principal
-        throttle = quotas.record(quota_type, user, client_id or "", value, now * 1000.0)
+        throttle = quotas.record(quota_type, self._user(), client_id or "", value, now * 1000.0)
         if throttle:
             self.muted_until = max(self.muted_until, now + throttle / 1000.0)
         return throttle
@@ -762,6 +794,11 @@ def _needs_cluster_action(api_key: int, request: Any) -> bool:
     if api_key == m.API_WRITE_TXN_MARKERS:
         return any(marker.transaction_result for marker in request.markers)
     return False
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _ready(value: bytes) -> asyncio.Future[bytes | None]:

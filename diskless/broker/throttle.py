@@ -139,15 +139,14 @@ class ClientQuotaManager:
 
     def record(self, quota_type: str, user: str, client_id: str, value: float, now_ms: float) -> int:
         """Count ``value`` for this client; the throttle time its answer carries (0: within quota)."""
-        key = (quota_type, user, client_id)
-        found = self._resolved.get(key, False)
-        if found is False:
-            found = self._resolved[key] = resolve(self._by_type.get(quota_type, {}), user, client_id)
+        if now_ms >= self._next_sweep:
+            # Before the lookup: clients no quota applies to are remembered too (as None), and
+            # they alone may be all this broker sees (a quota for one user, many other clients).
+            self._sweep(now_ms)
+        found = self._lookup(quota_type, user, client_id)
         if found is None:
             return 0
         quota, tags, level = found
-        if now_ms >= self._next_sweep:
-            self._sweep(now_ms)
         rate = self._rates.get((quota_type, tags))
         if rate is None:
             rate = self._rates[(quota_type, tags)] = SampledRate(self.samples, self.window_ms, now_ms)
@@ -158,6 +157,22 @@ class ClientQuotaManager:
         if throttle_ms:
             child(CLIENT_QUOTA_THROTTLE, quota_type, level).observe(throttle_ms / 1000.0)
         return throttle_ms
+
+    def max_value_in_window(self, quota_type: str, user: str, client_id: str) -> float | None:
+        """What this client may take in a quota window without being throttled, had it taken
+        nothing before (Kafka's getMaxValueInQuotaWindow): a consumer's fetch is cut to it, so
+        one large answer does not mute its connection for hours. None: no quota applies."""
+        found = self._lookup(quota_type, user, client_id)
+        if found is None:
+            return None
+        return found[0] * (self.samples - 1) * self.window_ms / 1000.0
+
+    def _lookup(self, quota_type: str, user: str, client_id: str) -> tuple[float, tuple[str, str], str] | None:
+        key = (quota_type, user, client_id)
+        found = self._resolved.get(key, False)
+        if found is False:
+            found = self._resolved[key] = resolve(self._by_type.get(quota_type, {}), user, client_id)
+        return found
 
     def throttle_ms(self, rate: SampledRate, quota: float, quota_type: str, now_ms: float) -> int:
         observed = rate.rate(now_ms)

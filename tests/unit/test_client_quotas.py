@@ -98,6 +98,17 @@ def test_idle_rates_are_swept() -> None:
     assert list(manager._rates) == [(P, ("", "late"))]
 
 
+def test_lookups_of_clients_without_a_quota_are_swept_too() -> None:
+    """A quota for one user, and a stream of other clients (new client ids, as some clients make
+    one per connection): each lookup is remembered, and was swept only when a client that has a
+    quota recorded something, so the lookups of clients without one grew without bound."""
+    manager = ClientQuotaManager(2, 1.0)
+    manager.update({entity(user="u"): {P: 10.0}})
+    for t in range(0, 60_000, 10):
+        assert manager.record(P, "other", f"c{t}", 1, t) == 0
+    assert len(manager._resolved) <= 2_000 // 10 + 1  # at most one sweep interval's lookups
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     quota=st.integers(1_000, 1_000_000),
