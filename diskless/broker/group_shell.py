@@ -107,6 +107,12 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
         # Moves when topics (or brokers) change, not on leader or ISR churn.
         return self.broker.metadata.topology_generation
 
+    def subscribed_topic_id(self, topic: str) -> str | None:
+        """A subscribed topic's id, as KIP-848 subscription metadata keeps it (internal topics are
+        not subscribed)."""
+        meta = self.broker.metadata.topics.get(topic)
+        return meta.topic_id if meta is not None and not meta.internal else None
+
     def may_describe_topic(self) -> Callable[[str], bool] | None:
         """Which topics the requesting connection's principal may DESCRIBE, None for all."""
         return self.broker.apis.security.describe_filter()
@@ -439,6 +445,7 @@ class GroupShell(CoordinatorShell[GroupCoordinatorCore]):
             partitions_of=self.partitions_of,
             topic_names=self.topic_names,
             topics_version=self.topics_version,
+            topic_id_of=self.subscribed_topic_id,
             on_store=lambda store: self._store_group(core, store),
         )
         self._forget_partition(partition.index)

@@ -193,10 +193,13 @@ class ConsumerGroupTombstone:
 
 @dataclass(frozen=True, slots=True)
 class SubscriptionMetadataRecord:
-    """Kafka's ConsumerGroupPartitionMetadata (4): the partition count of each subscribed topic."""
+    """Kafka's ConsumerGroupPartitionMetadata (4): the partition count of each subscribed topic, and
+    its topic id where known (Kafka's TopicMetadata has it: a topic deleted and created again under
+    the same name, with as many partitions, is another topic)."""
 
     group_id: str
     partitions: Mapping[str, int]
+    topic_ids: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,6 +364,7 @@ class ConsumerGroup:
     static_members: dict[str, str] = field(default_factory=dict)  # instance id -> member id
     target: dict[str, Assignment] = field(default_factory=dict)
     subscription_metadata: dict[str, int] = field(default_factory=dict)  # topic -> partitions
+    subscription_ids: dict[str, str] = field(default_factory=dict)  # topic -> its id, where known
     # What each regex its members subscribe to resolved to (Kafka's resolvedRegularExpressions).
     resolved: dict[str, ResolvedRegex] = field(default_factory=dict)
     # The latest record of each key as appended to __consumer_offsets: changes are written as the
@@ -500,9 +504,13 @@ class ConsumerGroups:
         partitions_of: Callable[[str], int | None] | None = None,
         topic_names: Callable[[], Iterable[str]] | None = None,
         topics_version: Callable[[], int] | None = None,
+        topic_id_of: Callable[[str], str | None] | None = None,
     ) -> None:
         self.config = config or ConsumerGroupConfig()
         self.partitions_of: Callable[[str], int | None] = partitions_of or (lambda topic: None)
+        # A subscribed topic's id (None if unknown): one re-created under its name is a change of
+        # the subscription metadata, as in Kafka, so that members learn the new id.
+        self.topic_id_of: Callable[[str], str | None] = topic_id_of or (lambda topic: None)
         # The topics regexes are resolved against, and a number that moves whenever that set may
         # have changed (a move without a change only costs a resolution).
         self.topic_names: Callable[[], Iterable[str]] = topic_names or (lambda: ())
@@ -707,9 +715,11 @@ class ConsumerGroups:
         if self._maybe_refresh_regexes(group, req.may_describe, now_ms):
             bump = True
         metadata = self._subscription_metadata(group)
-        if metadata != group.subscription_metadata:
+        ids = self._topic_ids(metadata)
+        if metadata != group.subscription_metadata or self._recreated(group, ids):
             group.subscription_metadata = metadata
             bump = True
+        group.subscription_ids = ids
         if bump:
             group.group_epoch += 1
             self._compute_target(group)
@@ -844,6 +854,7 @@ class ConsumerGroups:
         """After a removal: new group epoch and target, then wake members held by released partitions."""
         group.group_epoch += 1
         group.subscription_metadata = self._subscription_metadata(group)
+        group.subscription_ids = self._topic_ids(group.subscription_metadata)
         self._compute_target(group)
 
     def _subscription_metadata(self, group: ConsumerGroup) -> dict[str, int]:
@@ -853,6 +864,21 @@ class ConsumerGroups:
             if count is not None and count > 0:
                 out[topic] = count
         return out
+
+    def _topic_ids(self, metadata: Mapping[str, int]) -> dict[str, str]:
+        out = {}
+        for topic in metadata:
+            topic_id = self.topic_id_of(topic)
+            if topic_id is not None:
+                out[topic] = topic_id
+        return out
+
+    @staticmethod
+    def _recreated(group: ConsumerGroup, ids: Mapping[str, str]) -> bool:
+        """Whether a subscribed topic has another id than the one the group knows: it was deleted
+        and created again between two looks (an id not known yet, from records written before ids
+        were, is taken as it is)."""
+        return any(group.subscription_ids.get(topic, topic_id) != topic_id for topic, topic_id in ids.items())
 
     def _compute_target(self, group: ConsumerGroup) -> None:
         assignor = _ASSIGNOR_FUNCS[group.assignor(self.config.assignors[0])]
@@ -953,7 +979,7 @@ class ConsumerGroups:
         ]
         out.extend(RegexRecord(gid, regex, r.topics, r.refreshed_ms) for regex, r in sorted(group.resolved.items()))
         out.append(GroupEpochRecord(gid, group.group_epoch))
-        out.append(SubscriptionMetadataRecord(gid, dict(group.subscription_metadata)))
+        out.append(SubscriptionMetadataRecord(gid, dict(group.subscription_metadata), dict(group.subscription_ids)))
         out.extend(TargetMemberRecord(gid, m.member_id, dict(group.target.get(m.member_id, {}))) for m in live)
         out.append(TargetEpochRecord(gid, group.assignment_epoch))
         out.extend(
@@ -1026,6 +1052,7 @@ class ConsumerGroups:
         group.group_epoch, group.assignment_epoch = restored.group_epoch, restored.assignment_epoch
         group.members, group.static_members = restored.members, restored.static_members
         group.target, group.subscription_metadata = restored.target, restored.subscription_metadata
+        group.subscription_ids = restored.subscription_ids
         group.resolved = restored.resolved
         group.dirty_all, group.dirty_members = False, set()
         if not group.written and self.groups.get(group.group_id) is group:
@@ -1058,6 +1085,7 @@ class ConsumerGroups:
             group.group_epoch = record.epoch
         elif isinstance(record, SubscriptionMetadataRecord):
             group.subscription_metadata = dict(record.partitions)
+            group.subscription_ids = dict(record.topic_ids)
         elif isinstance(record, TargetEpochRecord):
             group.assignment_epoch = record.assignment_epoch
         elif isinstance(record, TargetMemberRecord):

@@ -445,6 +445,7 @@ class GroupCoordinatorCore:
         partitions_of: Callable[[str], int | None] | None = None,
         topic_names: Callable[[], Iterable[str]] | None = None,
         topics_version: Callable[[], int] | None = None,
+        topic_id_of: Callable[[str], str | None] | None = None,
         on_store: StoreRequest | None = None,
     ) -> None:
         self.config = config or GroupConfig()
@@ -452,7 +453,7 @@ class GroupCoordinatorCore:
         self._on_store = on_store
         self._store_tokens = itertools.count(1)
         # KIP-848 groups (ConsumerGroupHeartbeat); their committed offsets live here, in _groups.
-        self.consumer = ConsumerGroups(consumer_config, partitions_of, topic_names, topics_version)
+        self.consumer = ConsumerGroups(consumer_config, partitions_of, topic_names, topics_version, topic_id_of)
         self.partition = partition
         self._new_member_id = member_id_factory or (lambda prefix: f"{prefix}-{uuid.uuid4()}")
         self._groups: dict[str, _Group] = {}

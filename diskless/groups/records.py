@@ -24,8 +24,8 @@ KIP-848 (consumer protocol) groups use Kafka's record types, their key version b
 record (Kafka's name)       key                         value
 ==========================  ==========================  ==============================================
 ConsumerGroupMetadata       ``0x03`` + [group]          [group_epoch]
-ConsumerGroupPartition-     ``0x04`` + [group]          [[[topic, partition_count]...]]
-Metadata
+ConsumerGroupPartition-     ``0x04`` + [group]          [[[topic, partition_count, topic_id]...]]
+Metadata                                                (topic_id appended, absent where unknown)
 ConsumerGroupMember-        ``0x05`` + [group, member]  [instance_id, rack_id, client_id, client_host,
 Metadata                                                [topic...], rebalance_timeout_ms,
                                                         server_assignor, subscribed_topic_regex]
@@ -217,7 +217,11 @@ def encode_consumer(record: ConsumerRecord) -> Record:
     if isinstance(record, GroupEpochRecord):
         return pack(CONSUMER_GROUP_KEY_VERSION, [g]), pack(CONSUMER_VALUE_VERSION, [record.epoch])
     if isinstance(record, SubscriptionMetadataRecord):
-        topics = [[topic, count] for topic, count in sorted(record.partitions.items())]
+        # The topic id appended where known: a broker from before ids reads [topic, count].
+        topics = [
+            [topic, count, record.topic_ids[topic]] if topic in record.topic_ids else [topic, count]
+            for topic, count in sorted(record.partitions.items())
+        ]
         return pack(CONSUMER_PARTITIONS_KEY_VERSION, [g]), pack(CONSUMER_VALUE_VERSION, [topics])
     if isinstance(record, TargetEpochRecord):
         return pack(CONSUMER_TARGET_KEY_VERSION, [g]), pack(CONSUMER_VALUE_VERSION, [record.assignment_epoch])
@@ -306,7 +310,10 @@ def _decode_consumer(version: int, items: list[object], value: bytes | None) -> 
             isinstance(t, list) and len(t) >= 2 and isinstance(t[0], str) and _int(t[1]) for t in topics
         ):
             raise RecordFormatError("partition metadata needs [[topic, count]...]")
-        return SubscriptionMetadataRecord(g, {t[0]: t[1] for t in topics})
+        ids = {t[0]: t[2] for t in topics if len(t) >= 3 and t[2] is not None}
+        if not all(isinstance(i, str) for i in ids.values()):
+            raise RecordFormatError("partition metadata topic ids are not strings")
+        return SubscriptionMetadataRecord(g, {t[0]: t[1] for t in topics}, ids)
     if version == CONSUMER_TARGET_KEY_VERSION:
         (epoch,) = _consumer_value(value, 1, "target assignment metadata")
         if not _int(epoch):

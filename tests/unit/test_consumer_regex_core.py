@@ -20,6 +20,7 @@ from diskless.groups.consumer_protocol import (
     HeartbeatResult,
     RegexRecord,
     RegexTombstone,
+    SubscriptionMetadataRecord,
     regex_error,
 )
 
@@ -33,17 +34,20 @@ class Cluster:
     def __init__(self, **topics: int) -> None:
         self.topics = dict(topics)
         self.version = 0
+        self.ids = {name: f"{name}@0" for name in topics}  # a topic created again has another id
 
     def create(self, name: str, partitions: int) -> None:
         self.topics[name] = partitions
         self.version += 1
+        self.ids[name] = f"{name}@{self.version}"
 
     def delete(self, name: str) -> None:
         del self.topics[name]
+        del self.ids[name]
         self.version += 1
 
     def groups(self) -> ConsumerGroups:
-        return ConsumerGroups(None, self.topics.get, lambda: list(self.topics), lambda: self.version)
+        return ConsumerGroups(None, self.topics.get, lambda: list(self.topics), lambda: self.version, self.ids.get)
 
 
 class Client:
@@ -97,7 +101,9 @@ def replayed(groups: ConsumerGroups, log: list[tuple[bytes, bytes | None]], now:
     for group in groups.take_touched():
         changes, _ = groups.take_changes(group)
         log.extend(records.encode_consumer(r) for r in changes)
-    fresh = ConsumerGroups(groups.config, groups.partitions_of, groups.topic_names, groups.topics_version)
+    fresh = ConsumerGroups(
+        groups.config, groups.partitions_of, groups.topic_names, groups.topics_version, groups.topic_id_of
+    )
     for key, value in log:
         fresh.apply(records.decode(key, value), now)  # type: ignore[arg-type]
     return fresh
@@ -309,6 +315,36 @@ def test_a_failover_between_the_member_record_and_its_regex_resolution() -> None
     assert b.owned == {"b-1": {0, 1}} and a.owned == {"a-1": {0}}
 
 
+def test_a_topic_deleted_and_created_again_between_heartbeats_is_another_topic() -> None:
+    """As Kafka's subscription metadata (it keeps topic ids): a subscribed topic deleted and created
+    again with as many partitions, no heartbeat seeing it gone, bumps the group epoch, so that the
+    members are sent their assignment again with the new topic's id (else they keep fetching the
+    old id, as the assignment looks unchanged by name). Also across a failover: the ids are in the
+    ConsumerGroupPartitionMetadata record."""
+    cluster = Cluster(**{"rx-1": 2, "named": 1})
+    groups = cluster.groups()
+    by_regex, by_name = Client(groups, "a", regex="rx-.*"), Client(groups, "b", names=("named",))
+    converge([by_regex, by_name], 1_000)
+    epoch = groups.groups[GROUP].group_epoch
+    for topic, partitions in (("rx-1", 2), ("named", 1)):
+        cluster.delete(topic)
+        cluster.create(topic, partitions)
+    # Within the refresh interval: the regex is not resolved again, the topic is the same by name.
+    answers = [by_regex.heartbeat(2_000, owned=None), by_name.heartbeat(2_000, owned=None)]
+    assert groups.groups[GROUP].group_epoch == epoch + 1
+    assert [a.assignment for a in answers] == [{"rx-1": frozenset({0, 1})}, {"named": frozenset({0})}]
+    converge([by_regex, by_name], 2_000)
+
+    loaded = replayed(groups, [], 3_000)
+    assert loaded.groups[GROUP].subscription_ids == cluster.ids
+    cluster.delete("rx-1")
+    cluster.create("rx-1", 2)  # during the failover
+    member = Client(loaded, "a")
+    member.epoch, member.owned = by_regex.epoch, by_regex.owned
+    answer = member.heartbeat(3_000, owned=None)
+    assert loaded.groups[GROUP].group_epoch == epoch + 2 and answer.assignment == {"rx-1": frozenset({0, 1})}
+
+
 def test_records_of_regexes_round_trip_and_old_member_values_read_without_a_regex() -> None:
     record = RegexRecord(GROUP, "rx-.*", frozenset({"rx-1", "rx-2"}), 123)
     key, value = records.encode_consumer(record)
@@ -323,3 +359,8 @@ def test_records_of_regexes_round_trip_and_old_member_values_read_without_a_rege
     _, fields = unpack(value, "value")  # type: ignore[arg-type]
     old = records.decode(key, pack(0, fields[:7]))
     assert old.subscribed_regex is None  # type: ignore[union-attr]
+    # Subscription metadata with topic ids; one written before ids reads without them.
+    metadata = SubscriptionMetadataRecord(GROUP, {"t": 1, "u": 2}, {"t": "t@0"})
+    key, value = records.encode_consumer(metadata)
+    assert records.decode(key, value) == metadata
+    assert records.decode(key, pack(0, [[["t", 1], ["u", 2]]])) == SubscriptionMetadataRecord(GROUP, {"t": 1, "u": 2})

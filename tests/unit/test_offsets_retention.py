@@ -31,6 +31,7 @@ from diskless.log.partition_log import PartitionLog
 DAY = 86_400_000
 RETENTION_MS = 7 * DAY  # offsets.retention.minutes' default
 SUBSCRIPTION = b"\x00\x00" + b"\x00\x00\x00\x01" + b"\x00\x01t" + b"\x00\x00\x00\x00"  # consumer protocol v0: ["t"]
+T_ID = "00000000-0000-0000-0000-000000000001"  # the fake topic's id (KIP-848 subscription metadata keeps it)
 
 
 class OffsetsPartition:
@@ -335,7 +336,7 @@ async def consumer_heartbeat(cluster: Cluster, request: HeartbeatRequest) -> Hea
 
 async def stable_consumer_group(cluster: Cluster, *member_ids: str) -> dict[str, tuple[int, set[int]]]:
     """KIP-848 members of group "cg" on topic "t" (4 partitions) heartbeat until the group is Stable."""
-    cluster.broker.metadata.topics["t"] = SimpleNamespace(partitions=[0, 1, 2, 3], internal=False)
+    cluster.broker.metadata.topics["t"] = SimpleNamespace(partitions=[0, 1, 2, 3], internal=False, topic_id=T_ID)
     state = {m: (0, set()) for m in member_ids}
     for _ in range(4):
         for m, (epoch, owned) in state.items():
@@ -459,7 +460,7 @@ def test_an_empty_classic_record_does_not_prune_the_kip848_group_that_took_its_i
         (member,) = cluster.core.describe_group("g").members
         cluster.core.leave_group("g", [(member.member_id, None)], cluster.now)  # Empty at generation 2
         await cluster.shell.settle_stores()
-        cluster.broker.metadata.topics["t"] = SimpleNamespace(partitions=[0, 1, 2, 3], internal=False)
+        cluster.broker.metadata.topics["t"] = SimpleNamespace(partitions=[0, 1, 2, 3], internal=False, topic_id=T_ID)
         join = HeartbeatRequest("g", "a", 0, rebalance_timeout_ms=10_000, subscribed_topic_names=("t",), owned={})
         answer = await consumer_heartbeat(cluster, join)
         assert answer.error is ErrorCode.none and answer.member_epoch == 1
@@ -486,7 +487,7 @@ def test_the_tombstones_of_many_pruned_groups_fit_the_topics_batch_limit(tmp_pat
 
     async def scenario() -> None:
         cluster = Cluster(tmp_path, LogConfig(retention_ms=RETENTION_MS, max_message_bytes=4_096))
-        cluster.broker.metadata.topics["t"] = SimpleNamespace(partitions=[0, 1, 2, 3], internal=False)
+        cluster.broker.metadata.topics["t"] = SimpleNamespace(partitions=[0, 1, 2, 3], internal=False, topic_id=T_ID)
         groups = [f"console-consumer-{i:05}" for i in range(60)]
         for group in groups:
             join = HeartbeatRequest(group, "m", 0, rebalance_timeout_ms=10_000, subscribed_topic_names=("t",), owned={})
@@ -517,7 +518,7 @@ def test_a_large_groups_records_and_offsets_are_appended_again_within_the_batch_
     async def scenario() -> None:
         cluster = Cluster(tmp_path, LogConfig(retention_ms=RETENTION_MS, max_message_bytes=4_096))
         long_sessions(cluster)
-        cluster.broker.metadata.topics["t"] = SimpleNamespace(partitions=list(range(8)), internal=False)
+        cluster.broker.metadata.topics["t"] = SimpleNamespace(partitions=list(range(8)), internal=False, topic_id=T_ID)
         topics = ("t", *(f"topic-{i:03}" for i in range(40)))  # those offsets do not expire (KIP-211)
         for i in range(40):
             join = HeartbeatRequest("big", f"member-{i:03}", 0, None, None, 10**9, topics, owned={})
@@ -776,7 +777,9 @@ def test_random_histories_replay_into_the_live_groups(steps: list[tuple[str, int
         async def scenario() -> None:
             cluster = Cluster(Path(directory), COMPACTED if compacted else None)
             long_sessions(cluster)
-            cluster.broker.metadata.topics["t"] = SimpleNamespace(partitions=[0, 1, 2, 3], internal=False)
+            cluster.broker.metadata.topics["t"] = SimpleNamespace(
+                partitions=[0, 1, 2, 3], internal=False, topic_id=T_ID
+            )
             history = History(cluster)
             for kind, arg in steps:
                 await history.step(kind, arg)
