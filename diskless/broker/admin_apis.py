@@ -15,7 +15,7 @@ from diskless.cluster.metadata import MetadataError
 from diskless.log.partition_log import OffsetOutOfRange
 from diskless.protocol import messages as m
 
-from .api_base import ApiFamily, _find_partition, _ms, forwarded_by_broker
+from .api_base import ApiFamily, _answered, _ms, forwarded_by_broker
 from .config_apis import check_with_broker_defaults, topic_config_entries
 
 if TYPE_CHECKING:
@@ -276,10 +276,8 @@ class AdminApis(ApiFamily):
             leader, m.API_DELETE_RECORDS, 2, body, timeout=max(0, timeout_ms) / 1000 + FORWARD_MARGIN_S
         )
         for entry, topic_name, index, _ in items:
-            found = _find_partition(answer, topic_name, index, "name", "partition_index")
-            if found is None:
-                entry["error_code"] = ErrorCode.not_leader_or_follower
-            else:
+            found = _answered(entry, answer, topic_name, index)
+            if found is not None:
                 entry.update(error_code=found.error_code, low_watermark=found.low_watermark)
 
     async def _await_low_watermarks(

@@ -158,6 +158,22 @@ def forwarded_by_broker(header: m.RequestHeader) -> bool:
     return internal.broker_of_client(header.client_id) is not None
 
 
+def _answered(
+    entry: dict[str, Any],
+    answer: Any,
+    topic: str,
+    index: int,
+    topic_field: str = "name",
+    index_field: str = "partition_index",
+) -> Any | None:
+    """The leader's entry for a partition a request was forwarded about; None, with ``entry`` set to
+    NOT_LEADER_OR_FOLLOWER (retriable: the client refreshes its metadata), if it gave none."""
+    found = _find_partition(answer, topic, index, topic_field, index_field)
+    if found is None:
+        entry["error_code"] = ErrorCode.not_leader_or_follower
+    return found
+
+
 def _find_partition(answer: Any, topic: str, index: int, topic_field: str, index_field: str) -> Any | None:
     """The partition entry of a forwarded response (kio entity), if the leader answered for it."""
     if answer is None:

@@ -68,7 +68,7 @@ from .api_base import (
     MAX_TIMESTAMP,
     READ_COMMITTED,
     ApiFamily,
-    _find_partition,
+    _answered,
     _ms,
     forwarded_by_broker,
 )
@@ -834,9 +834,8 @@ class FetchApis(ApiFamily):
             }
             answer = await self._forward(leader, m.API_LIST_OFFSETS, 7, body)
             for entry, topic_name, index, _, _ in items:
-                found = _find_partition(answer, topic_name, index, "name", "partition_index")
+                found = _answered(entry, answer, topic_name, index)
                 if found is None:
-                    entry["error_code"] = ErrorCode.not_leader_or_follower
                     continue
                 entry.update(
                     error_code=found.error_code,
@@ -975,11 +974,11 @@ class FetchApis(ApiFamily):
             }
             answer = await self._forward(leader, m.API_OFFSET_FOR_LEADER_EPOCH, 4, body)
             for entry, name, p in items:
-                found = _find_partition(answer, name, p.partition, "topic", "partition")
-                if found is None:
-                    entry["error_code"] = ErrorCode.not_leader_or_follower
-                    continue
-                entry.update(error_code=found.error_code, leader_epoch=found.leader_epoch, end_offset=found.end_offset)
+                found = _answered(entry, answer, name, p.partition, "topic", "partition")
+                if found is not None:
+                    entry.update(
+                        error_code=found.error_code, leader_epoch=found.leader_epoch, end_offset=found.end_offset
+                    )
         return {"throttle_time": 0, "topics": topics}
 
 

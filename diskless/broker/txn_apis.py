@@ -19,7 +19,7 @@ from diskless.protocol import messages as m
 from diskless.protocol import records
 from diskless.replication.partition import Partition, wait_for_commits
 
-from .api_base import ApiFamily, _find_partition, forwarded_by_broker
+from .api_base import ApiFamily, _answered, forwarded_by_broker
 
 log = structlog.get_logger(__name__)
 
@@ -153,9 +153,8 @@ class TxnApis(ApiFamily):
             body = {"topics": [{"name": t, "partition_indexes": [i]} for _, t, i in items]}
             answer = await self._forward(leader, m.API_DESCRIBE_PRODUCERS, 0, body)
             for entry, topic_name, index in items:
-                found = _find_partition(answer, topic_name, index, "name", "partition_index")
+                found = _answered(entry, answer, topic_name, index)
                 if found is None:
-                    entry["error_code"] = ErrorCode.not_leader_or_follower
                     continue
                 entry.update(
                     error_code=found.error_code,

@@ -32,7 +32,7 @@ import dataclasses
 import json
 import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -303,6 +303,21 @@ def _split(
     ]
 
 
+async def _latest_again(
+    client: ClusterClient, parts: list[PartitionInfo], latest: list[int | None], wanted: Callable[[int], bool]
+) -> None:
+    """Ask the partitions ``wanted`` picks (by index) for their LATEST offset again, in ``latest``,
+    BACKWARDS_RETRIES times BACKWARDS_RETRY_S apart, until it picks none."""
+    for _ in range(BACKWARDS_RETRIES):
+        again_of = [i for i in range(len(parts)) if wanted(i)]
+        if not again_of:
+            return
+        await asyncio.sleep(BACKWARDS_RETRY_S)
+        answers = await client.try_list_offsets([(parts[i], LATEST) for i in again_of])
+        for i, offset in zip(again_of, answers, strict=True):
+            latest[i] = offset
+
+
 def _brokers(client: ClusterClient) -> tuple[tuple[int, str, int], ...]:
     return tuple((node, host, port) for node, (host, port) in sorted(client.view.brokers.items()))
 
@@ -425,14 +440,7 @@ class DisklessStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._remember(client, parts)
                 self.settings = await client.with_secret()
                 latest = await client.try_list_offsets([(p, LATEST) for p in parts])
-                for _ in range(BACKWARDS_RETRIES):
-                    unknown = [i for i, x in enumerate(latest) if x is None]
-                    if not unknown:
-                        break
-                    await asyncio.sleep(BACKWARDS_RETRY_S)
-                    again = await client.try_list_offsets([(parts[i], LATEST) for i in unknown])
-                    for i, offset in zip(unknown, again, strict=True):
-                        latest[i] = offset
+                await _latest_again(client, parts, latest, lambda i: latest[i] is None)
             finally:
                 await client.close()
             return {(p.topic, p.index): (p.topic_id, x) for p, x in zip(parts, latest, strict=True) if x is not None}
@@ -462,20 +470,16 @@ class DisklessStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.settings = await client.with_secret()
         earliest = await client.try_list_offsets([(p, EARLIEST) for p in parts])
         latest = await client.try_list_offsets([(p, LATEST) for p in parts])
-        for _ in range(BACKWARDS_RETRIES):
-            behind = [
-                i
-                for i, p in enumerate(parts)
-                if latest[i] is not None
+
+        def behind(i: int) -> bool:
+            p, offset = parts[i], latest[i]
+            return (
+                offset is not None
                 and start.ids.get(p.topic, p.topic_id) == p.topic_id
-                and start.positions.get((p.topic, p.index), -1) > latest[i]  # type: ignore[operator]
-            ]
-            if not behind:
-                break
-            await asyncio.sleep(BACKWARDS_RETRY_S)
-            again = await client.try_list_offsets([(parts[i], LATEST) for i in behind])
-            for i, offset in zip(behind, again, strict=True):
-                latest[i] = offset
+                and start.positions.get((p.topic, p.index), -1) > offset
+            )
+
+        await _latest_again(client, parts, latest, behind)
         bounds = [Bounds(p.topic, p.index, p.topic_id, e, x) for p, e, x in zip(parts, earliest, latest, strict=True)]
         return bounds, unready
 
