@@ -36,7 +36,7 @@ FREE_BYTES = 8 * 1024 * 1024  # what a client without a quota sends, timed
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     root: Path = tmp_path_factory.mktemp("quotas")
     # Two 1 s samples: Kafka's default 11 lets a client through in bursts on a few seconds' scale (a
-    # whole second's sample leaving the window frees its bytes at once; test_client_quotas in
+    # whole second's sample leaving the window frees its bytes at once; test_client_quotas_core in
     # tests/unit holds the default to its quota over a minute), and a few seconds is what is measured here.
     overrides = {"broker.session.timeout.ms": "3000", "metrics.port": "0", "quota.window.num": "2"}
     started = LocalCluster(root, 2, 1, overrides, s3=True)
