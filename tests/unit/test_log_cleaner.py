@@ -461,3 +461,53 @@ def test_a_throttled_pass_stops_soon_when_cancelled(tmp_path: Path) -> None:
     with pytest.raises(cleaner.CleaningCancelled):
         cleaner.run(job, 1 << 20)
     assert time.monotonic() - started < 5
+
+
+def stored(log: PartitionLog) -> list[tuple[int, bytes | None]]:
+    """(offset, key) of every record in the log, whatever the high watermark."""
+    out = []
+    for segment in log.segments:
+        data = segment.read(segment.base_offset, 1 << 30, 1 << 62, True)
+        out += [(r.offset, r.key) for raw in split(data or b"") for r in decode_batch(raw).records]
+    return out
+
+
+def test_truncation_into_a_gap_the_cleaner_left_ends_the_log_at_the_target(tmp_path: Path) -> None:
+    """A follower truncated to an offset inside a gap compaction left (offsets 1 and 2 removed):
+    as Kafka's LocalLog.truncateTo, its log then ends at the target. It ended at the last batch
+    kept below the gap instead: the high watermark fell below the target too (offsets the leader
+    had committed were out of range for consumers reading from this follower), and, elected
+    leader before its next fetch, it gave new records offsets below the old high watermark, which
+    consumers already positioned past them never read."""
+    log = open_log(tmp_path, **COMPACT)
+    put(log, [(b"a", b"a")])
+    put(log, [(b"k", b"1")])
+    put(log, [(b"k", b"2")])
+    put(log, [(b"k", b"3")])
+    put(log, [(b"z", b"z")], roll=True)
+    clean(log)
+    assert offsets(log) == [0, 3, 4]
+    assert log.high_watermark == 5
+    log.truncate_to(2, T0)  # diverged at 2: offsets 0 and 1 are the leader's too
+    assert log.log_end_offset == 2
+    assert log.high_watermark == 2
+    assert stored(log) == [(0, b"a")]
+    assert log.read(2, 1 << 20).records == b""  # in range, nothing there yet
+    appended = log.append_as_leader([memoryview(make_batch([Record(b"new", key=b"n")]))], 1, T0)
+    assert appended.base_offset == 2
+    log.close()
+    again = open_log(tmp_path, commit=False, **COMPACT)
+    assert again.log_end_offset == 3
+    assert stored(again) == [(0, b"a"), (2, b"n")]
+
+
+def test_truncation_through_a_batch_still_ends_below_it(tmp_path: Path) -> None:
+    """A batch holding the target goes whole (its records below the target are fetched again),
+    so the log ends at its base offset, not at the target."""
+    log = open_log(tmp_path, **COMPACT)
+    put(log, [(b"a", b"a")])
+    put(log, [(b"b", b"1"), (b"c", b"1"), (b"d", b"1")])
+    put(log, [(b"z", b"z")], roll=True)
+    log.truncate_to(2, T0)
+    assert log.log_end_offset == 1
+    assert stored(log) == [(0, b"a")]
