@@ -1219,7 +1219,10 @@ class PartitionLog:
             self._retire(self.segments.pop())
             self.segments.append(LogSegment(self.directory, offset, self.config.index_interval_bytes, now_ms))
         else:
+            cut = self.active_segment.locate(offset)
             self.active_segment.truncate_to(offset)
+            if self.log_end_offset < offset and (cut is None or cut.base_offset >= offset):
+                self._end_at(offset, now_ms)
         if self.log_end_offset < self.log_start_offset:
             # The removed batch straddled the log start (DeleteRecords mid-batch): as Kafka does,
             # continue empty at the log start instead of below it.
@@ -1232,6 +1235,19 @@ class PartitionLog:
         self._rebuild_producer_state()
         self._rebuild_txn_index()
         self.on_change()  # the log end moved even where the high watermark did not
+
+    def _end_at(self, offset: int, now_ms: int) -> None:
+        """Move the log end up to ``offset`` across a gap compaction left below it (no batch was
+        cut through): Kafka's LocalLog.truncateTo sets the log end to the target whatever the
+        segment holds. Left at the last batch below the gap, the high watermark falls under the
+        target, and the replica, elected before its next fetch, hands out again offsets its old
+        leader had committed. An empty segment at ``offset`` keeps that end across a restart."""
+        active = self.active_segment
+        if active.size == 0:
+            self._retire(self.segments.pop())
+        else:
+            active.on_roll()
+        self.segments.append(LogSegment(self.directory, offset, self.config.index_interval_bytes, now_ms, active.kind))
 
     def truncate_fully_and_start_at(self, offset: int, now_ms: int) -> None:
         """Drop the whole log and continue at ``offset`` (a follower behind the leader's log start)."""

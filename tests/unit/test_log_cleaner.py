@@ -461,3 +461,86 @@ def test_a_throttled_pass_stops_soon_when_cancelled(tmp_path: Path) -> None:
     with pytest.raises(cleaner.CleaningCancelled):
         cleaner.run(job, 1 << 20)
     assert time.monotonic() - started < 5
+
+
+def stored(log: PartitionLog) -> list[tuple[int, bytes | None]]:
+    """(offset, key) of every record in the log, whatever the high watermark."""
+    out = []
+    for segment in log.segments:
+        data = segment.read(segment.base_offset, 1 << 30, 1 << 62, True)
+        out += [(r.offset, r.key) for raw in split(data or b"") for r in decode_batch(raw).records]
+    return out
+
+
+def test_truncation_into_a_gap_the_cleaner_left_ends_the_log_at_the_target(tmp_path: Path) -> None:
+    """A follower truncated to an offset inside a gap compaction left (offsets 1 and 2 removed):
+    as Kafka's LocalLog.truncateTo, its log then ends at the target. It ended at the last batch
+    kept below the gap instead: the high watermark fell below the target too (offsets the leader
+    had committed were out of range for consumers reading from this follower), and, elected
+    leader before its next fetch, it gave new records offsets below the old high watermark, which
+    consumers already positioned past them never read."""
+    log = open_log(tmp_path, **COMPACT)
+    put(log, [(b"a", b"a")])
+    put(log, [(b"k", b"1")])
+    put(log, [(b"k", b"2")])
+    put(log, [(b"k", b"3")])
+    put(log, [(b"z", b"z")], roll=True)
+    clean(log)
+    assert offsets(log) == [0, 3, 4]
+    assert log.high_watermark == 5
+    log.truncate_to(2, T0)  # diverged at 2: offsets 0 and 1 are the leader's too
+    assert log.log_end_offset == 2
+    assert log.high_watermark == 2
+    assert stored(log) == [(0, b"a")]
+    assert log.read(2, 1 << 20).records == b""  # in range, nothing there yet
+    appended = log.append_as_leader([memoryview(make_batch([Record(b"new", key=b"n")]))], 1, T0)
+    assert appended.base_offset == 2
+    log.close()
+    again = open_log(tmp_path, commit=False, **COMPACT)
+    assert again.log_end_offset == 3
+    assert stored(again) == [(0, b"a"), (2, b"n")]
+
+
+def test_truncation_through_a_batch_still_ends_below_it(tmp_path: Path) -> None:
+    """A batch holding the target goes whole (its records below the target are fetched again),
+    so the log ends at its base offset, not at the target."""
+    log = open_log(tmp_path, **COMPACT)
+    put(log, [(b"a", b"a")])
+    put(log, [(b"b", b"1"), (b"c", b"1"), (b"d", b"1")])
+    put(log, [(b"z", b"z")], roll=True)
+    log.truncate_to(2, T0)
+    assert log.log_end_offset == 1
+    assert stored(log) == [(0, b"a")]
+
+
+def test_a_trailing_marker_a_full_key_map_lets_go_leaves_transactions_closed_after_a_reload(tmp_path: Path) -> None:
+    """The key map fills before the end of the dirty part: the pass still rewrites the whole
+    segment the map ended in, and only the batch where the map ended is kept for its offset, so a
+    marker ending that segment, right before an empty active segment, goes once its horizon has
+    passed (as in Kafka, whose cleaning round keeps only its own last batch). That is safe: every
+    pass reads the log from its start through the whole rewritten range, so the marker is only
+    discardable when no batch of its transaction is left before it (here: an ABORT for which the
+    partition got no data), and the empty active segment keeps the log end."""
+    log = open_log(tmp_path, **{**COMPACT, "delete_retention_ms": 1000})
+    txn = {"producer_id": 5, "producer_epoch": 0, "transactional": True}
+    put(log, [(b"k", b"committed")], base_sequence=0, **txn)
+    log.append_marker_as_leader(5, 0, True, 0, 0, T0)  # 1
+    for i, key in enumerate((b"a", b"b", b"c")):  # 2, 3, 4
+        put(log, [(key, b"%d" % i)])
+    log.append_marker_as_leader(5, 0, False, 0, 0, T0)  # 5: the partition got no data of this one
+    log.high_watermark = log.log_end_offset
+    log.roll(T0)  # an empty active segment at 6
+    now = T0
+    assert [o for o, _ in stored(log)] == [0, 1, 2, 3, 4, 5]
+    for _ in range(3):  # a map of one key: the marker gets its horizon, then goes
+        assert clean(log, now, max_entries=1) is not None
+        now += 2000
+    assert [o for o, _ in stored(log)] == [0, 1, 2, 3, 4]  # the producer's last batch and its COMMIT stay
+    assert log.log_end_offset == 6 == log.last_stable_offset
+    log.close()
+    delete_snapshots(str(tmp_path))  # producer state and transactions from the log alone
+    again = open_log(tmp_path, now, **COMPACT)
+    assert again.log_end_offset == 6
+    assert not again.txns.ongoing and again.last_stable_offset == again.high_watermark == 6
+    assert (0, b"k", b"committed") in read_committed(again)
+    assert again.producer_state.producers[5].last_seq == 0
