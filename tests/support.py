@@ -59,6 +59,33 @@ class PolledConsumer:
         self.consumer.close()
 
 
+class BackgroundProducer:
+    """A confluent-kafka producer on its own thread, writing ``value-0``, ``value-1``, ... round-robin
+    over the topic's partitions (acks=all) until closed: load that keeps a group busy while a test
+    moves things under it."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int) -> None:
+        from confluent_kafka import Producer  # only the tests that drive librdkafka pay for it
+
+        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5})
+        self.topic, self.partitions = topic, partitions
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        i = 0
+        while not self.stop.is_set():
+            self.producer.produce(self.topic, value=f"value-{i}".encode(), partition=i % self.partitions)
+            self.producer.poll(0.01)
+            i += 1
+        self.producer.flush(10)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(15)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     return free_ports(1, host)[0]  # below the ephemeral range: see diskless.local.servers
 

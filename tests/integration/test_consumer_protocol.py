@@ -11,7 +11,7 @@ import threading
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from support import wait_until
+from support import BackgroundProducer, wait_until
 
 PARTITIONS = 12
 MESSAGES = 600
@@ -191,19 +191,7 @@ async def test_a_coordinator_failover_costs_no_rebalance(cluster_factory) -> Non
     topic, group = "steady848", "steady848-group"
     admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
     admin.create_topics([NewTopic(topic, PARTITIONS, 3)])[topic].result(30)
-    stop = threading.Event()
-
-    def keep_producing() -> None:
-        producer = Producer({"bootstrap.servers": cluster.bootstrap, "acks": "all", "linger.ms": 5})
-        i = 0
-        while not stop.is_set():
-            producer.produce(topic, value=f"value-{i}".encode(), partition=i % PARTITIONS)
-            producer.poll(0.01)
-            i += 1
-        producer.flush(10)
-
-    producing = threading.Thread(target=keep_producing, daemon=True)
-    producing.start()
+    producing = BackgroundProducer(cluster.bootstrap, topic, PARTITIONS)
     members = [SteadyMember(cluster.bootstrap, topic, group, f"m{i}") for i in range(2)]
     try:
 
@@ -238,7 +226,6 @@ async def test_a_coordinator_failover_costs_no_rebalance(cluster_factory) -> Non
         assert [m.rebalances for m in members] == rebalances
         assert sorted(len(m.assignment) for m in members) == [6, 6]
     finally:
-        stop.set()
+        producing.close()
         for member in members:
             member.close()
-        producing.join(15)
